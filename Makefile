@@ -1,0 +1,47 @@
+# The two commands of the README, each doing all set-up on a fresh machine:
+#   make demo   create the venv, install torchrl_ext with the examples extra, train PPO on CartPole
+#   make test   create the venv, install the test extras, run the whole test suite
+# `make test-nightly` runs the same suite against torchrl-nightly + tensordict-nightly
+# (called by .ci/run). Override the venv locations with VENV=... / NIGHTLY_VENV=...
+
+PYTHON ?= python3
+VENV ?= .venv
+NIGHTLY_VENV ?= .venv-nightly
+PYTEST_ARGS ?=
+DEMO_ARGS ?=
+
+# torch is pinned here as well so pip never resolves a CUDA build of another release.
+TORCH_SPEC := torch>=2.14,<2.15
+
+.PHONY: demo test test-nightly bench clean
+
+$(VENV)/.installed-%: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install "$(TORCH_SPEC)"
+	$(VENV)/bin/python -m pip install -e ".[$(subst +,$(comma),$*)]"
+	touch $@
+
+comma := ,
+
+demo: $(VENV)/.installed-examples
+	$(VENV)/bin/python examples/ppo_cartpole/train.py $(DEMO_ARGS)
+
+test: $(VENV)/.installed-test+examples
+	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+$(NIGHTLY_VENV)/.installed: pyproject.toml .ci/requirements.py
+	$(PYTHON) -m venv $(NIGHTLY_VENV)
+	$(NIGHTLY_VENV)/bin/python -m pip install "$(TORCH_SPEC)" torchrl-nightly tensordict-nightly
+	$(NIGHTLY_VENV)/bin/python -m pip install --no-deps -e .
+	$(PYTHON) .ci/requirements.py --without torch torchrl tensordict --extras test examples > $(NIGHTLY_VENV)/requirements.txt
+	$(NIGHTLY_VENV)/bin/python -m pip install -r $(NIGHTLY_VENV)/requirements.txt
+	touch $@
+
+test-nightly: $(NIGHTLY_VENV)/.installed
+	TORCHRL_EXT_NIGHTLY=1 $(NIGHTLY_VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+bench: $(VENV)/.installed-test+examples
+	$(VENV)/bin/python benchmarks/bench_value.py
+
+clean:
+	rm -rf $(VENV) $(NIGHTLY_VENV) outputs .pytest_cache

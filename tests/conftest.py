@@ -1,0 +1,56 @@
+"""Shared test fixtures and the nightly-only xfail mechanism.
+
+``tests/nightly_xfails.txt`` lists tests that fail against torchrl-nightly /
+tensordict-nightly because of an upstream change, one per line:
+``<node id prefix> | <upstream reason>``. They are marked xfail (non-strict)
+only when ``TORCHRL_EXT_NIGHTLY=1``, i.e. in the nightly CI job; the stable
+job runs them normally. Nothing is ever skipped silently.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+NIGHTLY_XFAILS = Path(__file__).with_name("nightly_xfails.txt")
+
+
+def _shared_dir() -> Path:
+    """``shared/`` sits beside the repository (developer checkout and CI clone)."""
+    return REPO_ROOT.parent / "shared"
+
+
+@pytest.fixture(scope="session")
+def vectors_dir() -> Path:
+    """Folder of reference vectors produced by the original libraries."""
+    path = _shared_dir() / "vectors"
+    if not path.is_dir():
+        pytest.fail(
+            f"reference vectors not found at {path}; the shared/ folder must sit "
+            "beside the repository checkout"
+        )
+    return path
+
+
+def _nightly_xfails() -> list[tuple[str, str]]:
+    entries = []
+    for line in NIGHTLY_XFAILS.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        node, _, reason = line.partition("|")
+        entries.append((node.strip(), reason.strip() or "upstream change"))
+    return entries
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("TORCHRL_EXT_NIGHTLY") != "1":
+        return
+    for prefix, reason in _nightly_xfails():
+        for item in items:
+            if item.nodeid.startswith(prefix):
+                item.add_marker(
+                    pytest.mark.xfail(reason=f"nightly upstream: {reason}", strict=False)
+                )

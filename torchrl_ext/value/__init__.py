@@ -1,0 +1,26 @@
+"""Value estimation: pure functions, TorchRL estimator modules and normalizers."""
+from torchrl_ext.value.estimators import GAE, ExtValueEstimators, VTrace
+from torchrl_ext.value.functional import (
+    discounted_cumsum,
+    generalized_advantage_estimate,
+    td_lambda_return_estimate,
+    vtrace_advantage_estimate,
+)
+from torchrl_ext.value.normalizers import (
+    IntrinsicRewardNormalizer,
+    RunningMeanStd,
+    ValueNorm,
+)
+
+__all__ = [
+    "ExtValueEstimators",
+    "GAE",
+    "IntrinsicRewardNormalizer",
+    "RunningMeanStd",
+    "VTrace",
+    "ValueNorm",
+    "discounted_cumsum",
+    "generalized_advantage_estimate",
+    "td_lambda_return_estimate",
+    "vtrace_advantage_estimate",
+]

@@ -1,0 +1,430 @@
+"""TorchRL value-estimator modules backed by :mod:`torchrl_ext.value.functional`.
+
+:class:`GAE` and :class:`VTrace` subclass TorchRL's classes of the same name:
+same keys (``set_keys``), same value-network calling (``shifted``, chunking,
+vmap, functional params), same ``for_loss`` wiring. They only swap the math
+for the log-depth scans of :mod:`~torchrl_ext.value.functional` and add two
+things TorchRL's ``GAE`` lacks: team-level reward/done broadcast to per-agent
+values (so one class serves single- and multi-agent data) and an optional
+value normalizer (HARL's ``ValueNorm``) applied before the recursion.
+
+Both are registered in TorchRL's value-estimator registry under
+:class:`ExtValueEstimators`, so ``build_value_estimator(loss, "ext_gae")`` and
+``loss.make_value_estimator(GAE, gamma=..., lmbda=...)`` work.
+"""
+from __future__ import annotations
+
+from contextlib import nullcontext
+from enum import Enum
+from typing import NamedTuple
+
+import torch
+from tensordict import TensorDictBase, is_tensor_collection
+from tensordict.nn import dispatch
+from torch import Tensor
+from torchrl.objectives.utils import hold_out_net, register_value_estimator
+from torchrl.objectives.value import GAE as _TorchRLGAE
+from torchrl.objectives.value import VTrace as _TorchRLVTrace
+from torchrl.objectives.value.advantages import (
+    _call_actor_net,
+    _self_set_grad_enabled,
+    _self_set_skip_existing,
+    _standardize_by_group,
+)
+
+from torchrl_ext.value import functional
+from torchrl_ext.value.functional import _check_positive, _check_unit_interval
+from torchrl_ext.value.normalizers import ValueNorm
+
+__all__ = ["ExtValueEstimators", "GAE", "VTrace"]
+
+
+class ExtValueEstimators(Enum):
+    """Registry keys of torchrl_ext's estimators (string aliases ``ext_gae``, ``ext_vtrace``)."""
+
+    EXT_GAE = "torchrl_ext generalized advantage estimate (log-depth scan)"
+    EXT_VTRACE = "torchrl_ext V-trace (log-depth scan)"
+
+
+class _Signals(NamedTuple):
+    value: Tensor
+    next_value: Tensor
+    reward: Tensor
+    done: Tensor
+    terminated: Tensor
+    gamma: Tensor
+    time_dim: int
+    valid: Tensor | None
+
+
+class _SignalsMixin:
+    """Reads values and environment signals the way TorchRL's estimators do."""
+
+    def _read_signals(
+        self,
+        tensordict: TensorDictBase,
+        params: TensorDictBase | None,
+        target_params: TensorDictBase | None,
+        time_dim: int | None,
+    ) -> _Signals:
+        if tensordict.batch_dims < 1:
+            raise ValueError(
+                "The input tensordict needs a time dimension, got batch_size="
+                f"{tuple(tensordict.batch_size)}; reshape it to [*B, T]."
+            )
+        keys = self.tensor_keys
+        reward = tensordict.get(("next", keys.reward))
+        if self.gamma.device != reward.device:
+            self.gamma = self.gamma.to(reward.device)
+        gamma = self.gamma
+        steps_to_next_obs = tensordict.get(keys.steps_to_next_obs, None)
+        if steps_to_next_obs is not None:
+            gamma = gamma ** steps_to_next_obs.view_as(reward)
+
+        if self.value_network is not None:
+            if params is not None:
+                params = params.detach()
+                if target_params is None:
+                    target_params = params.clone(False)
+            holdout = (
+                hold_out_net(self.value_network)
+                if params is None and target_params is None
+                else nullcontext()
+            )
+            with holdout:
+                value, next_value, valid = self._call_value_nets(
+                    data=tensordict,
+                    params=params,
+                    next_params=target_params,
+                    single_call=self.shifted,
+                    value_key=keys.value,
+                    detach_next=True,
+                    vmap_randomness=self.vmap_randomness,
+                )
+            if valid is not None:
+                tensordict.set("shifted_valid", valid)
+        else:
+            value = tensordict.get(keys.value, None)
+            next_value = tensordict.get(("next", keys.value), None)
+            for key, tensor in ((keys.value, value), (("next", keys.value), next_value)):
+                if tensor is None:
+                    raise ValueError(
+                        f"The tensor with key {key} is missing and no value network "
+                        "was given; pass value_network= or write the values first."
+                    )
+
+        time_dim = self._get_time_dim(time_dim, tensordict)
+        valid = tensordict.get("shifted_valid", default=None)
+        data = self._prepare_shifted_tensordict(tensordict, valid, time_dim)
+        done = data.get(("next", keys.done))
+        terminated = data.get(("next", keys.terminated), default=done)
+        reward = data.get(("next", keys.reward))
+        return _Signals(value, next_value, reward, done, terminated, gamma, time_dim, valid)
+
+    def _write_outputs(
+        self, tensordict: TensorDictBase, advantage: Tensor, value_target: Tensor, valid
+    ) -> TensorDictBase:
+        tensordict.set(self.tensor_keys.advantage, advantage)
+        tensordict.set(self.tensor_keys.value_target, value_target)
+        self._mask_shifted_output(tensordict, valid)
+        return tensordict
+
+
+def _broadcast_team_signal(tensor: Tensor, value: Tensor, agent_dim: int) -> Tensor:
+    """Expands a team-level signal ``[*B, T, 1]`` to per-agent ``[*B, T, A, 1]``."""
+    if tensor.ndim == value.ndim:
+        return tensor
+    if tensor.ndim != value.ndim - 1:
+        raise ValueError(
+            "reward/done/terminated must have the value's shape (per-agent) or one "
+            f"dim fewer (team-level, broadcast over agent_dim={agent_dim}); got "
+            f"signal shape {tuple(tensor.shape)} and value shape {tuple(value.shape)}."
+        )
+    dim = agent_dim % value.ndim
+    return tensor.unsqueeze(dim).expand(value.shape)
+
+
+@register_value_estimator(
+    ExtValueEstimators.EXT_GAE,
+    default_kwargs={"gamma": 0.99, "lmbda": 0.95, "differentiable": True},
+)
+class GAE(_SignalsMixin, _TorchRLGAE):
+    """Generalized advantage estimation, a faster drop-in for :class:`torchrl.objectives.value.GAE`.
+
+    Reads ``value`` (or calls ``value_network``) at the root and under
+    ``"next"``, ``("next", reward)``, ``("next", done)``, ``("next",
+    terminated)``; writes ``advantage`` and ``value_target``. All keys are set
+    with :meth:`set_keys`. The math is
+    :func:`torchrl_ext.value.functional.generalized_advantage_estimate`.
+
+    Shape contract: a tensordict of batch ``[*B, T]`` (``time_dim`` chooses T);
+    values ``[*B, T, *F]``. Per-agent values ``[*B, T, A, 1]`` (nested keys such
+    as ``("agents", "state_value")``) work with team-level signals
+    ``[*B, T, 1]``: they are broadcast over ``agent_dim``.
+
+    Keyword Args:
+        gamma (float or Tensor): discount in ``[0, 1]``.
+        lmbda (float or Tensor): GAE lambda in ``[0, 1]``.
+        value_network: the critic, or ``None`` when values are precomputed.
+        agent_dim (int, optional): the agent dimension of the value tensor.
+            ``None`` (default): team-level signals are still broadcast at dim
+            ``-2`` if the value has one more dim than the reward, and
+            ``average_gae`` standardizes over everything. An int: like
+            TorchRL's ``MultiAgentGAE``, ``average_gae`` standardizes each
+            agent separately.
+        value_normalizer (ValueNorm, optional): when given, values are
+            denormalized before the recursion (HARL's convention), so
+            ``advantage`` and ``value_target`` come out in the raw return scale.
+        **kwargs: every other keyword of TorchRL's ``GAE`` (``average_gae``,
+            ``differentiable``, ``shifted``, ``time_dim``, ``auto_reset_env``,
+            ``device``, ``value_chunk_size``, ``group_key``, ...).
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl_ext.value import GAE
+        >>> gae = GAE(gamma=0.9, lmbda=1.0, value_network=None)
+        >>> td = TensorDict({
+        ...     "state_value": torch.zeros(1, 4, 1),
+        ...     "next": {
+        ...         "state_value": torch.full((1, 4, 1), 10.0),
+        ...         "reward": torch.ones(1, 4, 1),
+        ...         "done": torch.tensor([False, True, False, False]).view(1, 4, 1),
+        ...         "terminated": torch.tensor([False, True, False, False]).view(1, 4, 1),
+        ...     },
+        ... }, batch_size=[1, 4])
+        >>> gae(td)["advantage"].flatten().tolist()
+        [10.899999618530273, 1.0, 19.0, 10.0]
+    """
+
+    def __init__(
+        self,
+        *,
+        gamma: float | Tensor,
+        lmbda: float | Tensor,
+        value_network,
+        agent_dim: int | None = None,
+        value_normalizer: ValueNorm | None = None,
+        **kwargs,
+    ) -> None:
+        _check_unit_interval("gamma", gamma)
+        _check_unit_interval("lmbda", lmbda)
+        super().__init__(gamma=gamma, lmbda=lmbda, value_network=value_network, **kwargs)
+        self.agent_dim = agent_dim
+        self.value_normalizer = value_normalizer
+
+    def _prepare_signals(self, reward, done, terminated, value):
+        dim = -2 if self.agent_dim is None else self.agent_dim
+        return tuple(_broadcast_team_signal(t, value, dim) for t in (reward, done, terminated))
+
+    def _broadcast_optional(self, tensor: Tensor, value: Tensor) -> Tensor:
+        return _broadcast_team_signal(tensor, value, -2 if self.agent_dim is None else self.agent_dim)
+
+    def _normalize_advantage(self, adv, valid=None, groups=None):
+        if self.agent_dim is None:
+            return super()._normalize_advantage(adv, valid, groups)
+        agent_dim = self.agent_dim % adv.ndim
+        if groups is not None:
+            return self._normalize_per_agent_groups(adv, valid, groups, agent_dim)
+        reduce_dims = [d for d in range(adv.ndim) if d != agent_dim]
+        mask = (
+            torch.ones_like(adv)
+            if valid is None
+            else self._expand_to_match(valid, adv).to(adv.dtype)
+        )
+        count = mask.sum(dim=reduce_dims, keepdim=True).clamp_min(1)
+        loc = (adv * mask).sum(dim=reduce_dims, keepdim=True) / count
+        var = ((adv - loc).square() * mask).sum(dim=reduce_dims, keepdim=True)
+        # Unbiased, like Tensor.std in TorchRL's global standardization.
+        scale = (var / (count - 1).clamp_min(1)).sqrt().clamp_min(1e-4)
+        return (adv - loc) / scale
+
+    def _normalize_per_agent_groups(self, adv, valid, groups, agent_dim):
+        while groups.ndim < adv.ndim:
+            groups = groups.unsqueeze(-1)
+        n_agents = adv.shape[agent_dim]
+        agents = torch.arange(n_agents, device=adv.device).reshape(
+            [-1 if d == agent_dim else 1 for d in range(adv.ndim)]
+        )
+        composite = groups.expand(adv.shape) * n_agents + agents
+        mask = None if valid is None else self._expand_to_match(valid, adv)
+        return _standardize_by_group(adv, composite, mask)
+
+    def _advantage(self, tensordict, params, target_params, time_dim):
+        sig = self._read_signals(tensordict, params, target_params, time_dim)
+        reward, done, terminated = self._prepare_signals(
+            sig.reward, sig.done, sig.terminated, sig.value
+        )
+        value, next_value = sig.value, sig.next_value
+        if self.value_normalizer is not None:
+            value = self.value_normalizer.denormalize(value)
+            next_value = self.value_normalizer.denormalize(next_value)
+        if self.auto_reset_env:
+            # The last "next" observation already is the reset one: bootstrap a
+            # truncation from V(s_t) through the reward, then treat it as terminal.
+            truncated = self._broadcast_optional(
+                tensordict.get(("next", "truncated")), value
+            )
+            reward = reward + sig.gamma * value * truncated
+            terminated = done
+        advantage, value_target = functional.generalized_advantage_estimate(
+            sig.gamma,
+            self.lmbda,
+            value,
+            next_value,
+            reward,
+            done,
+            terminated,
+            time_dim=sig.time_dim,
+        )
+        return advantage, value_target, sig.valid
+
+    @_self_set_skip_existing
+    @_self_set_grad_enabled
+    @dispatch
+    def forward(
+        self,
+        tensordict: TensorDictBase,
+        *,
+        params: TensorDictBase | None = None,
+        target_params: TensorDictBase | None = None,
+        time_dim: int | None = None,
+    ) -> TensorDictBase:
+        """Writes ``advantage`` and ``value_target`` into ``tensordict`` and returns it."""
+        advantage, value_target, valid = self._advantage(
+            tensordict, params, target_params, time_dim
+        )
+        if self.average_gae:
+            advantage = self._normalize_advantage(
+                advantage, valid, groups=self._group_ids(tensordict)
+            )
+        return self._write_outputs(tensordict, advantage, value_target, valid)
+
+    def value_estimate(
+        self,
+        tensordict: TensorDictBase,
+        params: TensorDictBase | None = None,
+        target_params: TensorDictBase | None = None,
+        time_dim: int | None = None,
+        **kwargs,
+    ) -> Tensor:
+        """Returns the GAE value target without writing to ``tensordict``."""
+        if self.is_stateless and params is None:
+            raise RuntimeError("This estimator is stateless: pass params=.")
+        return self._advantage(tensordict, params, target_params, time_dim)[1]
+
+
+@register_value_estimator(
+    ExtValueEstimators.EXT_VTRACE,
+    default_kwargs={"gamma": 0.99, "differentiable": True},
+)
+class VTrace(_SignalsMixin, _TorchRLVTrace):
+    """V-trace, a faster drop-in for :class:`torchrl.objectives.value.VTrace`.
+
+    Reads the behaviour log-probability at ``sample_log_prob`` (the key set
+    with :meth:`set_keys`), recomputes the current policy's log-probability
+    with ``actor_network``, and writes ``advantage`` and ``value_target``
+    (the V-trace target ``v_s``). The math is
+    :func:`torchrl_ext.value.functional.vtrace_advantage_estimate`.
+
+    Keyword Args:
+        gamma (float or Tensor): discount in ``[0, 1]``.
+        actor_network: the current policy (a probabilistic actor).
+        value_network: the critic, or ``None`` when values are precomputed.
+        rho_thresh (float): clip of the importance weight (> 0). Defaults to 1.
+        c_thresh (float): clip of the trace coefficients (> 0). Defaults to 1.
+        **kwargs: every other keyword of TorchRL's ``VTrace``.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from tensordict.nn import NormalParamExtractor, TensorDictModule
+        >>> from torchrl.modules import ProbabilisticActor
+        >>> net = torch.nn.Sequential(torch.nn.Linear(3, 2), NormalParamExtractor())
+        >>> actor = ProbabilisticActor(
+        ...     TensorDictModule(net, in_keys=["obs"], out_keys=["loc", "scale"]),
+        ...     in_keys=["loc", "scale"], distribution_class=torch.distributions.Normal,
+        ...     return_log_prob=True)
+        >>> vtrace = VTrace(gamma=0.99, actor_network=actor, value_network=None)
+        >>> vtrace.set_keys(sample_log_prob="action_log_prob")
+        >>> td = TensorDict({"obs": torch.randn(1, 5, 3), "action": torch.randn(1, 5, 1),
+        ...     "action_log_prob": torch.randn(1, 5, 1), "state_value": torch.zeros(1, 5, 1),
+        ...     "next": {"state_value": torch.zeros(1, 5, 1), "reward": torch.ones(1, 5, 1),
+        ...              "done": torch.zeros(1, 5, 1, dtype=torch.bool),
+        ...              "terminated": torch.zeros(1, 5, 1, dtype=torch.bool)}}, [1, 5])
+        >>> vtrace(td)["value_target"].shape
+        torch.Size([1, 5, 1])
+    """
+
+    def __init__(
+        self,
+        *,
+        gamma: float | Tensor,
+        actor_network,
+        value_network,
+        rho_thresh: float | Tensor = 1.0,
+        c_thresh: float | Tensor = 1.0,
+        **kwargs,
+    ) -> None:
+        _check_unit_interval("gamma", gamma)
+        _check_positive("rho_thresh", rho_thresh)
+        _check_positive("c_thresh", c_thresh)
+        super().__init__(
+            gamma=gamma,
+            actor_network=actor_network,
+            value_network=value_network,
+            rho_thresh=rho_thresh,
+            c_thresh=c_thresh,
+            **kwargs,
+        )
+
+    @_self_set_skip_existing
+    @_self_set_grad_enabled
+    @dispatch
+    def forward(
+        self,
+        tensordict: TensorDictBase,
+        *,
+        params: TensorDictBase | None = None,
+        target_params: TensorDictBase | None = None,
+        time_dim: int | None = None,
+    ) -> TensorDictBase:
+        """Writes ``advantage`` and ``value_target`` into ``tensordict`` and returns it."""
+        sig = self._read_signals(tensordict, params, target_params, time_dim)
+        log_mu = tensordict.get(self.tensor_keys.sample_log_prob, None)
+        if log_mu is None:
+            raise ValueError(
+                f"The behaviour log-probability {self.tensor_keys.sample_log_prob!r} is "
+                "missing; store it at collection time or change it with "
+                "set_keys(sample_log_prob=...)."
+            )
+        if is_tensor_collection(log_mu):
+            log_mu = log_mu.sum(dim="feature", reduce=True)
+        log_mu = log_mu.reshape(sig.value.shape)
+        with hold_out_net(self.actor_network):
+            log_pi = _call_actor_net(
+                actor_net=self.actor_network,
+                data=tensordict,
+                params=None,
+                log_prob_key=self.tensor_keys.sample_log_prob,
+            ).reshape(sig.value.shape)
+        advantage, value_target = functional.vtrace_advantage_estimate(
+            sig.gamma,
+            log_pi,
+            log_mu,
+            sig.value,
+            sig.next_value,
+            sig.reward,
+            sig.done,
+            sig.terminated,
+            rho_thresh=self.rho_thresh,
+            c_thresh=self.c_thresh,
+            time_dim=sig.time_dim,
+        )
+        if self.average_adv:
+            groups = self._group_ids(tensordict)
+            if groups is None:
+                advantage = (advantage - advantage.mean()) / advantage.std().clamp_min(1e-5)
+            else:
+                advantage = _standardize_by_group(advantage, groups, eps=1e-5)
+        return self._write_outputs(tensordict, advantage, value_target, sig.valid)

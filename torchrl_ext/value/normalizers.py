@@ -1,0 +1,386 @@
+"""Running value / reward normalisers ported from HARL and pytorchrl.
+
+* :class:`ValueNorm`: HARL's debiased-EMA value normaliser (PopArt-style target scaling).
+* :class:`RunningMeanStd`: running mean/variance merged with the parallel (Chan et al.) rule.
+* :class:`IntrinsicRewardNormalizer`: pytorchrl's / RND's intrinsic-reward scaling.
+
+All state lives in registered buffers, so ``state_dict()``, ``load_state_dict()`` and ``.to()``
+behave like any other module.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["ValueNorm", "RunningMeanStd", "IntrinsicRewardNormalizer"]
+
+
+def _as_shape(shape: int | tuple[int, ...], name: str) -> torch.Size:
+    dims = (shape,) if isinstance(shape, numbers.Integral) else tuple(shape)
+    if any(isinstance(d, bool) or not isinstance(d, numbers.Integral) or d < 1 for d in dims):
+        raise ValueError(
+            f"`{name}` must be a positive int or a tuple of positive ints, got {shape!r}; "
+            f"pass e.g. {name}=1 for scalar values."
+        )
+    return torch.Size(int(d) for d in dims)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _as_float_tensor(x: Any, name: str, device: torch.device) -> Tensor:
+    """Turns tensors, numpy arrays and sequences into a floating tensor on ``device``."""
+    t = torch.as_tensor(x)
+    if not t.is_floating_point():
+        raise TypeError(
+            f"`{name}` must hold floating-point values, got dtype {t.dtype}; "
+            f"convert it first, e.g. `{name}.float()` (torch) or `{name}.astype(np.float32)`."
+        )
+    return t.to(device)
+
+
+def _check_trailing(x: Tensor, shape: torch.Size, name: str, lead: int | None) -> None:
+    """Checks ``x.shape == (*leading, *shape)``; ``lead`` fixes the number of leading dims."""
+    n_lead = x.ndim - len(shape)
+    if n_lead < 0 or x.shape[n_lead:] != shape or (lead is not None and n_lead != lead):
+        expected = f"{lead} leading dim(s)" if lead is not None else "any leading dims"
+        raise ValueError(
+            f"`{name}` has shape {tuple(x.shape)} but its trailing shape must equal "
+            f"{tuple(shape)} ({expected} followed by {tuple(shape)}); reshape `{name}` "
+            f"or build the normaliser with a matching shape."
+        )
+
+
+class ValueNorm(nn.Module):
+    """HARL's value normaliser: debiased exponential moving averages of ``x`` and ``x**2``.
+
+    ``update`` folds a batch into the EMAs (weight ``w = beta``, or ``beta ** batch_size`` with
+    ``per_element_update``); ``normalize``/``denormalize`` map values to and from the normalised
+    space using ``mean = running_mean / d`` and ``var = max(running_mean_sq / d - mean**2, 1e-2)``
+    with ``d = max(debiasing_term, epsilon)``. The variance floor keeps the std at or above 0.1.
+
+    Shape contract: ``update(x)`` needs ``x.shape == (*B, *input_shape)`` with ``len(B) ==
+    norm_axes``; ``normalize``/``denormalize`` accept any number of leading dims and return the
+    input's shape.
+
+    Differences from HARL:
+        * The state is held in registered buffers (HARL quirk Q9: its ``nn.Parameter(...).to()``
+          turned them into plain tensors, so ``state_dict()`` was silently empty).
+        * ``denormalize`` returns a torch tensor (HARL returns a numpy array).
+        * Inputs keep their floating dtype in ``normalize``/``denormalize`` (float64 stays float64);
+          HARL casts everything to float32. ``update`` still casts to the buffer dtype.
+        * Invalid arguments / inputs raise ``ValueError``/``TypeError`` up front; a failing
+          ``update`` leaves the state untouched.
+
+    Args:
+        input_shape: Shape of one value (``1`` for a scalar critic).
+        norm_axes: Number of leading batch dims reduced over in ``update``.
+        beta: EMA decay in ``(0, 1]``.
+        per_element_update: Weight by ``beta ** batch_size`` instead of ``beta``.
+        epsilon: Lower bound of the debiasing term (must be ``> 0``).
+        device: Device of the state.
+        dtype: Floating dtype of the state.
+
+    Examples:
+        >>> vn = ValueNorm(1, beta=0.9)
+        >>> vn.update(torch.tensor([[1.0], [3.0]]))
+        >>> mean, var = vn.running_mean_var()
+        >>> mean
+        tensor([2.])
+        >>> vn.normalize(torch.tensor([[2.0], [3.0]])).flatten()
+        tensor([0., 1.])
+        >>> vn.denormalize(torch.tensor([[1.0]]))
+        tensor([[3.]])
+    """
+
+    running_mean: Tensor
+    running_mean_sq: Tensor
+    debiasing_term: Tensor
+
+    def __init__(
+        self,
+        input_shape: int | tuple[int, ...],
+        norm_axes: int = 1,
+        beta: float = 0.99999,
+        per_element_update: bool = False,
+        epsilon: float = 1e-5,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        super().__init__()
+        shape = _as_shape(input_shape, "input_shape")
+        if isinstance(norm_axes, bool) or not isinstance(norm_axes, int) or norm_axes < 1:
+            raise ValueError(
+                f"`norm_axes` must be an int >= 1, got {norm_axes!r}; "
+                "use norm_axes=1 for (B, *input_shape) inputs."
+            )
+        if not 0.0 < beta <= 1.0:
+            raise ValueError(
+                f"`beta` must be in (0, 1], got {beta!r}; typical values are 0.99999 or 0.99."
+            )
+        if not epsilon > 0.0:
+            raise ValueError(f"`epsilon` must be > 0, got {epsilon!r}; the default is 1e-5.")
+        if not dtype.is_floating_point:
+            raise TypeError(f"`dtype` must be a floating dtype, got {dtype}; use torch.float32.")
+        self.input_shape = shape
+        self.norm_axes = norm_axes
+        self.beta = float(beta)
+        self.per_element_update = bool(per_element_update)
+        self.epsilon = float(epsilon)
+        self.register_buffer("running_mean", torch.zeros(shape, device=device, dtype=dtype))
+        self.register_buffer("running_mean_sq", torch.zeros(shape, device=device, dtype=dtype))
+        self.register_buffer("debiasing_term", torch.zeros((), device=device, dtype=dtype))
+
+    def extra_repr(self) -> str:
+        return (
+            f"input_shape={tuple(self.input_shape)}, norm_axes={self.norm_axes}, beta={self.beta}, "
+            f"per_element_update={self.per_element_update}, epsilon={self.epsilon}"
+        )
+
+    @torch.no_grad()
+    def update(self, x: Tensor | Any) -> None:
+        """Folds the batch ``x`` of shape ``(*B, *input_shape)``, ``len(B) == norm_axes``, in."""
+        x = _as_float_tensor(x, "x", self.running_mean.device).to(self.running_mean.dtype)
+        _check_trailing(x, self.input_shape, "x", self.norm_axes)
+        batch_size = math.prod(x.shape[: self.norm_axes])
+        if batch_size == 0:
+            raise ValueError(
+                f"`x` has shape {tuple(x.shape)}: an empty batch cannot update the statistics."
+            )
+        dims = tuple(range(self.norm_axes))
+        batch_mean = x.mean(dim=dims)
+        batch_mean_sq = (x * x).mean(dim=dims)
+        w = self.beta**batch_size if self.per_element_update else self.beta
+        self.running_mean.mul_(w).add_(batch_mean * (1.0 - w))
+        self.running_mean_sq.mul_(w).add_(batch_mean_sq * (1.0 - w))
+        self.debiasing_term.mul_(w).add_(1.0 - w)
+
+    def running_mean_var(self) -> tuple[Tensor, Tensor]:
+        """Returns the debiased ``(mean, var)``, each of shape ``input_shape``."""
+        d = self.debiasing_term.clamp(min=self.epsilon)
+        mean = self.running_mean / d
+        mean_sq = self.running_mean_sq / d
+        return mean, (mean_sq - mean * mean).clamp(min=1e-2)
+
+    def _stats_for(self, x: Any) -> tuple[Tensor, Tensor, Tensor]:
+        x = _as_float_tensor(x, "x", self.running_mean.device)
+        _check_trailing(x, self.input_shape, "x", None)
+        mean, var = self.running_mean_var()
+        return x, mean.to(x.dtype), var.to(x.dtype).sqrt()
+
+    def normalize(self, x: Tensor | Any) -> Tensor:
+        """Returns ``(x - mean) / std`` with ``x`` of shape ``(..., *input_shape)``."""
+        x, mean, std = self._stats_for(x)
+        return (x - mean) / std
+
+    def denormalize(self, x: Tensor | Any) -> Tensor:
+        """Returns ``x * std + mean`` (a tensor, unlike HARL); ``x`` is ``(..., *input_shape)``."""
+        x, mean, std = self._stats_for(x)
+        return x * std + mean
+
+    def forward(self, x: Tensor | Any) -> Tensor:
+        """Alias of :meth:`normalize`."""
+        return self.normalize(x)
+
+
+class RunningMeanStd(nn.Module):
+    """pytorchrl's running mean / variance (float64), merged by the parallel rule of Chan et al.
+
+    With batch moments ``bm``, ``bv`` (unbiased) and ``n`` samples: ``delta = bm - mean``,
+    ``tot = count + n``, ``mean += delta * n / tot``,
+    ``var = (var * count + bv * n + delta**2 * count * n / tot) / tot``, ``count = tot``.
+    The state starts at ``mean = 0``, ``var = 1``, ``count = epsilon``.
+
+    Shape contract: ``update(x)`` takes ``x`` of shape ``(n, *shape)``; ``mean``/``var`` have
+    shape ``shape``; ``count`` is a scalar.
+
+    Differences from pytorchrl:
+        * A batch with a single sample contributes batch variance 0 (its unbiased variance is
+          undefined; pytorchrl would turn the running variance into NaN). An empty batch is a
+          no-op.
+        * Batch moments are computed in float64 (pytorchrl reduces float32 inputs in float32).
+        * The state is in buffers, so it is saved by ``state_dict()``.
+
+    Args:
+        shape: Shape of one sample.
+        epsilon: Initial pseudo-count (must be ``> 0``).
+        device: Device of the state.
+
+    Examples:
+        >>> rms = RunningMeanStd(epsilon=1e-4)
+        >>> rms.update(torch.tensor([1.0, 2.0, 3.0]))
+        >>> round(rms.mean.item(), 3), round(rms.var.item(), 3), round(rms.count.item(), 4)
+        (2.0, 1.0, 3.0001)
+    """
+
+    mean: Tensor
+    var: Tensor
+    count: Tensor
+
+    def __init__(
+        self,
+        shape: tuple[int, ...] = (),
+        epsilon: float = 1e-4,
+        *,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        self.shape = _as_shape(shape, "shape")
+        if not epsilon > 0.0:
+            raise ValueError(f"`epsilon` must be > 0, got {epsilon!r}; the default is 1e-4.")
+        f64 = dict(device=device, dtype=torch.float64)
+        self.register_buffer("mean", torch.zeros(self.shape, **f64))
+        self.register_buffer("var", torch.ones(self.shape, **f64))
+        self.register_buffer("count", torch.tensor(float(epsilon), **f64))
+
+    def extra_repr(self) -> str:
+        return f"shape={tuple(self.shape)}"
+
+    @property
+    def std(self) -> Tensor:
+        """Square root of the running variance."""
+        return self.var.sqrt()
+
+    @torch.no_grad()
+    def update(self, x: Tensor | Any) -> None:
+        """Folds the samples ``x`` of shape ``(n, *shape)`` into the statistics."""
+        x = _as_float_tensor(x, "x", self.mean.device).to(self.mean.dtype)
+        _check_trailing(x, self.shape, "x", 1)
+        n = x.shape[0]
+        if n == 0:
+            return
+        batch_var = x.var(dim=0, correction=1) if n > 1 else torch.zeros_like(self.var)
+        self.update_from_moments(x.mean(dim=0), batch_var, n)
+
+    @torch.no_grad()
+    def update_from_moments(
+        self, batch_mean: Tensor | Any, batch_var: Tensor | Any, batch_count: float
+    ) -> None:
+        """Merges batch moments (each of shape ``shape``) computed over ``batch_count`` samples."""
+        if not _is_real(batch_count) or not batch_count >= 0:
+            raise ValueError(f"`batch_count` must be a number >= 0, got {batch_count!r}.")
+        bm = _as_float_tensor(batch_mean, "batch_mean", self.mean.device).to(self.mean.dtype)
+        bv = _as_float_tensor(batch_var, "batch_var", self.mean.device).to(self.mean.dtype)
+        _check_trailing(bm, self.shape, "batch_mean", 0)
+        _check_trailing(bv, self.shape, "batch_var", 0)
+        if batch_count == 0:
+            return
+        count = self.count
+        total = count + batch_count
+        delta = bm - self.mean
+        m2 = self.var * count + bv * batch_count + delta * delta * count * batch_count / total
+        self.mean.add_(delta * batch_count / total)
+        self.var.copy_(m2 / total)
+        self.count.copy_(total)
+
+
+class IntrinsicRewardNormalizer(nn.Module):
+    """Scales intrinsic rewards by the running std of a discounted intrinsic-reward sum.
+
+    * ``mode="backward"`` (pytorchrl's ``normalize_int_rewards``): per rollout,
+      ``e[t] = gamma * e[t+1] + r[t]`` from ``e[T] = 0`` (dones ignored, nothing carried over
+      between calls); the running stats see all ``T*N`` values of ``e``.
+    * ``mode="forward"`` (the RND paper's reward forward filter): ``f_t = gamma * f_{t-1} + r_t``
+      per env, carried across calls; the running stats see all ``T*N`` values of ``f``.
+
+    Both return ``r / sqrt(var)`` (no mean subtraction), with ``var`` cast to ``r``'s dtype.
+
+    Shape contract: ``intrinsic_reward`` is time-major ``[T, N]`` or ``[T, N, 1]``; the output has
+    the same shape. In forward mode ``N`` must stay the same between calls.
+
+    Differences from pytorchrl:
+        * Returns exactly ``T`` rows; pytorchrl keeps a ``T+1``-row buffer whose last row stays 0.
+        * The statistics use :class:`RunningMeanStd` (float64 batch moments; see its notes).
+
+    Args:
+        gamma: Discount of the summed rewards, in ``[0, 1]``.
+        mode: ``"backward"`` or ``"forward"``.
+        epsilon: Initial pseudo-count of the running statistics.
+        device: Device of the state.
+
+    Examples:
+        >>> norm = IntrinsicRewardNormalizer(gamma=0.5)
+        >>> out = norm(torch.tensor([[1.0, 2.0], [2.0, 2.0]]))
+        >>> out.shape
+        torch.Size([2, 2])
+        >>> norm.rms.count.item()
+        4.0001
+    """
+
+    def __init__(
+        self,
+        gamma: float,
+        *,
+        mode: Literal["backward", "forward"] = "backward",
+        epsilon: float = 1e-4,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__()
+        if not _is_real(gamma) or not 0.0 <= gamma <= 1.0:
+            raise ValueError(f"`gamma` must be a number in [0, 1], got {gamma!r}; e.g. gamma=0.99.")
+        if mode not in ("backward", "forward"):
+            raise ValueError(f"`mode` must be 'backward' or 'forward', got {mode!r}.")
+        self.gamma = float(gamma)
+        self.mode = mode
+        self.rms = RunningMeanStd((1,), epsilon, device=device)
+        if mode == "forward":
+            # Per-env filter state; empty until the first call tells us N.
+            empty = torch.zeros(0, device=device, dtype=torch.float64)
+            self.register_buffer("forward_filter", empty)
+
+    def extra_repr(self) -> str:
+        return f"gamma={self.gamma}, mode={self.mode!r}"
+
+    def _load_from_state_dict(
+        self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any
+    ) -> None:
+        # The filter's shape is only known after the first call, so size it from the checkpoint.
+        saved = state_dict.get(prefix + "forward_filter")
+        if self.mode == "forward" and saved is not None:
+            current = self.forward_filter
+            if saved.shape != current.shape:
+                self.forward_filter = current.new_zeros(saved.shape)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def forward(self, intrinsic_reward: Tensor | Any) -> Tensor:
+        """Updates the statistics with the rollout and returns the scaled rewards."""
+        r = _as_float_tensor(intrinsic_reward, "intrinsic_reward", self.rms.mean.device)
+        if not (r.ndim == 2 or (r.ndim == 3 and r.shape[-1] == 1)):
+            raise ValueError(
+                "`intrinsic_reward` must be time-major [T, N] or [T, N, 1], "
+                f"got shape {tuple(r.shape)}; "
+                "add an env dim with `r.unsqueeze(-1)` for a single env."
+            )
+        r2 = r.detach().reshape(r.shape[0], r.shape[1])
+        num_steps, num_envs = r2.shape
+        if self.mode == "backward":
+            # Same dtype as the rewards, as pytorchrl accumulates in the storage dtype.
+            sums = torch.empty_like(r2)
+            acc = torch.zeros(num_envs, dtype=r2.dtype, device=r2.device)
+            for t in range(num_steps - 1, -1, -1):
+                acc = self.gamma * acc + r2[t]
+                sums[t] = acc
+        else:
+            acc = self.forward_filter
+            if acc.numel() == 0:
+                acc = torch.zeros(num_envs, dtype=acc.dtype, device=acc.device)
+            elif acc.shape[0] != num_envs:
+                raise ValueError(
+                    f"`intrinsic_reward` has {num_envs} envs but the forward filter "
+                    f"holds {acc.shape[0]}; "
+                    "keep N fixed or use a fresh normalizer."
+                )
+            sums = torch.empty(num_steps, num_envs, dtype=acc.dtype, device=acc.device)
+            for t in range(num_steps):
+                acc = self.gamma * acc + r2[t].to(acc.dtype)
+                sums[t] = acc
+            self.forward_filter = acc
+        self.rms.update(sums.reshape(-1, 1))
+        return r / self.rms.var.to(r.dtype).sqrt()
