@@ -1,0 +1,208 @@
+"""GAE / VTrace modules: same results and keys as TorchRL's, multi-agent, ValueNorm, registry."""
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict import TensorDict
+from tensordict.nn import NormalParamExtractor, TensorDictModule
+from torchrl.modules import ProbabilisticActor, ValueOperator
+from torchrl.objectives import ClipPPOLoss
+from torchrl.objectives.utils import build_value_estimator
+from torchrl.objectives.value import GAE as TorchRLGAE
+from torchrl.objectives.value import MultiAgentGAE as TorchRLMultiAgentGAE
+from torchrl.objectives.value import VTrace as TorchRLVTrace
+
+from torchrl_ext.value import GAE, ExtValueEstimators, ValueNorm, VTrace
+from torchrl_ext.value import functional as F
+
+OBS_DIM = 3
+
+
+def rollout(batch=(4, 25), seed=0, p_done=0.1, agents=None):
+    """TensorDict [*batch] with obs, next obs, reward and done/terminated/truncated."""
+    gen = torch.Generator().manual_seed(seed)
+    agent_shape = () if agents is None else (agents,)
+    done = torch.rand(*batch, 1, generator=gen) < p_done
+    terminated = done & (torch.rand(*batch, 1, generator=gen) < 0.5)
+    obs = torch.randn(*batch, *agent_shape, OBS_DIM, generator=gen)
+    next_obs = torch.randn(*batch, *agent_shape, OBS_DIM, generator=gen)
+    td = TensorDict(
+        {
+            "observation": obs,
+            "action": torch.randn(*batch, 1, generator=gen),
+            "next": {
+                "observation": next_obs,
+                "reward": torch.randn(*batch, 1, generator=gen),
+                "done": done,
+                "terminated": terminated,
+                "truncated": done & ~terminated,
+            },
+        },
+        batch_size=batch,
+    )
+    return td
+
+
+def value_net(seed=0):
+    torch.manual_seed(seed)
+    return ValueOperator(torch.nn.Linear(OBS_DIM, 1), in_keys=["observation"])
+
+
+def actor_net(seed=1):
+    torch.manual_seed(seed)
+    module = TensorDictModule(
+        torch.nn.Sequential(torch.nn.Linear(OBS_DIM, 2), NormalParamExtractor()),
+        in_keys=["observation"],
+        out_keys=["loc", "scale"],
+    )
+    return ProbabilisticActor(
+        module, in_keys=["loc", "scale"], distribution_class=torch.distributions.Normal,
+        return_log_prob=True,
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {},
+        {"average_gae": True},
+        {"shifted": True},
+        {"time_dim": 1},
+        {"auto_reset_env": True},
+        {"gamma": 1.0, "lmbda": 1.0},
+        {"gamma": 0.9, "lmbda": 0.0, "average_gae": True},
+    ],
+)
+def test_gae_same_outputs_as_torchrl(kwargs):
+    kwargs = {"gamma": 0.97, "lmbda": 0.9, **kwargs}
+    net = value_net()
+    ours = GAE(value_network=net, **kwargs)(rollout())
+    theirs = TorchRLGAE(value_network=net, **kwargs)(rollout())
+    assert set(ours.keys(True, True)) == set(theirs.keys(True, True))
+    for key in ("advantage", "value_target", "state_value"):
+        torch.testing.assert_close(ours[key], theirs[key], rtol=1e-5, atol=1e-5)
+
+
+def test_gae_precomputed_values_and_nested_keys():
+    td = rollout()
+    net = value_net()
+    td["critic", "v"] = net(td.clone())["state_value"].detach()
+    td["next", "critic", "v"] = net(td["next"].clone())["state_value"].detach()
+    td["next", "env", "r"] = td["next", "reward"]
+    gae = GAE(gamma=0.95, lmbda=0.9, value_network=None)
+    gae.set_keys(value=("critic", "v"), reward=("env", "r"), advantage=("out", "adv"),
+                 value_target=("out", "target"))
+    gae(td)
+    expected = F.generalized_advantage_estimate(
+        0.95, 0.9, td["critic", "v"], td["next", "critic", "v"], td["next", "reward"],
+        td["next", "done"], td["next", "terminated"])
+    torch.testing.assert_close(td["out", "adv"], expected[0])
+    torch.testing.assert_close(td["out", "target"], expected[1])
+    torch.testing.assert_close(gae.value_estimate(td), expected[1])
+
+
+@pytest.mark.parametrize("average_gae", [False, True])
+def test_multi_agent_team_signals_match_torchrl_multiagent_gae(average_gae):
+    """Per-agent values [B, T, A, 1] with team-level reward/done [B, T, 1]."""
+    td = rollout(agents=3)
+    net = value_net()
+    td["agents", "state_value"] = net(TensorDict({"observation": td["observation"]}, []))[
+        "state_value"].detach()
+    td["next", "agents", "state_value"] = net(
+        TensorDict({"observation": td["next", "observation"]}, []))["state_value"].detach()
+    kwargs = dict(gamma=0.95, lmbda=0.9, value_network=None, average_gae=average_gae)
+    ours = GAE(agent_dim=-2, **kwargs)
+    theirs = TorchRLMultiAgentGAE(agent_dim=-2, **kwargs)
+    for est in (ours, theirs):
+        est.set_keys(value=("agents", "state_value"), advantage=("agents", "advantage"),
+                     value_target=("agents", "value_target"))
+    out_ours, out_theirs = ours(td.clone()), theirs(td.clone())
+    assert out_ours["agents", "advantage"].shape == (4, 25, 3, 1)
+    for key in (("agents", "advantage"), ("agents", "value_target")):
+        torch.testing.assert_close(out_ours[key], out_theirs[key], rtol=1e-5, atol=1e-5)
+
+
+def test_team_signal_with_wrong_rank_is_rejected():
+    td = rollout()
+    td["state_value"] = torch.zeros(4, 25, 3, 2, 1)
+    td["next", "state_value"] = torch.zeros(4, 25, 3, 2, 1)
+    with pytest.raises(ValueError, match=r"team-level.*signal shape \(4, 25, 1\)"):
+        GAE(gamma=0.9, lmbda=0.9, value_network=None)(td)
+
+
+def test_gae_with_value_normalizer_denormalizes_first():
+    norm = ValueNorm(1)
+    norm.update(torch.randn(100, 1) * 5 + 3)
+    td = rollout()
+    td["state_value"] = torch.randn(4, 25, 1)
+    td["next", "state_value"] = torch.randn(4, 25, 1)
+    out = GAE(gamma=0.9, lmbda=0.8, value_network=None, value_normalizer=norm)(td.clone())
+    expected = F.generalized_advantage_estimate(
+        0.9, 0.8, norm.denormalize(td["state_value"]), norm.denormalize(td["next", "state_value"]),
+        td["next", "reward"], td["next", "done"], td["next", "terminated"])
+    torch.testing.assert_close(out["advantage"], expected[0])
+    torch.testing.assert_close(out["value_target"], expected[1])
+    # the value target is in the raw return scale, not the normalized one
+    assert not torch.allclose(out["value_target"], out["advantage"] + td["state_value"])
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"rho_thresh": 0.8, "c_thresh": 1.3}, {"average_adv": True}])
+def test_vtrace_same_outputs_as_torchrl(kwargs):
+    td = rollout()
+    actor = actor_net()
+    with torch.no_grad():
+        behaviour = actor(td.clone())
+    td["action"] = behaviour["action"]
+    td["action_log_prob"] = behaviour["action_log_prob"] + 0.2 * torch.randn(4, 25, 1)
+    net = value_net()
+    outs = []
+    for cls in (VTrace, TorchRLVTrace):
+        est = cls(gamma=0.97, actor_network=actor, value_network=net, **kwargs)
+        est.set_keys(sample_log_prob="action_log_prob")
+        torch.manual_seed(0)
+        outs.append(est(td.clone()))
+    for key in ("advantage", "value_target"):
+        torch.testing.assert_close(outs[0][key], outs[1][key], rtol=1e-5, atol=1e-5)
+
+
+def test_vtrace_missing_log_prob_is_a_clear_error():
+    est = VTrace(gamma=0.9, actor_network=actor_net(), value_network=value_net())
+    est.set_keys(sample_log_prob="behaviour_lp")
+    with pytest.raises(ValueError, match="behaviour_lp.*set_keys"):
+        est(rollout())
+
+
+@pytest.mark.parametrize(
+    "cls,kwargs,match",
+    [
+        (GAE, dict(gamma=1.5, lmbda=0.9), "gamma must lie in"),
+        (GAE, dict(gamma=0.9, lmbda=-0.1), "lmbda must lie in"),
+        (VTrace, dict(gamma=0.9, actor_network=None, rho_thresh=0.0), "rho_thresh must be > 0"),
+        (VTrace, dict(gamma=0.9, actor_network=None, c_thresh=-2.0), "c_thresh must be > 0"),
+    ],
+)
+def test_constructor_validation(cls, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        cls(value_network=None, **kwargs)
+
+
+def test_gae_without_values_or_network_is_a_clear_error():
+    with pytest.raises(ValueError, match="state_value.*missing"):
+        GAE(gamma=0.9, lmbda=0.9, value_network=None)(rollout())
+
+
+def test_registered_in_torchrl_registry_and_usable_by_losses():
+    actor, critic = actor_net(), value_net()
+    loss = ClipPPOLoss(actor, critic)
+    built = build_value_estimator(loss, "ext_gae", gamma=0.9, lmbda=0.8)
+    assert isinstance(built, GAE) and built.value_network is critic
+    assert isinstance(build_value_estimator(loss, ExtValueEstimators.EXT_GAE), GAE)
+    vtrace = build_value_estimator(loss, "ext_vtrace")
+    assert isinstance(vtrace, VTrace) and vtrace.actor_network is not None
+    loss.make_value_estimator(GAE, gamma=0.9, lmbda=0.8, value_network=critic)
+    assert isinstance(loss.value_estimator, GAE)
+    td = rollout()
+    with torch.no_grad():
+        td.update(actor(td.clone()))
+    loss.value_estimator(td)
+    assert td["advantage"].shape == (4, 25, 1)
