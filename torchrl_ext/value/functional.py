@@ -541,7 +541,7 @@ def vtrace_advantage_estimate(
     clipped_rho = ratio.clamp(max=_as_discount(rho_thresh, value))
     coef = ratio.clamp_(max=_as_discount(c_thresh, value))
     done_float = _flag_as_float(done, work)
-    trace_gamma = _discount_unless(done, gamma, work)
+    trace_gamma = torch.rsub(done_float, 1).mul_(gamma)
     coef.mul_(trace_gamma)
     not_terminal_gamma = (
         trace_gamma if terminated is done else _discount_unless(terminated, gamma, work)
