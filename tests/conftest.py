@@ -13,25 +13,15 @@ from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from tests._vectors import vectors_path
+
 NIGHTLY_XFAILS = Path(__file__).with_name("nightly_xfails.txt")
-
-
-def _shared_dir() -> Path:
-    """``shared/`` sits beside the repository (developer checkout and CI clone)."""
-    return REPO_ROOT.parent / "shared"
 
 
 @pytest.fixture(scope="session")
 def vectors_dir() -> Path:
     """Folder of reference vectors produced by the original libraries."""
-    path = _shared_dir() / "vectors"
-    if not path.is_dir():
-        pytest.fail(
-            f"reference vectors not found at {path}; the shared/ folder must sit "
-            "beside the repository checkout"
-        )
-    return path
+    return vectors_path()
 
 
 def _nightly_xfails() -> list[tuple[str, str]]:

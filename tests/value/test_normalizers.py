@@ -12,14 +12,6 @@ import torchrl_ext.value.normalizers as normalizers_module
 from torchrl_ext.value.normalizers import IntrinsicRewardNormalizer, RunningMeanStd, ValueNorm
 
 
-@pytest.fixture(scope="module")
-def vectors_dir() -> Path:
-    # The repo and `shared/` are siblings (/work/main + /work/shared, or a CI clone beside shared/).
-    path = Path(__file__).resolve().parents[2].parent / "shared" / "vectors"
-    assert path.is_dir(), f"reference vectors not found at {path}"
-    return path
-
-
 F32 = dict(rtol=1e-5, atol=1e-6)
 
 
