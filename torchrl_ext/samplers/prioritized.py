@@ -1,0 +1,511 @@
+"""Prioritized sampling on pure-torch segment trees (no compiled extension).
+
+:class:`PrioritizedSampler` is a subclass of TorchRL's
+:class:`torchrl.data.PrioritizedSampler`, so everything that checks
+``isinstance(sampler, PrioritizedSampler)`` keeps working:
+``TensorDictReplayBuffer`` priority write-back, ``update_tensordict_priority``,
+``ReplayBufferTrainer`` hooks and parameter schedulers. Only the trees and the
+hot paths differ: the trees are :mod:`torchrl_ext.segment_tree`'s, which need
+no ``torchrl._torchrl`` and run on any device.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+from torchrl.data import PrioritizedSampler as _TorchRLPrioritizedSampler
+from torchrl.data.replay_buffers.storages import Storage
+
+from torchrl_ext.samplers._priority_tree import PrioritySegmentTree
+
+__all__ = ["PrioritizedSampler", "PrioritizedSamplerWithoutReplacement"]
+
+WEIGHT_CONVENTIONS = ("per", "alf")
+REDUCTIONS = ("max", "min", "mean", "median", "sum")
+EMPTY_STORAGE_ERROR = "Cannot sample from an empty storage."
+
+
+class PrioritizedSampler(_TorchRLPrioritizedSampler):
+    r"""Prioritized experience replay (Schaul et al., 2015) on pure-torch trees.
+
+    Index ``i`` is drawn with probability :math:`(p_i + \epsilon)^\alpha / \sum_j
+    (p_j + \epsilon)^\alpha`. New data gets ``default_priority``: the largest
+    raw priority seen (or, with ``max_priority_within_buffer=True``, the
+    largest one still in the buffer), and at least ``initial_priority``.
+
+    Args:
+        max_capacity: capacity of the storage.
+        alpha: priority exponent, ``>= 0`` (0 is uniform sampling).
+        beta: importance-sampling exponent in ``[0, 1]``.
+        eps: added to every priority before the exponent. Defaults to 1e-8.
+        dtype: dtype of the stored priorities. Defaults to ``torch.float32``.
+        reduction: how a multi-element priority per sample (per agent, per
+            step of a stored trajectory) is reduced: ``"max"``, ``"min"``,
+            ``"mean"``, ``"median"`` or ``"sum"``. Defaults to ``"max"``.
+        max_priority_within_buffer: track the max priority among the stored
+            items instead of the max ever seen. Costs one more tree.
+        device: device of the trees. Defaults to the storage's device when it
+            is a CUDA device, else the CPU.
+
+    Keyword Args:
+        initial_priority: lower bound of the priority given to new data.
+            Defaults to 1.0.
+        weights: importance-weight convention written to ``priority_weight``.
+            ``"per"`` (default): :math:`w_i = (N P_i)^{-\beta} / \max_j w_j =
+            (p_i / p_{\min})^{-\beta}`. ``"alf"``: ALF's
+            :math:`p_i \cdot \mathrm{nnz} / \sum_j p_j` (the priority relative
+            to the mean non-zero priority, before any exponent), where
+            :math:`p` is the stored ``(priority + eps) ** alpha``.
+        fanout: children per tree node. Defaults to 32.
+
+    Shapes: ``sample`` returns a ``[B]`` index (a tuple of ``[B]`` coordinates
+    for multi-dimensional storages) and ``info["priority_weight"]`` of shape
+    ``[B]``. ``update_priority(index, priority)`` takes ``priority`` of shape
+    ``[N]``, ``[N, *extra]`` (reduced with ``reduction``) or a scalar.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+        >>> from torchrl_ext.samplers import PrioritizedSampler
+        >>> rb = TensorDictReplayBuffer(
+        ...     storage=LazyTensorStorage(100),
+        ...     sampler=PrioritizedSampler(100, alpha=0.6, beta=0.4),
+        ...     batch_size=8,
+        ... )
+        >>> _ = rb.extend(TensorDict({"obs": torch.randn(10, 3)}, [10]))
+        >>> batch = rb.sample()
+        >>> batch["priority_weight"].shape
+        torch.Size([8])
+        >>> batch["td_error"] = torch.rand(8)
+        >>> rb.update_tensordict_priority(batch)
+    """
+
+    _stratified = False
+
+    def __init__(
+        self,
+        max_capacity: int,
+        alpha: float,
+        beta: float,
+        eps: float = 1e-8,
+        dtype: torch.dtype = torch.float32,
+        reduction: str = "max",
+        max_priority_within_buffer: bool = False,
+        device: torch.device | str | None = None,
+        *,
+        initial_priority: float = 1.0,
+        weights: str = "per",
+        fanout: int = 32,
+    ) -> None:
+        # TorchRL's __init__ is not called: it would build its C++ trees.
+        if isinstance(max_capacity, bool) or not isinstance(max_capacity, int):
+            raise TypeError(f"max_capacity must be an int, got {max_capacity!r}.")
+        if max_capacity < 1:
+            raise ValueError(f"max_capacity must be >= 1, got max_capacity={max_capacity}.")
+        if reduction not in REDUCTIONS:
+            raise ValueError(
+                f"reduction must be one of {REDUCTIONS}, got reduction={reduction!r}."
+            )
+        if weights not in WEIGHT_CONVENTIONS:
+            raise ValueError(
+                f"weights must be one of {WEIGHT_CONVENTIONS}, got weights={weights!r}."
+            )
+        _check_real("eps", eps, low=0.0)
+        _check_real("initial_priority", initial_priority, low=0.0)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"dtype must be a floating torch.dtype, got dtype={dtype!r}.")
+        self._max_capacity = max_capacity
+        self._alpha = _check_real("alpha", alpha, low=0.0)
+        self._beta = _check_real("beta", beta, low=0.0, high=1.0)
+        self._eps = float(eps)
+        self.reduction = reduction
+        self.dtype = dtype
+        self._max_priority_within_buffer = bool(max_priority_within_buffer)
+        self._device = torch.device(device) if device is not None else None
+        self._initial_priority = float(initial_priority)
+        self._weights = weights
+        self._fanout = fanout
+        self._init()
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(max_capacity={self._max_capacity}, alpha={self._alpha}, "
+            f"beta={self._beta}, eps={self._eps}, weights={self._weights!r}, "
+            f"device={self.device})"
+        )
+
+    # ------------------------------------------------------------------
+    # Trees
+    def _init(self) -> None:
+        device = self._device or torch.device("cpu")
+        options = {"fanout": self._fanout, "dtype": self.dtype, "device": device}
+        # One tree holds the sums, the minimum over the sampleable (non-zero)
+        # priorities for the weights, and the maximum for new data.
+        self._sum_tree = PrioritySegmentTree(
+            self._max_capacity,
+            track_nnz=self._weights == "alf",
+            track_max=self._max_priority_within_buffer,
+            **options,
+        )
+        self._max_seen = -math.inf
+
+    @property
+    def _max_priority(self) -> tuple[float | None, None]:
+        # TorchRL's code reads this tuple; ours is derived from the trees.
+        value = self._max_raw_priority()
+        return (None if value == -math.inf else value, None)
+
+    @_max_priority.setter
+    def _max_priority(self, value: Any) -> None:
+        # TorchRL's own bookkeeping writes here; the trees are the truth.
+        return
+
+    def _max_raw_priority(self) -> float:
+        if self._max_priority_within_buffer and self._alpha > 0:
+            # The tree stores (p + eps) ** alpha, which is increasing in p.
+            stored = float(self._sum_tree.max())
+            return max(stored ** (1.0 / self._alpha) - self._eps, 0.0) if stored > 0 else -math.inf
+        return self._max_seen
+
+    @property
+    def default_priority(self) -> float:
+        """Raw priority given to new data: ``max(max priority, initial_priority)``."""
+        return max(self._max_raw_priority(), self._initial_priority)
+
+    @property
+    def initial_priority(self) -> float:
+        """Lower bound of the priority given to new data."""
+        return self._initial_priority
+
+    @property
+    def weights(self) -> str:
+        """Importance-weight convention, ``"per"`` or ``"alf"``."""
+        return self._weights
+
+    @property
+    def beta(self) -> float:
+        """Importance-sampling exponent in ``[0, 1]``; settable (schedulable)."""
+        return self._beta
+
+    @beta.setter
+    def beta(self, value: float) -> None:
+        self._beta = _check_real("beta", value, low=0.0, high=1.0)
+
+    @property
+    def alpha(self) -> float:
+        """Priority exponent ``>= 0``; setting it re-transforms stored priorities."""
+        return self._alpha
+
+    @alpha.setter
+    def alpha(self, value: float) -> None:
+        value = _check_real("alpha", value, low=0.0)
+        old = self._alpha
+        self._alpha = value
+        if value != old:
+            self._retransform_priority_trees(old, value)
+
+    # ------------------------------------------------------------------
+    # Sampling
+    def sample(self, storage: Storage, batch_size: int) -> tuple[Any, dict[str, torch.Tensor]]:
+        self._maybe_init_from_storage(storage)
+        if len(storage) == 0:
+            raise RuntimeError(
+                f"{EMPTY_STORAGE_ERROR} Extend the buffer before calling sample()."
+            )
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got batch_size={batch_size!r}.")
+        tree = self._sum_tree
+        prefix = tree._top_prefix()
+        total = float(prefix[-1])
+        if not total > 0:
+            raise RuntimeError(
+                "every stored priority is zero, so nothing can be sampled; give some "
+                "items a positive priority (or use eps > 0)."
+            )
+        device = tree.device
+        draw = torch.rand(batch_size, dtype=torch.float64, device=device, generator=self._rng)
+        if self._stratified:
+            # One draw per equal-mass stratum (ALF's "without replacement").
+            draw = draw.add_(torch.arange(batch_size, dtype=torch.float64, device=device))
+            draw = draw.div_(batch_size)
+        # Strictly below the total, so the walk needs no cap at the top.
+        draw = draw.mul_(total).clamp_(max=math.nextafter(total, 0.0))
+        index, value = tree._sample_walk(draw, prefix)
+        if self._weights == "per":
+            weight = value.div(tree.min_nonzero()).pow_(-self._beta)
+        else:
+            weight = value.mul(tree._nnz.to(value.dtype)).div_(total)
+        if storage.ndim > 1:
+            index = torch.unravel_index(index, storage.shape)
+        return index, {"priority_weight": weight}
+
+    # ------------------------------------------------------------------
+    # Priorities
+    def add(self, index: int | torch.Tensor) -> None:
+        return
+
+    def extend(self, index: torch.Tensor | tuple) -> None:
+        return
+
+    @torch.no_grad()
+    def update_priority(
+        self,
+        index: int | torch.Tensor,
+        priority: float | torch.Tensor,
+        *,
+        storage: Storage | None = None,
+    ) -> None:
+        """Sets the raw priorities of ``index`` (last write wins for repeats).
+
+        Args:
+            index: flat indices ``[N]``, or ``[N, ndim]`` / a tuple of ``[N]``
+                coordinates for multi-dimensional storages. ``-1`` entries (items
+                a ``TensorDictMaxValueWriter`` did not write) are ignored.
+            priority: ``[N]``, ``[N, *extra]`` reduced with ``reduction``, or
+                one value for all.
+
+        Keyword Args:
+            storage: needed to flatten coordinates of a multi-dimensional storage.
+
+        Raises:
+            ValueError: on indices outside the capacity, or NaN, infinite or
+                negative priorities. Nothing is written then.
+        """
+        device = self._sum_tree.device
+        index = self._flat_index(index, storage, device)
+        priority = self._priority_vector(priority, index.shape[0], device)
+        if index.numel() == 0:
+            return
+        low, high = (int(x) for x in torch.aminmax(index))
+        if low < 0:
+            keep = index != -1
+            index, priority = index[keep], priority[keep]
+            if index.numel() == 0:
+                return
+            low, high = (int(x) for x in torch.aminmax(index))
+        if low < 0 or high >= self._max_capacity:
+            bad = low if low < 0 else high
+            raise ValueError(
+                f"index {bad} is out of range for a sampler of max_capacity "
+                f"{self._max_capacity}; indices must lie in [0, {self._max_capacity - 1}] "
+                "(or be -1 to skip an entry)."
+            )
+        pmin, pmax = (float(x) for x in torch.aminmax(priority))
+        if not (math.isfinite(pmin) and math.isfinite(pmax)) or pmin < 0:
+            raise ValueError(
+                f"priority must be finite and >= 0, got values in [{pmin}, {pmax}]; "
+                "use e.g. td_error.abs() and replace NaN/inf before updating."
+            )
+        self._write_priorities(index, priority, pmax)
+
+    def _write_priorities(self, index: torch.Tensor, priority: torch.Tensor, pmax: float) -> None:
+        self._sum_tree._write(index, priority.add(self._eps).pow_(self._alpha))
+        if pmax > self._max_seen:
+            self._max_seen = pmax
+
+    def _flat_index(
+        self, index: Any, storage: Storage | None, device: torch.device
+    ) -> torch.Tensor:
+        if isinstance(index, tuple):
+            index = torch.stack([torch.as_tensor(i) for i in index], -1)
+        index = torch.as_tensor(index, device=device)
+        if index.dtype.is_floating_point or index.dtype is torch.bool:
+            raise TypeError(f"index must hold integers, got dtype={index.dtype}.")
+        index = index.long()
+        if index.ndim <= 1:
+            return index.reshape(-1)
+        if storage is None or not hasattr(storage, "shape"):
+            raise ValueError(
+                f"index of shape {tuple(index.shape)} holds coordinates of a "
+                "multi-dimensional storage; pass storage= so they can be flattened."
+            )
+        shape = torch.tensor(tuple(storage.shape), device=device)
+        strides = torch.ones_like(shape)
+        strides[:-1] = shape.flip(0)[:-1].cumprod(0).flip(0)
+        return (index * strides).sum(-1)
+
+    def _priority_vector(self, priority: Any, n: int, device: torch.device) -> torch.Tensor:
+        priority = torch.as_tensor(priority, device=device).detach()
+        if not (priority.is_floating_point() or priority.dtype in _INT_DTYPES):
+            raise TypeError(f"priority must hold real numbers, got dtype={priority.dtype}.")
+        priority = priority.to(torch.float64 if self.dtype == torch.float64 else torch.float32)
+        if priority.numel() == 1:
+            return priority.reshape(()).expand(n)
+        if priority.ndim >= 1 and priority.shape[0] == n:
+            if priority.ndim == 1:
+                return priority
+            return _reduce(priority.reshape(n, -1), self.reduction)
+        raise ValueError(
+            f"priority of shape {tuple(priority.shape)} does not match {n} indices; pass "
+            f"[{n}], [{n}, ...] (reduced with reduction={self.reduction!r}) or a scalar."
+        )
+
+    def _retransform_priority_trees(self, old_alpha: float, new_alpha: float) -> None:
+        stored = self._sum_tree.leaves
+        written = torch.nonzero(stored > 0).squeeze(1)
+        if written.numel() == 0 or old_alpha == 0:
+            # With alpha == 0 every stored value is 1: the raw priorities are
+            # gone, and entries are corrected as they get new priorities.
+            return
+        raw = (stored[written].double().pow(1.0 / old_alpha) - self._eps).clamp_min(0)
+        new = (raw + self._eps).pow(new_alpha).to(self.dtype)
+        self._sum_tree._write(written, new)
+
+    def _empty(self) -> None:
+        self._init()
+
+    # ------------------------------------------------------------------
+    # Checkpointing
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "_schema_version": 1,
+            "_alpha": self._alpha,
+            "_beta": self._beta,
+            "_eps": self._eps,
+            "_max_seen": self._max_seen,
+            "_initial_priority": self._initial_priority,
+            "_weights": self._weights,
+            "_max_priority_within_buffer": self._max_priority_within_buffer,
+            "_sum_tree": self._sum_tree.state_dict(),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if "_sum_tree" not in state_dict or not isinstance(state_dict["_sum_tree"], dict):
+            raise ValueError(
+                "state_dict was not produced by torchrl_ext's PrioritizedSampler; "
+                "a TorchRL PrioritizedSampler state holds C++ trees that cannot be loaded here."
+            )
+        self._check_geometry(state_dict["_sum_tree"]["capacity"])
+        self._alpha = state_dict["_alpha"]
+        self._beta = state_dict["_beta"]
+        self._eps = state_dict["_eps"]
+        self._max_seen = state_dict["_max_seen"]
+        self._initial_priority = state_dict["_initial_priority"]
+        saved = (state_dict["_weights"], state_dict["_max_priority_within_buffer"])
+        if saved != (self._weights, self._max_priority_within_buffer):
+            raise ValueError(
+                f"state_dict was saved with weights={saved[0]!r} and "
+                f"max_priority_within_buffer={saved[1]}; build the sampler the same way."
+            )
+        self._sum_tree.load_state_dict(state_dict["_sum_tree"])
+
+    def _check_geometry(self, capacity: int) -> None:
+        if capacity != self._max_capacity:
+            raise ValueError(
+                f"the checkpoint holds {capacity} priorities but this sampler has "
+                f"max_capacity={self._max_capacity}; build it with the same capacity."
+            )
+
+    def dumps(self, path: str | Path) -> None:
+        """Writes ``sampler_metadata.json`` and ``trees.safetensors`` under ``path``.
+
+        Both files are written to a temporary name, fsynced and renamed, so an
+        interrupted save never leaves a half-written file behind.
+        """
+        path = Path(path).absolute()
+        path.mkdir(parents=True, exist_ok=True)
+        tensors: dict[str, torch.Tensor] = {}
+        metadata = _split_tensors(self.state_dict(), "", tensors)
+        _atomic_write(path / "trees.safetensors", lambda tmp: save_file(tensors, tmp))
+        _atomic_write(
+            path / "sampler_metadata.json",
+            lambda tmp: Path(tmp).write_text(json.dumps(metadata)),
+        )
+
+    def loads(self, path: str | Path) -> None:
+        """Restores what :meth:`dumps` wrote."""
+        path = Path(path).absolute()
+        metadata = json.loads((path / "sampler_metadata.json").read_text())
+        tensors = load_file(path / "trees.safetensors")
+        self.load_state_dict(_join_tensors(metadata, tensors))
+
+
+class PrioritizedSamplerWithoutReplacement(PrioritizedSampler):
+    """Prioritized sampling with stratified draws, ALF's "without replacement".
+
+    The total priority mass is cut into ``batch_size`` equal strata and one
+    index is drawn in each, so a batch covers the distribution evenly (lower
+    variance than independent draws). An item whose share of the mass exceeds
+    ``1 / batch_size`` can still appear more than once. Also reached with
+    ``PrioritizedSampler(..., replacement=False)``.
+    """
+
+    _stratified = True
+
+
+# ----------------------------------------------------------------------
+_INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+
+
+def _check_real(name: str, value: Any, *, low: float, high: float | None = None) -> float:
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a real number, got {value!r}.")
+    value = float(value)
+    if math.isnan(value) or value < low or (high is not None and value > high):
+        interval = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be {interval}, got {name}={value}.")
+    return value
+
+
+def _reduce(priority: torch.Tensor, reduction: str) -> torch.Tensor:
+    if reduction == "max":
+        return priority.amax(1)
+    if reduction == "min":
+        return priority.amin(1)
+    if reduction == "mean":
+        return priority.mean(1)
+    if reduction == "median":
+        return priority.median(1).values
+    return priority.sum(1)
+
+
+_TENSOR_LIST = "__tensor_list__"
+
+
+def _split_tensors(state: Any, prefix: str, tensors: dict[str, torch.Tensor]) -> Any:
+    """JSON-able copy of ``state`` with each list of tensors moved to ``tensors``."""
+    if isinstance(state, dict):
+        return {k: _split_tensors(v, f"{prefix}{k}.", tensors) for k, v in state.items()}
+    if isinstance(state, list) and state and all(isinstance(t, torch.Tensor) for t in state):
+        for k, tensor in enumerate(state):
+            tensors[f"{prefix}{k}"] = tensor.detach().contiguous().cpu()
+        return {_TENSOR_LIST: prefix, "length": len(state)}
+    return state
+
+
+def _join_tensors(metadata: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    if isinstance(metadata, dict) and _TENSOR_LIST in metadata:
+        prefix = metadata[_TENSOR_LIST]
+        return [tensors[f"{prefix}{k}"] for k in range(metadata["length"])]
+    if isinstance(metadata, dict):
+        return {k: _join_tensors(v, tensors) for k, v in metadata.items()}
+    return metadata
+
+
+def _atomic_write(target: Path, write: Any) -> None:
+    """Writes through ``write(tmp_path)``, fsyncs, then renames over ``target``."""
+    tmp = target.with_name(f".{target.name}.tmp")
+    write(str(tmp))
+    with open(tmp, "rb") as handle:
+        os.fsync(handle.fileno())
+    os.replace(tmp, target)
+
+
+def _register_replacement_dispatch() -> None:
+    # TorchRL routes ``Cls(replacement=False)`` through this (private) table.
+    try:
+        from torchrl.data.replay_buffers.samplers.base import _REPLACEMENT_DISPATCH
+    except ImportError:  # pragma: no cover - depends on the TorchRL version
+        return
+    _REPLACEMENT_DISPATCH[PrioritizedSampler] = PrioritizedSamplerWithoutReplacement
+
+
+_register_replacement_dispatch()
