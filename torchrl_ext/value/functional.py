@@ -29,6 +29,14 @@ Hillis-Steele (log-depth) scan over the time dimension. It runs
 ``ceil(log2 T)`` rounds of whole-tensor element-wise ops instead of ``T``
 rounds of tiny ops, so it is fast on CPU (few Python-level kernel launches,
 large vectorised ops) and on GPU (no sequential dependency), in pure torch.
+The scan works on flat contiguous buffers (a shift in time is a shift of
+the flat index, see :func:`_reverse_linear_scan`), and the estimators are
+written to keep the number of torch calls low: at rollout sizes each call
+costs several microseconds of fixed overhead on CPU, as much as its
+arithmetic. The outputs are detached from autograd. Inputs are expected to
+be finite: a NaN or inf in one trajectory of a batch can also turn outputs
+of the trajectory stored before it into NaN (the flat scan multiplies it by a
+zero coefficient), so check the value network, not the estimate.
 TorchRL's vectorised GAE instead splits trajectories at every ``done``, pads
 them and convolves, which costs ``O(T^2)`` memory traffic per trajectory and
 degrades sharply when episodes end inside the rollout. A blocked
@@ -37,7 +45,9 @@ on CPU because it needs two Python loops of ``sqrt(T)`` small ops each.
 """
 from __future__ import annotations
 
+import math
 from numbers import Real
+from typing import Callable, TypeVar
 
 import torch
 
@@ -47,6 +57,8 @@ __all__ = [
     "td_lambda_return_estimate",
     "vtrace_advantage_estimate",
 ]
+
+_T = TypeVar("_T")
 
 SHAPE_ERR = (
     "All input tensors (state_value, next_state_value, reward, done, terminated"
@@ -84,6 +96,9 @@ def _check_flag(name: str, tensor: object) -> None:
 
 
 def _check_same_shape(extra: str = "", **tensors: torch.Tensor) -> None:
+    first, *others = (t.shape for t in tensors.values())
+    if all(shape == first for shape in others):
+        return  # the common case, without building the message's pieces
     shapes = {name: tuple(t.shape) for name, t in tensors.items()}
     if len(set(shapes.values())) > 1:
         described = ", ".join(f"{name}={shape}" for name, shape in shapes.items())
@@ -150,7 +165,6 @@ def _resolve_time_dim(time_dim: int, ndim: int) -> int:
     return time_dim % ndim
 
 
-
 def _flag_as_float(flag: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Fresh ``0./1.`` tensor of ``flag``.
 
@@ -170,33 +184,131 @@ def _discount_unless(
     return _flag_as_float(flag, dtype).mul_(-discount).add_(discount)
 
 
+def _without_autograd(fn: Callable[..., _T], *args: object) -> _T:
+    """``fn(*args)``, under ``torch.no_grad()`` if an argument requires grad.
+
+    The scans write through ``out=``, which autograd rejects when an input
+    requires grad. The estimates are targets, not something to
+    differentiate through (the previous in-place scans did not support
+    ``backward`` either), so the outputs are simply detached. The check is
+    skipped (it costs a few microseconds) when grad mode is off.
+    """
+    if torch.is_grad_enabled() and any(
+        isinstance(a, torch.Tensor) and a.requires_grad for a in args
+    ):
+        with torch.no_grad():
+            return fn(*args)
+    return fn(*args)
+
+
+def _fill_continues(out: torch.Tensor, done: torch.Tensor, dim: int) -> torch.Tensor:
+    """Writes ``1 - done`` into ``out``, with 0 at the last step (where the
+    trajectory is cut too, and where the flat scan needs a 0 coefficient)."""
+    out.copy_((~done).view(torch.uint8))  # a uint8 source copies much faster than bool
+    if out.shape[dim]:
+        out.narrow(dim, out.shape[dim] - 1, 1).zero_()
+    return out
+
+
 ########################################################################
 # Core recursion
 # --------------
 
 
-def _reverse_linear_scan(coef: torch.Tensor, x: torch.Tensor, dim: int) -> torch.Tensor:
-    """Solves ``y[t] = x[t] + coef[t] * y[t + 1]`` (``y[T] = 0``) along ``dim``.
+def _scan_workspace(
+    shape: torch.Size, dim: int, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Workspace of :func:`_reverse_linear_scan`: ``(buffer, x, coef)``.
 
-    Both arguments are consumed: they must be freshly allocated, same-shape
-    tensors that the caller does not reuse (this saves two full copies).
-
-    Round ``k`` (offset ``d = 2**k``) folds the partial sum that starts ``d``
-    steps later into ``y[t]`` and composes the coefficients so that
-    ``coef[t]`` becomes the product of the ``2d`` coefficients from ``t`` on.
-    The shifted operand is cloned because source and destination overlap.
+    ``buffer`` holds 4 flat rows: ``x`` and ``coef`` (rows 0 and 1, which the
+    caller fills through the returned views, shaped like the data) and their
+    ping-pong twins (rows 2 and 3). Each row is followed by zeros covering
+    the largest shift of the scan, so shifted reads past the end see finite
+    values.
     """
-    length = x.shape[dim]
-    offset = 1
-    while offset < length:
-        n = length - offset
-        x.narrow(dim, 0, n).addcmul_(
-            coef.narrow(dim, 0, n), x.narrow(dim, offset, n).clone()
-        )
-        if 2 * offset < length:
-            coef.narrow(dim, 0, n).mul_(coef.narrow(dim, offset, n).clone())
-        offset *= 2
-    return x
+    numel = math.prod(shape)
+    length = shape[dim]
+    largest_offset = 1 << (length - 1).bit_length() - 1 if length > 1 else 0
+    buffer = torch.empty(4, numel + largest_offset * _time_step(shape, dim),
+                         dtype=dtype, device=device)
+    buffer[:, numel:].zero_()
+    # ``as_strided`` makes each view in one call (``view``/``unbind`` chains
+    # cost several times more at this granularity).
+    strides = _contiguous_strides(shape)
+    x = buffer.as_strided(shape, strides, 0)
+    coef = buffer.as_strided(shape, strides, buffer.stride(0))
+    return buffer, x, coef
+
+
+def _contiguous_strides(shape: torch.Size) -> tuple[int, ...]:
+    strides, size = [], 1
+    for n in reversed(shape):
+        strides.append(size)
+        size *= n
+    return tuple(reversed(strides))
+
+
+def _reverse_linear_scan(
+    buffer: torch.Tensor, shape: torch.Size, dim: int, scale: float = 1.0
+) -> torch.Tensor:
+    """Solves ``y[t] = x[t] + scale * coef[t] * y[t + 1]`` (``y[T] = 0``) along ``dim``.
+
+    ``x`` and ``coef`` are the views of ``buffer`` returned by
+    :func:`_scan_workspace`, filled by the caller, with ``coef == 0`` at
+    the last step ``T - 1`` (where its value does not matter to the
+    recursion). Returns a fresh flat tensor of ``numel + step`` elements:
+    ``y`` laid out contiguously in ``shape``, then one time step of zeros
+    (``step`` is the flat distance between consecutive time steps). So
+    ``out[step:]`` viewed as ``shape`` is ``y[t + 1]`` except at the last
+    step of each row, where it reads the next row or the zeros.
+
+    Hillis-Steele (log-depth) scan: round ``k`` (offset ``d = 2**k``) folds
+    the partial sum that starts ``d`` steps later into ``y[t]`` and composes
+    the coefficients, ``coef[t] *= coef[t + d]``. It runs on the flattened
+    contiguous rows, where a shift by ``d`` steps is a shift by ``d * step``
+    elements, for every batch row at once. This is exact because
+    ``coef[T - 1] == 0``: a composed coefficient whose window reaches past the
+    end of a row is 0, so what the shift reads from the next row is
+    multiplied by 0 (assuming finite inputs). Each round writes to the twin
+    rows (ping-pong), so no clone is needed for the overlapping operands, and
+    all operands are contiguous: two kernels and two slices per round. The
+    Python float ``scale`` (e.g. ``gamma``) is kept out of ``coef`` and
+    passed as ``addcmul``'s ``value=``, squared each round (computed in
+    float64), which saves a full multiplication pass.
+    """
+    numel = math.prod(shape)
+    length = shape[dim]
+    step = _time_step(shape, dim)
+    # One call (a memset) is cheaper than an empty tensor plus a slice to zero.
+    result = torch.zeros(numel + step, dtype=buffer.dtype, device=buffer.device)
+    if length == 1:
+        result[:numel].copy_(buffer[0, :numel])
+        return result
+    rows = buffer.unbind(0)  # read shifted
+    heads = buffer[:, :numel].unbind(0)  # read and written unshifted
+    src, offset = 0, 1  # rows src (x) and src + 1 (coef) hold the current round
+    while 2 * offset < length:
+        dst, shift = 2 - src, offset * step
+        torch.addcmul(heads[src], heads[src + 1], rows[src][shift:shift + numel],
+                      value=scale, out=heads[dst])
+        torch.mul(heads[src + 1], rows[src + 1][shift:shift + numel], out=heads[dst + 1])
+        src, offset, scale = dst, 2 * offset, scale * scale
+    # Last round: the composed coefficients are no longer needed.
+    shift = offset * step
+    torch.addcmul(heads[src], heads[src + 1], rows[src][shift:shift + numel],
+                  value=scale, out=result[:numel])
+    return result
+
+
+def _time_step(shape: torch.Size, dim: int) -> int:
+    """Flat distance between consecutive time steps of a contiguous tensor."""
+    return math.prod(shape[dim + 1:])
+
+
+def _to_dtype(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    # ``Tensor.to`` returns ``tensor`` itself when nothing changes, but the
+    # call alone costs as much as a small kernel on CPU.
+    return tensor if tensor.dtype == dtype else tensor.to(dtype)
 
 
 def _scan_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -271,16 +383,44 @@ def generalized_advantage_estimate(
     _check_unit_interval("gamma", gamma, state_value.shape)
     _check_unit_interval("lmbda", lmbda, state_value.shape)
     dim = _resolve_time_dim(time_dim, state_value.ndim)
+    return _without_autograd(
+        _gae, gamma, lmbda, state_value, next_state_value, reward, done, terminated, dim
+    )
+
+
+def _gae(
+    gamma: float | torch.Tensor,
+    lmbda: float | torch.Tensor,
+    state_value: torch.Tensor,
+    next_state_value: torch.Tensor,
+    reward: torch.Tensor,
+    done: torch.Tensor,
+    terminated: torch.Tensor,
+    dim: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`generalized_advantage_estimate` on validated arguments."""
+    shape = state_value.shape
     dtype = state_value.dtype
     work = _scan_dtype(dtype)
-    value = state_value.to(work)
+    value = _to_dtype(state_value, work)
     gamma = _as_discount(gamma, value)
-    delta = reward.to(work) - value
-    delta.addcmul_(_discount_unless(terminated, gamma, work), next_state_value.to(work))
-    coef = _discount_unless(done, gamma * _as_discount(lmbda, value), work)
-    advantage = _reverse_linear_scan(coef, delta, dim)
+    trace = gamma * _as_discount(lmbda, value)
+    buffer, delta, coef = _scan_workspace(shape, dim, work, value.device)
+    # A float gamma * lmbda is applied by the scan itself.
+    _fill_continues(coef, done, dim)
+    not_terminal = _flag_as_float(~terminated, work)
+    if isinstance(trace, torch.Tensor):
+        coef.mul_(trace)
+        trace = 1.0
+    if isinstance(gamma, torch.Tensor):
+        not_terminal.mul_(gamma)
+        gamma = 1.0
+    torch.sub(reward, value, out=delta)
+    delta.addcmul_(not_terminal, _to_dtype(next_state_value, work), value=gamma)
+    flat = _reverse_linear_scan(buffer, shape, dim, scale=trace)
+    advantage = flat.as_strided(shape, delta.stride())
     value_target = advantage + value
-    return advantage.to(dtype), value_target.to(dtype)
+    return _to_dtype(advantage, dtype), _to_dtype(value_target, dtype)
 
 
 def _check_signals(
@@ -291,6 +431,18 @@ def _check_signals(
     terminated: torch.Tensor,
     **extra_floats: torch.Tensor,
 ) -> None:
+    shape = getattr(value, "shape", None)
+    if (
+        all(
+            isinstance(t, torch.Tensor) and t.is_floating_point() and t.shape == shape
+            for t in (value, next_value, reward, *extra_floats.values())
+        )
+        and all(
+            isinstance(t, torch.Tensor) and t.dtype is torch.bool and t.shape == shape
+            for t in (done, terminated)
+        )
+    ):
+        return  # all valid: skip building the per-argument error messages
     floats = {
         "state_value": value,
         "next_state_value": next_value,
@@ -301,7 +453,7 @@ def _check_signals(
         _check_floating(name, tensor)
     _check_flag("done", done)
     _check_flag("terminated", terminated)
-    extra = "".join(f", {name}" for name in extra_floats)
+    extra = "".join(f", {name}" for name in extra_floats) if extra_floats else ""
     _check_same_shape(extra, **floats, done=done, terminated=terminated)
 
 
@@ -379,19 +531,41 @@ def td_lambda_return_estimate(
     _check_unit_interval("gamma", gamma, reward.shape)
     _check_unit_interval("lmbda", lmbda, reward.shape)
     dim = _resolve_time_dim(time_dim, reward.ndim)
+    return _without_autograd(
+        _td_lambda, gamma, lmbda, next_state_value, reward, done, terminated, dim
+    )
+
+
+def _td_lambda(
+    gamma: float | torch.Tensor,
+    lmbda: float | torch.Tensor,
+    next_state_value: torch.Tensor,
+    reward: torch.Tensor,
+    done: torch.Tensor,
+    terminated: torch.Tensor,
+    dim: int,
+) -> torch.Tensor:
+    """:func:`td_lambda_return_estimate` on validated arguments."""
+    shape = reward.shape
     dtype = reward.dtype
     work = _scan_dtype(dtype)
-    next_value = next_state_value.to(work)
+    next_value = _to_dtype(next_state_value, work)
     gamma = _as_discount(gamma, next_value)
     lmbda = _as_discount(lmbda, next_value)
+    buffer, returns, coef = _scan_workspace(shape, dim, work, next_value.device)
     ends = _flag_as_float(done, work)
-    ends.narrow(dim, ends.shape[dim] - 1, 1).fill_(1)
+    ends.narrow(dim, shape[dim] - 1, 1).fill_(1)
     # Weight of the bootstrap in G_t: gamma at an end, gamma * (1 - lmbda) elsewhere.
     bootstrap_weight = (ends * lmbda).add_(1 - lmbda)
     bootstrap_weight.mul_(_discount_unless(terminated, gamma, work))
-    returns = torch.addcmul(reward.to(work), bootstrap_weight, next_value)
-    coef = ends.neg_().add_(1).mul_(gamma * lmbda)
-    return _reverse_linear_scan(coef, returns, dim).to(dtype)
+    torch.addcmul(reward, bootstrap_weight, next_value, out=returns)
+    _fill_continues(coef, done, dim)  # 1 - ends
+    trace = gamma * lmbda
+    if isinstance(trace, torch.Tensor):
+        coef.mul_(trace)
+        trace = 1.0
+    flat = _reverse_linear_scan(buffer, shape, dim, scale=trace)
+    return _to_dtype(flat.as_strided(shape, returns.stride()), dtype)
 
 
 ########################################################################
@@ -443,11 +617,25 @@ def discounted_cumsum(
         )
     _check_unit_interval("gamma", gamma, x.shape)
     dim = _resolve_time_dim(time_dim, x.ndim)
+    return _without_autograd(_discounted_cumsum, x, gamma, done, dim)
+
+
+def _discounted_cumsum(
+    x: torch.Tensor, gamma: float | torch.Tensor, done: torch.Tensor, dim: int
+) -> torch.Tensor:
+    """:func:`discounted_cumsum` on validated arguments."""
+    shape = x.shape
     dtype = x.dtype
     work = _scan_dtype(dtype)
-    y = x.to(work, copy=True)
-    coef = _discount_unless(done, _as_discount(gamma, y), work)
-    return _reverse_linear_scan(coef, y, dim).to(dtype)
+    buffer, y, coef = _scan_workspace(shape, dim, work, x.device)
+    y.copy_(x)
+    _fill_continues(coef, done, dim)
+    gamma = _as_discount(gamma, coef)
+    if isinstance(gamma, torch.Tensor):
+        coef.mul_(gamma)
+        gamma = 1.0
+    flat = _reverse_linear_scan(buffer, shape, dim, scale=gamma)
+    return _to_dtype(flat.as_strided(shape, y.stride()), dtype)
 
 
 ########################################################################
@@ -531,30 +719,81 @@ def vtrace_advantage_estimate(
     _check_positive("rho_thresh", rho_thresh)
     _check_positive("c_thresh", c_thresh)
     dim = _resolve_time_dim(time_dim, state_value.ndim)
+    return _without_autograd(
+        _vtrace, gamma, log_pi, log_mu, state_value, next_state_value, reward, done,
+        terminated, rho_thresh, c_thresh, dim,
+    )
+
+
+def _vtrace(
+    gamma: float | torch.Tensor,
+    log_pi: torch.Tensor,
+    log_mu: torch.Tensor,
+    state_value: torch.Tensor,
+    next_state_value: torch.Tensor,
+    reward: torch.Tensor,
+    done: torch.Tensor,
+    terminated: torch.Tensor,
+    rho_thresh: float | torch.Tensor,
+    c_thresh: float | torch.Tensor,
+    dim: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`vtrace_advantage_estimate` on validated arguments.
+
+    At small sizes every torch call costs about as much as its arithmetic,
+    so this counts calls: Python floats are folded into ``value=``
+    arguments, flags are converted once, and no call is spent on a no-op
+    ``.to``.
+    """
+    shape = state_value.shape
     dtype = state_value.dtype
     work = _scan_dtype(dtype)
-    value = state_value.to(work)
-    next_value = next_state_value.to(work)
+    value = _to_dtype(state_value, work)
+    next_value = _to_dtype(next_state_value, work)
     gamma = _as_discount(gamma, value)
+    buffer, delta, coef = _scan_workspace(shape, dim, work, value.device)
 
-    ratio = (log_pi.to(work) - log_mu.to(work)).exp_()
+    # pi / mu = 2 ** (log2(e) * (log_pi - log_mu)): exp2 plus a scaling pass
+    # is faster than exp on CPU, and the rounding (~1e-7 relative) is far
+    # below the float32 tolerance.
+    ratio = torch.sub(_to_dtype(log_pi, work), _to_dtype(log_mu, work))
+    ratio.mul_(_LOG2_E).exp2_()
     clipped_rho = ratio.clamp(max=_as_discount(rho_thresh, value))
-    coef = ratio.clamp_(max=_as_discount(c_thresh, value))
-    done_float = _flag_as_float(done, work)
-    trace_gamma = torch.rsub(done_float, 1).mul_(gamma)
-    coef.mul_(trace_gamma)
-    not_terminal_gamma = (
-        trace_gamma if terminated is done else _discount_unless(terminated, gamma, work)
-    )
-    reward_minus_value = reward.to(work) - value
-    delta = torch.addcmul(reward_minus_value, not_terminal_gamma, next_value)
-    vs = _reverse_linear_scan(coef, delta.mul_(clipped_rho), dim).add_(value)
+    if _same_number(rho_thresh, c_thresh):  # the usual rho_bar == c_bar: one clip
+        clipped_c = clipped_rho
+    else:
+        clipped_c = ratio.clamp_(max=_as_discount(c_thresh, value))
+    # 1 inside a trajectory, 0 at a done step and at the last step: the trace
+    # is cut there (and the scan needs coef == 0 at the last step).
+    continues = _fill_continues(torch.empty_like(value), done, dim)
+    torch.mul(clipped_c, continues, out=coef)
+    not_terminal = _flag_as_float(~terminated, work)
+    if isinstance(gamma, torch.Tensor):
+        coef.mul_(gamma)
+        not_terminal.mul_(gamma)
+        gamma = 1.0
+    # delta = rho * (r + gamma * (1 - terminated) * V(s') - V(s))
+    reward_minus_value = torch.sub(_to_dtype(reward, work), value)
+    torch.addcmul(reward_minus_value, not_terminal, next_value, value=gamma, out=delta)
+    delta.mul_(clipped_rho)
+    vs_padded = _reverse_linear_scan(buffer, shape, dim, scale=gamma)
+    # Views of the flat result shaped like the data (``delta``'s contiguous
+    # strides), one call each.
+    vs = vs_padded.as_strided(shape, delta.stride()).add_(value)
 
-    # v^+_t: v_{t+1} inside a trajectory, the true next value at ends.
-    length = vs.shape[dim]
-    vs_shifted = torch.empty_like(vs)
-    vs_shifted.narrow(dim, 0, length - 1).copy_(vs.narrow(dim, 1, length - 1))
-    vs_shifted.narrow(dim, length - 1, 1).copy_(next_value.narrow(dim, length - 1, 1))
-    vs_next = vs_shifted.lerp_(next_value, done_float)
-    advantage = reward_minus_value.addcmul_(not_terminal_gamma, vs_next).mul_(clipped_rho)
-    return advantage.to(dtype), vs.to(dtype)
+    # v^+_t: v_{t+1} inside a trajectory, the true next value where the
+    # trace is cut (``continues == 0``, which also masks what the flat shift
+    # reads past the end of a row).
+    vs_following = vs_padded.as_strided(shape, delta.stride(), _time_step(shape, dim))
+    vs_next = torch.lerp(next_value, vs_following, continues)
+    advantage = reward_minus_value.addcmul_(not_terminal, vs_next, value=gamma)
+    return _to_dtype(advantage.mul_(clipped_rho), dtype), _to_dtype(vs, dtype)
+
+
+_LOG2_E = 1.0 / math.log(2.0)
+
+
+def _same_number(a: float | torch.Tensor, b: float | torch.Tensor) -> bool:
+    return not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor) and a == b
+
+
