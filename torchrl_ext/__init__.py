@@ -1,8 +1,12 @@
 """torchrl_ext: replay-buffer and value-estimation components for TorchRL.
 
 Importing the package registers its value estimators in TorchRL's
-value-estimator registry (``ext_gae``, ``ext_vtrace``).
+value-estimator registry (``ext_gae``, ``ext_vtrace``) and routes
+``PrioritizedSampler(..., replacement=False)`` to the stratified sampler.
 """
+from torchrl_ext.replay_buffers import PrioritizedReplayBuffer
+from torchrl_ext.samplers import PrioritizedSampler, PrioritizedSamplerWithoutReplacement
+from torchrl_ext.segment_tree import MaxSegmentTree, MinSegmentTree, SumSegmentTree
 from torchrl_ext.value import (
     GAE,
     ExtValueEstimators,
@@ -18,7 +22,13 @@ __all__ = [
     "ExtValueEstimators",
     "GAE",
     "IntrinsicRewardNormalizer",
+    "MaxSegmentTree",
+    "MinSegmentTree",
+    "PrioritizedReplayBuffer",
+    "PrioritizedSampler",
+    "PrioritizedSamplerWithoutReplacement",
     "RunningMeanStd",
+    "SumSegmentTree",
     "VTrace",
     "ValueNorm",
     "__version__",

@@ -130,29 +130,59 @@ class PrioritizedReplayBuffer(TensorDictReplayBuffer):
             and isinstance(getattr(storage, "_storage", None), TensorDictBase)
         )
 
+    def sample(
+        self,
+        batch_size: int | None = None,
+        return_info: bool = False,
+        include_info: bool | None = None,
+    ) -> Any:
+        """Samples ``batch_size`` items with ``index`` and ``priority_weight`` set.
+
+        Same contract as ``TensorDictReplayBuffer.sample``.
+        """
+        if self._delayed_init and not self.initialized:
+            self._init()
+        if (
+            not self._lean_path()
+            or include_info is not None
+            or self._prefetch
+            or self._pin_memory
+            or self._service_shutdown
+        ):
+            return super().sample(batch_size, return_info=return_info, include_info=include_info)
+        if batch_size is None:
+            if self._batch_size is None:
+                # TorchRL's own message and checks.
+                return super().sample(batch_size, return_info=return_info)
+            batch_size = self._batch_size
+        elif self._batch_size is not None and batch_size != self._batch_size:
+            return super().sample(batch_size, return_info=return_info)
+        data, info = self._sample(batch_size)
+        return (data, info) if return_info else data
+
     def _sample(self, batch_size: int) -> tuple[Any, dict]:
         if not self._lean_path():
             return super()._sample(batch_size)
         with self._replay_lock, self._write_lock:
             index, info = self._sampler.sample(self._storage, batch_size)
             info["index"] = index
-            data = self._gather(index)
+            data = self._gather(index, info)
         data = self._collate_fn(data)
         if self._transform is not None and len(self._transform):
             with data.unlock_():
                 data = self._transform(data)
         return data, info
 
-    def _gather(self, index: torch.Tensor) -> TensorDictBase:
-        """``storage[index]`` as one ``index_select`` per stored tensor."""
+    def _gather(self, index: torch.Tensor, info: dict[str, torch.Tensor]) -> TensorDictBase:
+        """``storage[index]`` (one ``index_select`` per stored tensor) plus ``info``."""
         stored = self._storage._storage
         leaves = self._leaves_of(stored)
-        index = index.to(stored.device) if stored.device is not None else index
-        return TensorDict(
-            {key: tensor.index_select(0, index) for key, tensor in leaves},
-            batch_size=index.shape,
-            device=stored.device,
-        )
+        if stored.device is not None and index.device != stored.device:
+            index = index.to(stored.device)
+        entries = {key: tensor.index_select(0, index) for key, tensor in leaves}
+        for key, value in info.items():
+            entries[key] = value if stored.device is None else value.to(stored.device)
+        return TensorDict(entries, batch_size=index.shape, device=stored.device)
 
     def _leaves_of(self, stored: TensorDictBase) -> list[tuple[Any, torch.Tensor]]:
         # The storage's TensorDict and its leaves are fixed once initialised;

@@ -153,9 +153,12 @@ class SegmentTree:
         )
 
     def nbytes(self) -> int:
-        """Bytes held by the tree (levels and the last-write tickets)."""
-        tensors = [*self._levels, *([self._tickets] if self._tickets is not None else [])]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        """Bytes held by the tree: levels, last-write tickets and scratch buffers."""
+        return sum(t.numel() * t.element_size() for t in self._tensors())
+
+    def _tensors(self) -> list[torch.Tensor]:
+        tickets = [] if self._tickets is None else [self._tickets]
+        return [*self._levels, *tickets, *self._scratch_buffers.values()]
 
     # ------------------------------------------------------------------
     def __getitem__(self, indices: IndexLike) -> torch.Tensor:
@@ -213,17 +216,18 @@ class SegmentTree:
         self._next_ticket += n
         tickets = torch.arange(first, first + n, dtype=torch.int32, device=self._device)
         self._tickets.scatter_reduce_(0, index, tickets, "amax")
-        return self._tickets.index_select(0, index).sub_(first).long()
+        return self._tickets.index_select(0, index).sub_(first)
 
     def _refresh_level(self, k: int, rows: torch.Tensor, parents: torch.Tensor | None) -> None:
         """Recomputes level ``k`` from ``rows`` of children (all rows when
         ``parents`` is ``None``, else the rows of ``parents``)."""
-        _store(self._levels[k], self._reduce_rows(rows), parents)
+        _store(self._levels[k], self._reduce_rows(rows, self._levels[k].dtype), parents)
 
     def _before_leaf_write(self, index: torch.Tensor, value: torch.Tensor) -> None:
         """Hook run before the leaves change (repeats carry identical values)."""
 
-    def _reduce_rows(self, rows: torch.Tensor) -> torch.Tensor:
+    def _reduce_rows(self, rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Reduction of each row, as ``dtype`` (the dtype of the level written)."""
         raise NotImplementedError
 
     def summary(self) -> torch.Tensor:
@@ -361,8 +365,8 @@ class SumSegmentTree(SegmentTree):
             return int(torch.count_nonzero(self.leaves))
         return int(self._nnz)
 
-    def _reduce_rows(self, rows: torch.Tensor) -> torch.Tensor:
-        return rows.sum(1)
+    def _reduce_rows(self, rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return rows.sum(1, dtype=dtype)
 
     def _check_values(self, vmin: float, vmax: float) -> None:
         if not (math.isfinite(vmin) and math.isfinite(vmax)) or vmin < 0:
@@ -384,6 +388,9 @@ class SumSegmentTree(SegmentTree):
     def clear(self) -> None:
         super().clear()
         self._nnz.zero_()
+
+    def _tensors(self) -> list[torch.Tensor]:
+        return [*super()._tensors(), self._prefix]
 
     def _top_prefix(self) -> torch.Tensor:
         """Exclusive float64 prefix sums of the top level, ``[0, ..., total]``.
@@ -420,9 +427,12 @@ class SumSegmentTree(SegmentTree):
         prefix = self._top_prefix()
         total = float(prefix[-1])
         tmin, tmax = (float(x) for x in torch.aminmax(thr))
-        # summary() (in the tree's dtype) is what a caller sees as "the total".
+        # summary() (in the tree's dtype) is what a caller sees as "the total";
+        # a total summed in another order (ALF's, say) may exceed it by a few
+        # ulps, which is rounding, not a caller error.
         total_seen = float(torch.tensor(total, dtype=self._dtype))
-        if not (tmin >= 0 and tmax <= max(total_seen, total)):
+        slack = 8 * torch.finfo(self._dtype).eps * max(total, total_seen)
+        if not (tmin >= 0 and tmax <= max(total_seen, total) + slack):
             raise ValueError(
                 f"thresholds must lie in [0, summary()={total_seen}], got values in "
                 f"[{tmin}, {tmax}]; scale uniform draws by summary()."
@@ -443,7 +453,7 @@ class SumSegmentTree(SegmentTree):
         non-zero child.
         """
         node, value = self._walk(thr, prefix, capped=False)
-        if len(self._levels) > 1 and bool((value == 0).any()):
+        if len(self._levels) > 1 and not float(value.amin()) > 0:
             node, value = self._walk(thr, prefix, capped=True)
         return node, value
 
@@ -512,7 +522,7 @@ class MinSegmentTree(SegmentTree):
 
     _neutral = math.inf
 
-    def _reduce_rows(self, rows: torch.Tensor) -> torch.Tensor:
+    def _reduce_rows(self, rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return rows.amin(1)
 
     def summary(self) -> torch.Tensor:
@@ -534,7 +544,7 @@ class MaxSegmentTree(SegmentTree):
 
     _neutral = -math.inf
 
-    def _reduce_rows(self, rows: torch.Tensor) -> torch.Tensor:
+    def _reduce_rows(self, rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return rows.amax(1)
 
     def summary(self) -> torch.Tensor:
@@ -554,4 +564,4 @@ def _store(level: torch.Tensor, values: torch.Tensor, parents: torch.Tensor | No
     if parents is None:
         level[: values.shape[0]] = values
     else:
-        level.index_copy_(0, parents, values.to(level.dtype))
+        level.index_copy_(0, parents, values)

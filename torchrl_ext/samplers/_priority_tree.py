@@ -109,9 +109,8 @@ class PrioritySegmentTree(SumSegmentTree):
         for level in self._max_levels or ():
             level.zero_()
 
-    def nbytes(self) -> int:
-        extra = [*self._min_levels, *(self._max_levels or ())]
-        return super().nbytes() + sum(t.numel() * t.element_size() for t in extra)
+    def _tensors(self) -> list[torch.Tensor]:
+        return [*super()._tensors(), *self._min_levels, *(self._max_levels or ())]
 
     def state_dict(self) -> dict[str, Any]:
         return super().state_dict() | {

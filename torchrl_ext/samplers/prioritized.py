@@ -118,8 +118,8 @@ class PrioritizedSampler(_TorchRLPrioritizedSampler):
             )
         _check_real("eps", eps, low=0.0)
         _check_real("initial_priority", initial_priority, low=0.0)
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise TypeError(f"dtype must be a floating torch.dtype, got dtype={dtype!r}.")
+        if dtype not in (torch.float32, torch.float64):
+            raise TypeError(f"dtype must be torch.float32 or torch.float64, got dtype={dtype!r}.")
         self._max_capacity = max_capacity
         self._alpha = _check_real("alpha", alpha, low=0.0)
         self._beta = _check_real("beta", beta, low=0.0, high=1.0)

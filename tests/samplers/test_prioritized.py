@@ -1,0 +1,338 @@
+"""PrioritizedSampler: TorchRL integration, sampling law, weights, priorities, checkpoints."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from tensordict import TensorDict
+from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+from torchrl.data import PrioritizedSampler as TorchRLPrioritizedSampler
+from torchrl.data.replay_buffers.scheduler import LinearScheduler
+
+from torchrl_ext.samplers import PrioritizedSampler, PrioritizedSamplerWithoutReplacement
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+# 99.9% quantiles of the chi-square distribution, by degrees of freedom.
+CHI2_999 = {4: 18.467, 9: 27.877}
+
+
+class FullStorage:
+    """Minimal stand-in for a storage holding ``n`` items (1-D)."""
+
+    ndim = 1
+    device = torch.device("cpu")
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.shape = torch.Size([n])
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def filled_sampler(priorities, alpha=1.0, beta=0.5, eps=0.0, cls=PrioritizedSampler, **kwargs):
+    sampler = cls(len(priorities), alpha, beta, eps, **kwargs)
+    sampler.update_priority(torch.arange(len(priorities)), torch.tensor(priorities))
+    return sampler
+
+
+def chi_square(counts: torch.Tensor, probabilities: torch.Tensor) -> float:
+    expected = probabilities * counts.sum()
+    return float(((counts - expected) ** 2 / expected).sum())
+
+
+# --------------------------------------------------------------------------- integration
+def test_is_a_torchrl_prioritized_sampler_and_works_in_its_buffer():
+    sampler = PrioritizedSampler(100, alpha=0.7, beta=0.5)
+    assert isinstance(sampler, TorchRLPrioritizedSampler)
+    rb = TensorDictReplayBuffer(
+        storage=LazyTensorStorage(100), sampler=sampler, batch_size=16, priority_key="td_error"
+    )
+    rb.extend(TensorDict({"obs": torch.arange(10.0)}, [10]))
+    batch = rb.sample()
+    assert batch["priority_weight"].shape == (16,)
+    assert torch.equal(batch["obs"], batch["index"].float())
+    batch["td_error"] = batch["index"].float() * 10
+    rb.update_tensordict_priority(batch)  # TorchRL's write-back path, unchanged
+    stored = sampler._sum_tree[batch["index"]]
+    torch.testing.assert_close(stored, (batch["td_error"] + sampler._eps) ** 0.7)
+
+
+def test_replacement_false_dispatches_to_the_stratified_sampler():
+    sampler = PrioritizedSampler(10, alpha=0.5, beta=0.5, replacement=False)
+    assert type(sampler) is PrioritizedSamplerWithoutReplacement
+    assert type(PrioritizedSampler(10, 0.5, 0.5, replacement=True)) is PrioritizedSampler
+
+
+# --------------------------------------------------------------------------- sampling law
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("alpha", [0.0, 0.6, 1.0])
+def test_frequencies_follow_priorities_to_the_alpha(device, alpha):
+    priorities = torch.tensor([1.0, 2.0, 3.0, 0.5, 8.0, 1.0, 4.0, 2.5, 0.25, 6.0])
+    sampler = filled_sampler(priorities.tolist(), alpha=alpha, eps=1e-8, device=device)
+    sampler._rng = torch.Generator(device=device).manual_seed(0)
+    counts = torch.zeros(10)
+    for _ in range(40):
+        index, _ = sampler.sample(FullStorage(10), 500)
+        counts += torch.bincount(index.cpu(), minlength=10)
+    expected = (priorities + 1e-8) ** alpha
+    assert chi_square(counts, expected / expected.sum()) < CHI2_999[9]
+
+
+def test_stratified_sampling_covers_uniform_items_once_each():
+    sampler = filled_sampler([1.0] * 64, cls=PrioritizedSamplerWithoutReplacement)
+    index, _ = sampler.sample(FullStorage(64), 64)
+    assert sorted(index.tolist()) == list(range(64))
+
+
+def test_stratified_sampling_follows_priorities():
+    priorities = torch.tensor([1.0, 4.0, 2.0, 8.0, 1.0])
+    sampler = filled_sampler(priorities.tolist(), cls=PrioritizedSamplerWithoutReplacement)
+    sampler._rng = torch.Generator().manual_seed(1)
+    counts = torch.zeros(5)
+    for _ in range(200):
+        counts += torch.bincount(sampler.sample(FullStorage(5), 32)[0], minlength=5)
+    assert chi_square(counts, priorities / priorities.sum()) < CHI2_999[4]
+
+
+def test_zero_priority_items_are_never_sampled():
+    sampler = filled_sampler([0.0, 1.0, 0.0, 2.0])
+    index, info = sampler.sample(FullStorage(4), 2000)
+    assert set(index.tolist()) == {1, 3}
+    assert bool(torch.isfinite(info["priority_weight"]).all())
+
+
+# --------------------------------------------------------------------------- weights
+def test_per_weights_by_hand():
+    # stored (p + 0) ** 1 = p; p_min = 1; w = (p / p_min) ** -beta.
+    sampler = filled_sampler([1.0, 2.0, 4.0], alpha=1.0, beta=0.5)
+    index, info = sampler.sample(FullStorage(3), 300)
+    expected = {0: 1.0, 1: 2.0**-0.5, 2: 0.5}
+    for i, w in zip(index.tolist(), info["priority_weight"].tolist()):
+        assert w == pytest.approx(expected[i])
+
+
+def test_per_weights_equal_the_normalised_textbook_formula():
+    priorities = torch.tensor([0.3, 1.7, 2.2, 5.0])
+    alpha, beta = 0.6, 0.4
+    sampler = filled_sampler(priorities.tolist(), alpha=alpha, beta=beta)
+    index, info = sampler.sample(FullStorage(4), 100)
+    probs = priorities**alpha / (priorities**alpha).sum()
+    textbook = (4 * probs) ** -beta
+    textbook = textbook / textbook.max()
+    torch.testing.assert_close(info["priority_weight"], textbook[index])
+
+
+def test_alf_weights_by_hand():
+    # ALF: stored priority * nnz / total = p * 3 / 7 (one leaf is zero).
+    sampler = filled_sampler([1.0, 0.0, 2.0, 4.0], weights="alf")
+    index, info = sampler.sample(FullStorage(4), 200)
+    for i, w in zip(index.tolist(), info["priority_weight"].tolist()):
+        assert w == pytest.approx([1.0, 0.0, 2.0, 4.0][i] * 3 / 7)
+
+
+# --------------------------------------------------------------------------- priorities
+def test_new_data_gets_the_max_priority_and_at_least_initial_priority():
+    sampler = PrioritizedSampler(10, alpha=1.0, beta=0.4, eps=0.0, initial_priority=2.0)
+    assert sampler.default_priority == 2.0
+    sampler.update_priority(torch.tensor([0]), torch.tensor([5.0]))
+    assert sampler.default_priority == 5.0
+    sampler.mark_update(torch.tensor([1, 2]))
+    assert sampler._sum_tree[torch.tensor([1, 2])].tolist() == [5.0, 5.0]
+    sampler.update_priority(torch.tensor([0]), torch.tensor([0.5]))
+    assert sampler.default_priority == 5.0  # the max ever seen
+
+
+def test_max_priority_within_buffer_drops_when_the_max_is_overwritten():
+    sampler = PrioritizedSampler(
+        10, alpha=0.5, beta=0.4, eps=0.0, max_priority_within_buffer=True, initial_priority=0.1
+    )
+    sampler.update_priority(torch.tensor([0, 1]), torch.tensor([9.0, 3.0]))
+    assert sampler.default_priority == pytest.approx(9.0)
+    sampler.update_priority(torch.tensor([0]), torch.tensor([1.0]))
+    assert sampler.default_priority == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize("reduction,expected", [("max", 4.0), ("mean", 2.5), ("sum", 10.0), ("min", 1.0)])
+def test_per_agent_priorities_are_reduced(reduction, expected):
+    sampler = PrioritizedSampler(5, alpha=1.0, beta=0.4, eps=0.0, reduction=reduction)
+    sampler.update_priority(torch.tensor([2]), torch.tensor([[1.0, 4.0, 2.0, 3.0]]))
+    assert sampler._sum_tree[torch.tensor([2])].item() == pytest.approx(expected)
+
+
+def test_per_agent_priorities_through_the_buffer_extend_path():
+    rb = TensorDictReplayBuffer(
+        storage=LazyTensorStorage(8),
+        sampler=PrioritizedSampler(8, alpha=1.0, beta=0.4, eps=0.0),
+        priority_key="td_error",
+    )
+    data = TensorDict({"obs": torch.zeros(3, 2), "td_error": torch.tensor([[1.0, 5.0]] * 3)}, [3])
+    rb.extend(data)  # TorchRL passes the raw [3, 2] priority; the sampler reduces it
+    assert rb.sampler._sum_tree[torch.arange(3)].tolist() == [5.0, 5.0, 5.0]
+
+
+def test_minus_one_indices_are_skipped():
+    sampler = PrioritizedSampler(4, alpha=1.0, beta=0.4, eps=0.0)
+    sampler.update_priority(torch.tensor([-1, 2, -1]), torch.tensor([7.0, 3.0, 9.0]))
+    assert sampler._sum_tree.leaves.tolist() == [0.0, 0.0, 3.0, 0.0]
+
+
+def test_multi_dimensional_storage_coordinates():
+    rb = TensorDictReplayBuffer(
+        storage=LazyTensorStorage(12, ndim=2),
+        sampler=PrioritizedSampler(12, alpha=1.0, beta=0.4, eps=0.0),
+        batch_size=6,
+    )
+    rb.extend(TensorDict({"obs": torch.arange(12.0).reshape(3, 4)}, [3, 4]))
+    batch = rb.sample()
+    assert batch["index"].shape == (6, 2)
+    rb.update_priority(torch.tensor([[1, 2]]), torch.tensor([10.0]))
+    rows, columns = rb.storage.shape  # TorchRL extends 2-d storages along dim 1
+    assert (rows, columns) == (4, 3)
+    assert rb.sampler._sum_tree[torch.tensor([1 * columns + 2])].item() == 10.0
+
+
+# --------------------------------------------------------------------------- schedules
+def test_beta_is_schedulable_with_torchrl_schedulers():
+    sampler = PrioritizedSampler(10, alpha=0.6, beta=0.4)
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(10), sampler=sampler)
+    scheduler = LinearScheduler(rb, "beta", final_value=1.0, num_steps=3)
+    for _ in range(3):
+        scheduler.step()
+    assert sampler.beta == pytest.approx(1.0)
+
+
+def test_changing_alpha_retransforms_stored_priorities():
+    sampler = filled_sampler([1.0, 4.0, 9.0], alpha=1.0, eps=0.0)
+    sampler.alpha = 0.5
+    assert sampler._sum_tree.leaves.tolist() == pytest.approx([1.0, 2.0, 3.0])
+    assert sampler._sum_tree.min_nonzero() == pytest.approx(1.0)
+
+
+# --------------------------------------------------------------------------- checkpoints
+def _stream(sampler, n=5, batch=8):
+    sampler._rng = torch.Generator().manual_seed(123)
+    out = []
+    for step in range(n):
+        index, info = sampler.sample(FullStorage(sampler.max_size), batch)
+        sampler.update_priority(index, torch.arange(batch, dtype=torch.float32) + step)
+        out.append((index, info["priority_weight"]))
+    return out
+
+
+@pytest.mark.parametrize("weights", ["per", "alf"])
+@pytest.mark.parametrize("within", [False, True])
+def test_state_dict_round_trip_reproduces_the_stream(weights, within):
+    kwargs = {"weights": weights, "max_priority_within_buffer": within}
+    original = filled_sampler(torch.rand(50).add(0.1).tolist(), alpha=0.7, beta=0.3, **kwargs)
+    restored = PrioritizedSampler(50, 0.1, 0.9, **kwargs)
+    restored.load_state_dict(original.state_dict())
+    assert restored.default_priority == original.default_priority
+    for (i1, w1), (i2, w2) in zip(_stream(original), _stream(restored)):
+        assert torch.equal(i1, i2) and torch.equal(w1, w2)
+
+
+def test_dumps_loads_round_trip(tmp_path):
+    original = filled_sampler(torch.rand(3000).tolist(), alpha=0.6, beta=0.4, weights="alf")
+    original.dumps(tmp_path / "sampler")
+    assert {p.name for p in (tmp_path / "sampler").iterdir()} == {
+        "trees.safetensors",
+        "sampler_metadata.json",
+    }
+    restored = PrioritizedSampler(3000, 0.6, 0.4, weights="alf")
+    restored.loads(tmp_path / "sampler")
+    assert restored._sum_tree.nnz == original._sum_tree.nnz
+    for (i1, w1), (i2, w2) in zip(_stream(original), _stream(restored)):
+        assert torch.equal(i1, i2) and torch.equal(w1, w2)
+
+
+def test_load_state_dict_rejects_mismatched_samplers():
+    state = PrioritizedSampler(10, 0.5, 0.5, weights="alf").state_dict()
+    with pytest.raises(ValueError, match="weights='alf'"):
+        PrioritizedSampler(10, 0.5, 0.5).load_state_dict(state)
+    with pytest.raises(ValueError, match="max_capacity=11"):
+        PrioritizedSampler(11, 0.5, 0.5, weights="alf").load_state_dict(state)
+
+
+def test_empty_resets_the_trees():
+    sampler = filled_sampler([1.0, 2.0])
+    sampler._empty()
+    assert float(sampler._sum_tree.summary()) == 0.0
+    assert sampler.default_priority == 1.0
+
+
+# --------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize(
+    "priority,match",
+    [
+        (torch.tensor([-1.0, 1.0]), "finite and >= 0"),
+        (torch.tensor([math.nan, 1.0]), "finite and >= 0"),
+        (torch.tensor([math.inf, 1.0]), "finite and >= 0"),
+        (torch.tensor([1.0, 2.0, 3.0]), "does not match 2 indices"),
+    ],
+)
+def test_bad_priorities_raise_and_leave_the_trees_unchanged(priority, match):
+    sampler = filled_sampler([1.0, 2.0, 3.0])
+    before = sampler.state_dict()
+    with pytest.raises(ValueError, match=match):
+        sampler.update_priority(torch.tensor([0, 1]), priority)
+    after = sampler.state_dict()
+    for old, new in zip(before["_sum_tree"]["levels"], after["_sum_tree"]["levels"]):
+        assert torch.equal(old, new)
+    assert sampler.default_priority == before["_max_seen"]
+
+
+@pytest.mark.parametrize("index", [torch.tensor([3]), torch.tensor([-2])])
+def test_index_out_of_range(index):
+    with pytest.raises(ValueError, match="out of range"):
+        filled_sampler([1.0, 2.0, 3.0]).update_priority(index, torch.tensor([1.0]))
+
+
+def test_float_index_is_a_type_error():
+    with pytest.raises(TypeError, match="index must hold integers"):
+        filled_sampler([1.0]).update_priority(torch.tensor([0.0]), torch.tensor([1.0]))
+
+
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        ({"alpha": -0.1}, ValueError, "alpha must be >= 0"),
+        ({"beta": 1.5}, ValueError, r"beta must be \[0.0, 1.0\]"),
+        ({"beta": -0.1}, ValueError, r"beta must be \[0.0, 1.0\]"),
+        ({"eps": -1.0}, ValueError, "eps must be >= 0"),
+        ({"weights": "nope"}, ValueError, "weights must be one of"),
+        ({"reduction": "prod"}, ValueError, "reduction must be one of"),
+        ({"max_capacity": 0}, ValueError, "max_capacity must be >= 1"),
+        ({"dtype": torch.float16}, TypeError, "float32 or torch.float64"),
+    ],
+)
+def test_bad_construction(kwargs, error, match):
+    arguments = {"max_capacity": 10, "alpha": 0.5, "beta": 0.5} | kwargs
+    with pytest.raises(error, match=match):
+        PrioritizedSampler(**arguments)
+
+
+def test_bad_schedule_values_raise():
+    sampler = PrioritizedSampler(10, 0.5, 0.5)
+    with pytest.raises(ValueError, match="beta must be"):
+        sampler.beta = 2.0
+    with pytest.raises(ValueError, match="alpha must be"):
+        sampler.alpha = -1.0
+    assert (sampler.alpha, sampler.beta) == (0.5, 0.5)
+
+
+def test_sampling_an_empty_storage_raises():
+    with pytest.raises(RuntimeError, match="Cannot sample from an empty storage"):
+        PrioritizedSampler(10, 0.5, 0.5).sample(FullStorage(0), 4)
+
+
+def test_sampling_when_every_priority_is_zero_raises():
+    with pytest.raises(RuntimeError, match="every stored priority is zero"):
+        filled_sampler([0.0, 0.0]).sample(FullStorage(2), 4)
+
+
+@pytest.mark.parametrize("batch_size", [0, -3, 2.5])
+def test_bad_batch_size(batch_size):
+    with pytest.raises(ValueError, match="batch_size must be a positive int"):
+        filled_sampler([1.0]).sample(FullStorage(1), batch_size)

@@ -1,0 +1,277 @@
+"""PrioritizedReplayBuffer: lean paths return what TorchRL's would, fallbacks, checkpoints."""
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ListStorage
+from torchrl.envs.transforms import Transform
+
+from torchrl_ext.replay_buffers import PrioritizedReplayBuffer
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def transitions(n: int, device: str = "cpu") -> TensorDict:
+    obs = torch.arange(n, dtype=torch.float32, device=device).unsqueeze(-1).expand(n, 3)
+    return TensorDict(
+        {
+            "obs": obs.clone(),
+            "action": torch.arange(n, device=device) % 4,
+            "next": {"obs": obs + 1, "reward": torch.ones(n, 1, device=device)},
+        },
+        [n],
+        device=device,
+    )
+
+
+STORAGES = {
+    "lazy_tensor": lambda n, tmp: LazyTensorStorage(n),
+    "lazy_memmap": lambda n, tmp: LazyMemmapStorage(n, scratch_dir=tmp),
+    "list": lambda n, tmp: ListStorage(n),  # not a tensor storage: TorchRL's own path
+}
+
+
+@pytest.mark.parametrize("storage", STORAGES)
+@pytest.mark.parametrize("replacement", [True, False])
+def test_samples_are_the_stored_rows(storage, replacement, tmp_path):
+    rb = PrioritizedReplayBuffer(
+        alpha=0.6, beta=0.4, storage=STORAGES[storage](50, tmp_path), replacement=replacement
+    )
+    rb.extend(transitions(40))
+    batch = rb.sample(32)
+    index = batch["index"]
+    assert int(index.max()) < 40
+    assert torch.equal(batch["obs"][:, 0], index.float())
+    assert torch.equal(batch["next", "obs"][:, 0], index.float() + 1)
+    assert torch.equal(batch["action"], index % 4)
+    weight = batch["priority_weight"]
+    assert weight.shape == (32,) and bool(((weight > 0) & (weight <= 1)).all())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_device(device):
+    rb = PrioritizedReplayBuffer(alpha=0.6, beta=0.4, storage=LazyTensorStorage(20, device=device))
+    rb.extend(transitions(20, device))
+    batch = rb.sample(8)
+    assert batch.device.type == device and batch["index"].device.type == device
+    assert torch.equal(batch["obs"][:, 0], batch["index"].float())
+
+
+def test_return_info_and_default_batch_size():
+    rb = PrioritizedReplayBuffer(alpha=0.6, beta=0.4, storage=LazyTensorStorage(10), batch_size=4)
+    rb.extend(transitions(10))
+    data, info = rb.sample(return_info=True)
+    assert set(info) == {"index", "priority_weight"}
+    assert torch.equal(data["index"], info["index"])
+    with pytest.warns(UserWarning, match="conflicting batch_sizes"):
+        assert rb.sample(6).shape == (6,)
+
+
+def test_sampling_without_batch_size_is_torchrls_error():
+    rb = PrioritizedReplayBuffer(alpha=0.6, beta=0.4, storage=LazyTensorStorage(10))
+    rb.extend(transitions(10))
+    with pytest.raises(RuntimeError, match="batch_size not specified"):
+        rb.sample()
+
+
+def test_sampling_an_empty_buffer_raises():
+    rb = PrioritizedReplayBuffer(alpha=0.6, beta=0.4, storage=LazyTensorStorage(10))
+    with pytest.raises(RuntimeError, match="empty"):
+        rb.sample(4)
+
+
+class DoubleObs(Transform):
+    def forward(self, tensordict: TensorDictBase) -> TensorDictBase:
+        return tensordict.set("obs", tensordict["obs"] * 2)
+
+
+def test_transforms_run_on_the_lean_path():
+    rb = PrioritizedReplayBuffer(
+        alpha=0.6, beta=0.4, storage=LazyTensorStorage(10), transform=DoubleObs()
+    )
+    rb.extend(transitions(10))
+    batch = rb.sample(5)
+    assert torch.equal(batch["obs"][:, 0], 2 * batch["index"].float())
+
+
+def test_prefetch_falls_back_to_torchrl():
+    rb = PrioritizedReplayBuffer(
+        alpha=0.6, beta=0.4, storage=LazyTensorStorage(10), batch_size=4, prefetch=2
+    )
+    rb.extend(transitions(10))
+    for _ in range(3):
+        batch = rb.sample()
+        assert torch.equal(batch["obs"][:, 0], batch["index"].float())
+
+
+def test_two_dimensional_storage_uses_torchrls_path():
+    rb = PrioritizedReplayBuffer(alpha=0.6, beta=0.4, storage=LazyTensorStorage(12, ndim=2))
+    rb.extend(transitions(12).reshape(3, 4))
+    batch = rb.sample(6)
+    assert batch["index"].shape == (6, 2)
+    batch["td_error"] = torch.full((6,), 3.0)
+    rb.update_tensordict_priority(batch)
+
+
+# --------------------------------------------------------------------------- priorities
+def test_priority_write_back_from_the_batch():
+    rb = PrioritizedReplayBuffer(alpha=1.0, beta=0.4, eps=0.0, storage=LazyTensorStorage(10))
+    rb.extend(transitions(10))
+    batch = rb.sample(16)
+    batch["td_error"] = batch["index"].float() + 1
+    rb.update_tensordict_priority(batch)
+    stored = rb.sampler._sum_tree[batch["index"]]
+    assert torch.equal(stored, batch["index"].float() + 1)
+
+
+def test_per_agent_priorities_are_reduced_with_max():
+    rb = PrioritizedReplayBuffer(alpha=1.0, beta=0.4, eps=0.0, storage=LazyTensorStorage(10))
+    rb.extend(transitions(10))
+    batch = rb[torch.tensor([2, 5])]
+    batch["td_error"] = torch.tensor([[1.0, 7.0, 3.0], [0.5, 0.25, 2.0]])
+    batch["index"] = torch.tensor([2, 5])
+    rb.update_tensordict_priority(batch)
+    assert rb.sampler._sum_tree[torch.tensor([2, 5])].tolist() == [7.0, 2.0]
+
+
+def test_missing_priority_gives_the_default_priority():
+    rb = PrioritizedReplayBuffer(
+        alpha=1.0, beta=0.4, eps=0.0, storage=LazyTensorStorage(10), initial_priority=3.0
+    )
+    rb.extend(transitions(10))
+    rb.update_priority(torch.tensor([0]), torch.tensor([0.5]))
+    batch = rb[torch.tensor([0])]
+    batch["index"] = torch.tensor([0])
+    rb.update_tensordict_priority(batch)
+    assert rb.sampler._sum_tree[torch.tensor([0])].item() == 3.0
+
+
+def test_priorities_given_at_extend_are_used():
+    rb = PrioritizedReplayBuffer(alpha=1.0, beta=0.4, eps=0.0, storage=LazyTensorStorage(10))
+    data = transitions(4)
+    data["td_error"] = torch.tensor([0.0, 0.0, 5.0, 0.0])
+    rb.extend(data)
+    assert set(rb.sample(64)["index"].tolist()) == {2}
+
+
+# --------------------------------------------------------------------------- checkpoints
+def _stream(rb, steps=5):
+    out = []
+    for step in range(steps):
+        batch = rb.sample(8)
+        batch["td_error"] = torch.arange(8, dtype=torch.float32) + step
+        rb.update_tensordict_priority(batch)
+        out.append(batch.exclude("td_error"))
+    return out
+
+
+def _buffer(storage, seed):
+    return PrioritizedReplayBuffer(
+        alpha=0.7, beta=0.5, storage=storage, generator=torch.Generator().manual_seed(seed)
+    )
+
+
+def test_dumps_loads_resumes_the_exact_stream(tmp_path):
+    original = _buffer(LazyMemmapStorage(100, scratch_dir=tmp_path / "a"), seed=0)
+    original.extend(transitions(60))
+    _stream(original, steps=3)
+    original.dumps(tmp_path / "checkpoint")
+    restored = _buffer(LazyMemmapStorage(100, scratch_dir=tmp_path / "b"), seed=99)
+    restored.loads(tmp_path / "checkpoint")
+    for ours, theirs in zip(_stream(original), _stream(restored)):
+        assert (ours == theirs).all()
+
+
+def test_state_dict_round_trip():
+    original = _buffer(LazyTensorStorage(100), seed=1)
+    original.extend(transitions(60))
+    _stream(original, steps=2)
+    restored = _buffer(LazyTensorStorage(100), seed=5)
+    restored.load_state_dict(original.state_dict())
+    for ours, theirs in zip(_stream(original), _stream(restored)):
+        assert (ours == theirs).all()
+
+
+def test_pickle_round_trip():
+    rb = _buffer(LazyTensorStorage(30), seed=2)
+    rb.extend(transitions(30))
+    rb.sample(4)
+    clone = pickle.loads(pickle.dumps(rb))
+    assert torch.equal(clone.sampler._sum_tree.leaves, rb.sampler._sum_tree.leaves)
+    batch = clone.sample(4)
+    assert torch.equal(batch["obs"][:, 0], batch["index"].float())
+
+
+def test_empty_resets_everything():
+    rb = PrioritizedReplayBuffer(alpha=0.6, beta=0.4, storage=LazyTensorStorage(10))
+    rb.extend(transitions(10))
+    rb.empty()
+    assert len(rb) == 0
+    rb.extend(transitions(3))
+    assert int(rb.sample(20)["index"].max()) < 3
+
+
+# --------------------------------------------------------------------------- construction
+def test_rejects_a_sampler_argument():
+    with pytest.raises(TypeError, match="builds its own sampler"):
+        PrioritizedReplayBuffer(alpha=0.6, beta=0.4, storage=LazyTensorStorage(10), sampler=None)
+
+
+def test_rejects_a_non_storage():
+    with pytest.raises(TypeError, match="storage must be a torchrl Storage"):
+        PrioritizedReplayBuffer(alpha=0.6, beta=0.4, storage=[1, 2, 3])
+
+
+def test_accepts_a_storage_factory():
+    rb = PrioritizedReplayBuffer(alpha=0.6, beta=0.4, storage=lambda: LazyTensorStorage(7))
+    assert rb.sampler.max_size == 7
+
+
+def test_works_when_torchrls_compiled_extension_cannot_load():
+    """Where torch and torchrl drift apart, torchrl._torchrl fails to import."""
+    script = textwrap.dedent(
+        """
+        import sys
+        sys.modules["torchrl._torchrl"] = None  # any import of it now raises ImportError
+        import torch
+        import torchrl.data
+        from tensordict import TensorDict
+        from torchrl.data.replay_buffers.samplers import prioritized
+        assert prioritized.SumSegmentTreeFp32 is None
+        try:
+            torchrl.data.PrioritizedSampler(10, 0.5, 0.5)
+        except RuntimeError:
+            pass
+        else:
+            raise SystemExit("TorchRL's own sampler should fail without its extension")
+        from torchrl_ext.replay_buffers import PrioritizedReplayBuffer
+        rb = PrioritizedReplayBuffer(alpha=0.6, beta=0.4,
+                                     storage=torchrl.data.LazyTensorStorage(100))
+        rb.extend(TensorDict({"obs": torch.arange(100.0)}, [100]))
+        batch = rb.sample(32)
+        assert torch.equal(batch["obs"], batch["index"].float())
+        batch["td_error"] = torch.rand(32)
+        rb.update_tensordict_priority(batch)
+        print("sampled without the extension")
+        """
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "sampled without the extension" in result.stdout
+
+
+def test_no_warning_on_the_lean_path():
+    rb = PrioritizedReplayBuffer(alpha=0.6, beta=0.4, storage=LazyTensorStorage(10), batch_size=4)
+    rb.extend(transitions(10))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rb.sample()
