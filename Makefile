@@ -40,8 +40,10 @@ $(NIGHTLY_VENV)/.installed: pyproject.toml .ci/requirements.py
 test-nightly: $(NIGHTLY_VENV)/.installed
 	TORCHRL_EXT_NIGHTLY=1 $(NIGHTLY_VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
-bench: $(VENV)/.installed-test+examples
+# The bench extra brings the peers (cpprb, stable-baselines3) that bench_prioritized.py compares against.
+bench: $(VENV)/.installed-test+examples+bench
 	$(VENV)/bin/python benchmarks/bench_value.py
+	$(VENV)/bin/python benchmarks/bench_prioritized.py
 
 clean:
 	rm -rf $(VENV) $(NIGHTLY_VENV) outputs .pytest_cache

@@ -16,24 +16,18 @@ prints markdown tables and a Targets table, and exits non-zero only if an accura
 """
 from __future__ import annotations
 
-import argparse
-import gc
 import json
-import math
-import os
-import platform
 import statistics
 import sys
-import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Callable
 
 import torch
-import torchrl
 import torchrl.objectives.value.functional as trl
 
 import torchrl_ext.value.functional as ext
+from _harness import (BgLoad, apply_quick, bg_note, environment_line, environment_meta, loadavg,
+                      make_parser, paired_range, quiet_before_case, run_interleaved, utc_now)
 
 Pair = tuple[torch.Tensor, torch.Tensor]
 GAMMA, LMBDA, LOGP_NOISE = 0.99, 0.95, 0.3
@@ -199,62 +193,7 @@ def all_cases() -> list[Callable[[], Case]]:
     ]
 
 
-# ---------------------------------------------------------------- load and timing
-class BgLoad:
-    """CPU cores used by other processes since start(): /proc/stat busy time minus our CPU time."""
-
-    def __init__(self) -> None:
-        self.tick = os.sysconf("SC_CLK_TCK")
-        self.start()
-
-    @staticmethod
-    def _busy_jiffies() -> int:
-        with open("/proc/stat") as f:
-            v = [int(s) for s in f.readline().split()[1:]]
-        return v[0] + v[1] + v[2] + v[5] + v[6]  # user nice system irq softirq
-
-    def start(self) -> None:
-        self.t0, self.busy0, self.own0 = time.monotonic(), self._busy_jiffies(), time.process_time()
-
-    def cores(self) -> float:
-        wall = time.monotonic() - self.t0
-        others = (self._busy_jiffies() - self.busy0) / self.tick - (time.process_time() - self.own0)
-        return max(0.0, others / max(wall, 1e-9))
-
-
-def wait_for_quiet(threshold: float, max_wait: float) -> tuple[float, float]:
-    """Samples bg load over 1 s windows until it is <= threshold or max_wait passed."""
-    meter, waited = BgLoad(), 0.0
-    time.sleep(0.5)
-    load = meter.cores()
-    while load > threshold and waited < max_wait:
-        meter.start()
-        time.sleep(1.0)
-        waited += 1.0
-        load = meter.cores()
-    return waited, load
-
-
-def run_case(case: Case, reps: int, min_rep: float) -> None:
-    for impl in case.impls:  # warm-up, then k so that one repetition lasts >= min_rep
-        for _ in range(3):
-            impl.fn()
-        n, t0 = 0, time.perf_counter()
-        while n < 1 or time.perf_counter() - t0 < min_rep / 4:
-            impl.fn()
-            n += 1
-        impl.k = max(1, math.ceil(min_rep / ((time.perf_counter() - t0) / n)))
-    for _ in range(reps):
-        for impl in case.impls:
-            gc.collect()
-            gc.disable()
-            t0 = time.perf_counter()
-            for _ in range(impl.k):
-                impl.fn()
-            impl.per_rep.append((time.perf_counter() - t0) / impl.k)
-            gc.enable()
-
-
+# ---------------------------------------------------------------- accuracy
 def max_err(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, bool]:
     err = (out.double() - ref).abs().max().item()
     return err, err <= 1e-5 * max(1.0, ref.abs().max().item())
@@ -262,41 +201,25 @@ def max_err(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, bool]:
 
 # ---------------------------------------------------------------- main
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
-    ap.add_argument("--reps", type=int, default=7, help="timed repetitions per implementation")
-    ap.add_argument("--min-rep-seconds", type=float, default=0.2, help="minimum duration of one repetition")
-    ap.add_argument("--bg-threshold", type=float, default=0.3, help="bg load (cores) that triggers waiting")
-    ap.add_argument("--max-wait", type=float, default=30.0, help="max seconds to wait for quiet per case")
-    ap.add_argument("--no-wait", action="store_true", help="never wait for background load to drop")
-    ap.add_argument("--quick", action="store_true", help="smoke run: 3 reps of >= 0.02 s, wait <= 5 s")
-    ap.add_argument("--only", default="", help="run only cases whose key contains this substring")
-    ap.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    ap = make_parser(__doc__, "smoke run: 3 reps of >= 0.02 s, wait <= 5 s")
     a = ap.parse_args()
-    if a.quick:
-        a.reps, a.min_rep_seconds, a.max_wait = 3, 0.02, min(a.max_wait, 5.0)
+    apply_quick(a, reps=3, min_rep=0.02, max_wait=5.0)
     torch.set_num_threads(a.threads)
-    started = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-    load_start = open("/proc/loadavg").read().strip()
-    print(f"# torchrl_ext value-estimation benchmark\n\n{started}; torch {torch.__version__}, "
-          f"torchrl {torchrl.__version__}, Python {platform.python_version()}, {platform.platform()}, "
-          f"{os.cpu_count()} logical CPUs; torch threads = {torch.get_num_threads()}; reps = {a.reps}, "
-          f"repetition >= {a.min_rep_seconds} s; loadavg at start `{load_start}`\n")
+    started, load_start = utc_now(), loadavg()
+    print(f"# torchrl_ext value-estimation benchmark\n\n{environment_line(started, load_start, a)}\n")
     results: dict[str, dict] = {}
     accuracy_ok = True
     for make in all_cases():
         case = make()
         if a.only not in case.key:
             continue
-        waited, pre = (0.0, 0.0) if a.no_wait else wait_for_quiet(a.bg_threshold, a.max_wait)
+        waited, pre = quiet_before_case(a)
         meter = BgLoad()
-        run_case(case, a.reps, a.min_rep_seconds)
+        run_interleaved(case.impls, a.reps, a.min_rep_seconds)
         bg = meter.cores()
         base = statistics.median(next(i for i in case.impls if i.name == case.baseline).per_rep)
         n1, n2 = case.out_names
-        print(f"## {case.title}\n\nbg load {bg:.2f} cores"
-              + (f"; waited {waited:.0f} s for bg load to drop (now {pre:.2f})" if waited else "")
-              + (" -- still above threshold, measured anyway" if pre > a.bg_threshold and not a.no_wait else "")
+        print(f"## {case.title}\n\n{bg_note(bg, waited, pre, a)}"
               + f". Speed = `{case.baseline}` median / this median (>1 = faster).\n")
         print(f"| implementation | median ms | min | max | speed vs {case.baseline} | k | "
               f"max abs err {n1} | max abs err {n2} | within tol |\n|---|---:|---:|---:|---:|---:|---:|---:|:-:|")
@@ -325,19 +248,17 @@ def main() -> int:
             continue
         rows = results[key]["impls"]
         ratio = rows[baseline]["median_ms"] / rows[impl]["median_ms"]
-        paired = [b / i for b, i in zip(rows[baseline]["per_rep_ms"], rows[impl]["per_rep_ms"])]
+        lo, hi = paired_range(rows[baseline]["per_rep_ms"], rows[impl]["per_rep_ms"])
         ok = ratio >= target and rows[impl]["ok"]  # a fast but inaccurate result does not pass
         targets.append({"case": key, "impl": impl, "baseline": baseline, "ratio": ratio,
-                        "paired": [min(paired), max(paired)], "target": target, "pass": ok})
-        print(f"| {key} | {impl} vs {baseline} | {ratio:.2f}x | {min(paired):.2f}-{max(paired):.2f}x | "
+                        "paired": [lo, hi], "target": target, "pass": ok})
+        print(f"| {key} | {impl} vs {baseline} | {ratio:.2f}x | {lo:.2f}-{hi:.2f}x | "
               f">= {target:g}x | {'PASS' if ok else 'FAIL' if rows[impl]['ok'] else 'FAIL (inaccurate)'} | {results[key]['bg_load']:.2f} |")
-    load_end = open("/proc/loadavg").read().strip()
+    load_end = loadavg()
     print(f"\nloadavg at end `{load_end}`. Accuracy: "
           f"{'all within 1e-5 x max(1, max |reference|)' if accuracy_ok else 'FAILED (see tables)'}.")
     if a.json:
-        meta = {"started": started, "torch": torch.__version__, "torchrl": torchrl.__version__,
-                "threads": torch.get_num_threads(), "reps": a.reps, "min_rep_seconds": a.min_rep_seconds,
-                "loadavg_start": load_start, "loadavg_end": load_end, "platform": platform.platform()}
+        meta = environment_meta(started, load_start, load_end, a)
         with open(a.json, "w") as f:
             json.dump({"meta": meta, "cases": results, "targets": targets,
                        "accuracy_ok": accuracy_ok}, f, indent=1)

@@ -45,8 +45,8 @@ __all__ = ["MaxSegmentTree", "MinSegmentTree", "SegmentTree", "SumSegmentTree"]
 IndexLike = int | Sequence[int] | torch.Tensor
 ValueLike = float | Sequence[float] | torch.Tensor
 _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
-# Write tickets for "last write wins" live in int32; restart them before overflow.
-_TICKET_LIMIT = 2**31 - 1
+# Largest update whose 0, 1, 2, ... positions stay cached between writes.
+_CACHED_POSITIONS = 1 << 16
 
 
 class SegmentTree:
@@ -114,8 +114,9 @@ class SegmentTree:
             for k, n in enumerate(lengths)
         ]
         self._scratch_buffers: dict[tuple[str, torch.dtype], torch.Tensor] = {}
+        # Scratch of _last_write: a position per leaf, and 0, 1, 2, ... (grown on demand).
         self._tickets: torch.Tensor | None = None
-        self._next_ticket = 0
+        self._positions: torch.Tensor | None = None
 
     # ------------------------------------------------------------------
     @property
@@ -157,8 +158,8 @@ class SegmentTree:
         return sum(t.numel() * t.element_size() for t in self._tensors())
 
     def _tensors(self) -> list[torch.Tensor]:
-        tickets = [] if self._tickets is None else [self._tickets]
-        return [*self._levels, *tickets, *self._scratch_buffers.values()]
+        last_write = [t for t in (self._tickets, self._positions) if t is not None]
+        return [*self._levels, *last_write, *self._scratch_buffers.values()]
 
     # ------------------------------------------------------------------
     def __getitem__(self, indices: IndexLike) -> torch.Tensor:
@@ -202,21 +203,27 @@ class SegmentTree:
     def _last_write(self, index: torch.Tensor) -> torch.Tensor:
         """Position in ``index`` of the last write to each entry's index.
 
-        Each call hands out increasing tickets and keeps, per leaf, the
-        largest one written (``scatter_reduce`` with ``amax`` is deterministic
-        on every device). Giving every entry the value at that position makes
-        repeats carry identical values, so write order no longer matters and
-        nothing has to be sorted or compacted.
+        ``scatter_reduce`` keeps, per leaf, the largest position written to it
+        (deterministic on every device; ``include_self=False`` ignores what the
+        scratch held before). Giving every entry the value at that position
+        makes repeats carry identical values, so write order no longer matters
+        and nothing has to be sorted or compacted.
         """
         n = index.numel()
-        if self._tickets is None or self._next_ticket + n >= _TICKET_LIMIT:
-            self._tickets = torch.zeros(self._capacity, dtype=torch.int32, device=self._device)
-            self._next_ticket = 1
-        first = self._next_ticket
-        self._next_ticket += n
-        tickets = torch.arange(first, first + n, dtype=torch.int32, device=self._device)
-        self._tickets.scatter_reduce_(0, index, tickets, "amax")
-        return self._tickets.index_select(0, index).sub_(first)
+        if n > _CACHED_POSITIONS:  # a bulk write: not worth keeping its positions
+            positions = torch.arange(n, dtype=torch.int32, device=self._device)
+        else:
+            have = 0 if self._positions is None else self._positions.numel()
+            if have < n:
+                self._positions = torch.arange(
+                    min(max(n, 2 * have), _CACHED_POSITIONS), dtype=torch.int32,
+                    device=self._device,
+                )
+            positions = self._positions[:n]
+        if self._tickets is None:
+            self._tickets = torch.empty(self._capacity, dtype=torch.int32, device=self._device)
+        self._tickets.scatter_reduce_(0, index, positions, "amax", include_self=False)
+        return self._tickets.index_select(0, index)
 
     def _refresh_level(self, k: int, rows: torch.Tensor, parents: torch.Tensor | None) -> None:
         """Recomputes level ``k`` from ``rows`` of children (all rows when
@@ -273,7 +280,7 @@ class SegmentTree:
         """Moves the tree to ``device`` in place and returns it."""
         self._device = torch.device(device)
         self._levels = [level.to(self._device) for level in self._levels]
-        self._scratch_buffers, self._tickets = {}, None
+        self._scratch_buffers, self._tickets, self._positions = {}, None, None
         return self
 
     # ------------------------------------------------------------------
@@ -461,25 +468,29 @@ class SumSegmentTree(SegmentTree):
         self, thr: torch.Tensor, prefix: torch.Tensor, *, capped: bool
     ) -> tuple[torch.Tensor, torch.Tensor]:
         top = self._levels[-1]
-        # Last node whose exclusive prefix is <= thr: ties on zero-valued nodes
-        # resolve to the non-zero node after them.
-        node = torch.searchsorted(prefix, thr, right=True).sub_(1)
+        inclusive = prefix[1:]
+        # First node whose inclusive prefix exceeds thr: it has a non-zero value,
+        # so ties on zero-valued nodes resolve to the non-zero node after them.
+        node = torch.searchsorted(inclusive, thr, right=True)
         if capped:
             # thr == total would run past the end: stop at the last non-zero node.
-            last = torch.searchsorted(prefix, prefix[-1:], right=False).sub_(1).clamp_(min=0)
-            node = torch.minimum(node, last)
+            node = torch.minimum(node, torch.searchsorted(inclusive, prefix[-1:], right=False))
         if len(self._levels) == 1:
             return node, top.index_select(0, node)
-        thr = thr - prefix.index_select(0, node)
         fanout = self._fanout
         lower = self._levels[-2::-1]
+        # The remainder below the chosen node, in the dtype of the levels below.
+        rest = torch.sub(
+            thr, prefix.index_select(0, node),
+            out=self._scratch("rest", thr.shape, self._dtype),
+        )
         for depth, level in enumerate(lower):
             rows = torch.index_select(
                 level.view(-1, fanout), 0, node,
                 out=self._scratch("rows", (node.numel(), fanout), level.dtype),
             )
             running = torch.cumsum(rows, 1, out=self._scratch("running", rows.shape, level.dtype))
-            child = torch.searchsorted(running, thr.to(level.dtype).unsqueeze(1), right=True)
+            child = torch.searchsorted(running, rest.unsqueeze(1), right=True)
             child = child.clamp_(max=fanout - 1)
             if capped:
                 last_nonzero = torch.searchsorted(
@@ -487,11 +498,11 @@ class SumSegmentTree(SegmentTree):
                 )
                 child = torch.minimum(child, last_nonzero)
             value = rows.gather(1, child).squeeze(1)
-            node = (node << self._shift).add_(child.squeeze(1))
+            node = torch.add(child.squeeze(1), node, alpha=fanout)
             if depth + 1 < len(lower):
                 # Rounding can leave a tiny negative remainder; 0 means "the
                 # first non-zero leaf below", which is the intended answer.
-                thr = (thr - running.gather(1, child).squeeze(1) + value).clamp_(min=0)
+                rest = (rest - running.gather(1, child).squeeze(1) + value).clamp_(min=0)
         return node, value
 
     def state_dict(self) -> dict[str, Any]:

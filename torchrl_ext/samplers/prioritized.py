@@ -234,8 +234,9 @@ class PrioritizedSampler(_TorchRLPrioritizedSampler):
             # One draw per equal-mass stratum (ALF's "without replacement").
             draw = draw.add_(torch.arange(batch_size, dtype=torch.float64, device=device))
             draw = draw.div_(batch_size)
-        # Strictly below the total, so the walk needs no cap at the top.
-        draw = draw.mul_(total).clamp_(max=math.nextafter(total, 0.0))
+        # Scaled by the float just below the total: every draw stays strictly
+        # below it, so the walk needs no cap at the top.
+        draw = draw.mul_(math.nextafter(total, 0.0))
         index, value = tree._sample_walk(draw, prefix)
         if self._weights == "per":
             weight = value.div(tree.min_nonzero()).pow_(-self._beta)
