@@ -46,6 +46,8 @@ on CPU because it needs two Python loops of ``sqrt(T)`` small ops each.
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
 from numbers import Real
 from typing import Callable, TypeVar
 
@@ -215,29 +217,71 @@ def _fill_continues(out: torch.Tensor, done: torch.Tensor, dim: int) -> torch.Te
 # --------------
 
 
-def _scan_workspace(
-    shape: torch.Size, dim: int, dtype: torch.dtype, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Workspace of :func:`_reverse_linear_scan`: ``(buffer, x, coef)``.
+class _Workspace:
+    """Buffers and views of one :func:`_reverse_linear_scan` shape.
 
     ``buffer`` holds 4 flat rows: ``x`` and ``coef`` (rows 0 and 1, which the
-    caller fills through the returned views, shaped like the data) and their
-    ping-pong twins (rows 2 and 3). Each row is followed by zeros covering
-    the largest shift of the scan, so shifted reads past the end see finite
-    values.
+    caller fills through the views shaped like the data) and their ping-pong
+    twins (rows 2 and 3). Each row is followed by zeros covering the largest
+    shift of the scan, so shifted reads past the end see finite values; the
+    scan only ever writes the first ``numel`` elements of a row, so the zeros
+    stay. ``rounds`` holds, per round, the operand views
+    ``(x, coef, x shifted, coef shifted, x out, coef out)``: building views
+    costs microseconds each, as much as a kernel at rollout sizes, so they are
+    made once per shape.
     """
-    numel = math.prod(shape)
-    length = shape[dim]
-    largest_offset = 1 << (length - 1).bit_length() - 1 if length > 1 else 0
-    buffer = torch.empty(4, numel + largest_offset * _time_step(shape, dim),
-                         dtype=dtype, device=device)
-    buffer[:, numel:].zero_()
-    # ``as_strided`` makes each view in one call (``view``/``unbind`` chains
-    # cost several times more at this granularity).
-    strides = _contiguous_strides(shape)
-    x = buffer.as_strided(shape, strides, 0)
-    coef = buffer.as_strided(shape, strides, buffer.stride(0))
-    return buffer, x, coef
+
+    def __init__(self, shape: torch.Size, dim: int, dtype: torch.dtype, device: torch.device):
+        self.shape = shape
+        self.numel = numel = math.prod(shape)
+        self.length = length = shape[dim]
+        self.step = step = _time_step(shape, dim)
+        largest_offset = 1 << (length - 1).bit_length() - 1 if length > 1 else 0
+        self.buffer = torch.zeros(4, numel + largest_offset * step, dtype=dtype, device=device)
+        strides = _contiguous_strides(shape)
+        self.strides = strides
+        self.x = self.buffer.as_strided(shape, strides, 0)
+        self.coef = self.buffer.as_strided(shape, strides, self.buffer.stride(0))
+        rows = self.buffer.unbind(0)
+        heads = [row[:numel] for row in rows]
+        self.rounds = []
+        src, offset = 0, 1  # rows src (x) and src + 1 (coef) hold the current round
+        while offset < length:
+            dst, shift = 2 - src, offset * step
+            self.rounds.append((
+                heads[src], heads[src + 1],
+                rows[src][shift:shift + numel], rows[src + 1][shift:shift + numel],
+                heads[dst], heads[dst + 1],
+            ))
+            src, offset = dst, 2 * offset
+        self.x_final = heads[src]  # where the result is when length == 1
+
+
+# Workspaces are reused per thread (the scan writes into them) and per shape;
+# bounded in count and size so a long-lived process does not hoard memory.
+_WORKSPACES = threading.local()
+_MAX_WORKSPACES = 8
+_MAX_CACHED_NUMEL = 1 << 20
+
+
+def _scan_workspace(
+    shape: torch.Size, dim: int, dtype: torch.dtype, device: torch.device
+) -> _Workspace:
+    """The (reused) workspace of :func:`_reverse_linear_scan` for this shape."""
+    key = (tuple(shape), dim, dtype, device)
+    cache = getattr(_WORKSPACES, "cache", None)
+    if cache is None:
+        cache = _WORKSPACES.cache = OrderedDict()
+    workspace = cache.get(key)
+    if workspace is not None:
+        cache.move_to_end(key)
+        return workspace
+    workspace = _Workspace(torch.Size(shape), dim, dtype, device)
+    if workspace.numel <= _MAX_CACHED_NUMEL:
+        cache[key] = workspace
+        if len(cache) > _MAX_WORKSPACES:
+            cache.popitem(last=False)
+    return workspace
 
 
 def _contiguous_strides(shape: torch.Size) -> tuple[int, ...]:
@@ -248,17 +292,14 @@ def _contiguous_strides(shape: torch.Size) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def _reverse_linear_scan(
-    buffer: torch.Tensor, shape: torch.Size, dim: int, scale: float = 1.0
-) -> torch.Tensor:
+def _reverse_linear_scan(workspace: _Workspace, scale: float = 1.0) -> torch.Tensor:
     """Solves ``y[t] = x[t] + scale * coef[t] * y[t + 1]`` (``y[T] = 0``) along ``dim``.
 
-    ``x`` and ``coef`` are the views of ``buffer`` returned by
-    :func:`_scan_workspace`, filled by the caller, with ``coef == 0`` at
-    the last step ``T - 1`` (where its value does not matter to the
-    recursion). Returns a fresh flat tensor of ``numel + step`` elements:
-    ``y`` laid out contiguously in ``shape``, then one time step of zeros
-    (``step`` is the flat distance between consecutive time steps). So
+    ``workspace.x`` and ``workspace.coef`` are filled by the caller, with
+    ``coef == 0`` at the last step ``T - 1`` (where its value does not matter
+    to the recursion). Returns a fresh flat tensor of ``numel + step``
+    elements: ``y`` laid out contiguously in ``shape``, then one time step of
+    zeros (``step`` is the flat distance between consecutive time steps). So
     ``out[step:]`` viewed as ``shape`` is ``y[t + 1]`` except at the last
     step of each row, where it reads the next row or the zeros.
 
@@ -271,32 +312,26 @@ def _reverse_linear_scan(
     end of a row is 0, so what the shift reads from the next row is
     multiplied by 0 (assuming finite inputs). Each round writes to the twin
     rows (ping-pong), so no clone is needed for the overlapping operands, and
-    all operands are contiguous: two kernels and two slices per round. The
-    Python float ``scale`` (e.g. ``gamma``) is kept out of ``coef`` and
-    passed as ``addcmul``'s ``value=``, squared each round (computed in
-    float64), which saves a full multiplication pass.
+    all operands are contiguous: two kernels per round. The Python float
+    ``scale`` (e.g. ``gamma``) is kept out of ``coef`` and passed as
+    ``addcmul``'s ``value=``, squared each round (computed in float64), which
+    saves a full multiplication pass.
     """
-    numel = math.prod(shape)
-    length = shape[dim]
-    step = _time_step(shape, dim)
+    numel = workspace.numel
     # One call (a memset) is cheaper than an empty tensor plus a slice to zero.
-    result = torch.zeros(numel + step, dtype=buffer.dtype, device=buffer.device)
-    if length == 1:
-        result[:numel].copy_(buffer[0, :numel])
+    result = torch.zeros(numel + workspace.step, dtype=workspace.buffer.dtype,
+                         device=workspace.buffer.device)
+    if not workspace.rounds:
+        result[:numel].copy_(workspace.x_final)
         return result
-    rows = buffer.unbind(0)  # read shifted
-    heads = buffer[:, :numel].unbind(0)  # read and written unshifted
-    src, offset = 0, 1  # rows src (x) and src + 1 (coef) hold the current round
-    while 2 * offset < length:
-        dst, shift = 2 - src, offset * step
-        torch.addcmul(heads[src], heads[src + 1], rows[src][shift:shift + numel],
-                      value=scale, out=heads[dst])
-        torch.mul(heads[src + 1], rows[src + 1][shift:shift + numel], out=heads[dst + 1])
-        src, offset, scale = dst, 2 * offset, scale * scale
+    *rounds, last = workspace.rounds
+    for x, coef, x_ahead, coef_ahead, x_out, coef_out in rounds:
+        torch.addcmul(x, coef, x_ahead, value=scale, out=x_out)
+        torch.mul(coef, coef_ahead, out=coef_out)
+        scale = scale * scale
     # Last round: the composed coefficients are no longer needed.
-    shift = offset * step
-    torch.addcmul(heads[src], heads[src + 1], rows[src][shift:shift + numel],
-                  value=scale, out=result[:numel])
+    x, coef, x_ahead = last[:3]
+    torch.addcmul(x, coef, x_ahead, value=scale, out=result[:numel])
     return result
 
 
@@ -405,7 +440,8 @@ def _gae(
     value = _to_dtype(state_value, work)
     gamma = _as_discount(gamma, value)
     trace = gamma * _as_discount(lmbda, value)
-    buffer, delta, coef = _scan_workspace(shape, dim, work, value.device)
+    workspace = _scan_workspace(shape, dim, work, value.device)
+    delta, coef = workspace.x, workspace.coef
     # A float gamma * lmbda is applied by the scan itself.
     _fill_continues(coef, done, dim)
     not_terminal = _flag_as_float(~terminated, work)
@@ -417,7 +453,7 @@ def _gae(
         gamma = 1.0
     torch.sub(reward, value, out=delta)
     delta.addcmul_(not_terminal, _to_dtype(next_state_value, work), value=gamma)
-    flat = _reverse_linear_scan(buffer, shape, dim, scale=trace)
+    flat = _reverse_linear_scan(workspace, scale=trace)
     advantage = flat.as_strided(shape, delta.stride())
     value_target = advantage + value
     return _to_dtype(advantage, dtype), _to_dtype(value_target, dtype)
@@ -552,7 +588,8 @@ def _td_lambda(
     next_value = _to_dtype(next_state_value, work)
     gamma = _as_discount(gamma, next_value)
     lmbda = _as_discount(lmbda, next_value)
-    buffer, returns, coef = _scan_workspace(shape, dim, work, next_value.device)
+    workspace = _scan_workspace(shape, dim, work, next_value.device)
+    returns, coef = workspace.x, workspace.coef
     ends = _flag_as_float(done, work)
     ends.narrow(dim, shape[dim] - 1, 1).fill_(1)
     # Weight of the bootstrap in G_t: gamma at an end, gamma * (1 - lmbda) elsewhere.
@@ -564,7 +601,7 @@ def _td_lambda(
     if isinstance(trace, torch.Tensor):
         coef.mul_(trace)
         trace = 1.0
-    flat = _reverse_linear_scan(buffer, shape, dim, scale=trace)
+    flat = _reverse_linear_scan(workspace, scale=trace)
     return _to_dtype(flat.as_strided(shape, returns.stride()), dtype)
 
 
@@ -627,14 +664,15 @@ def _discounted_cumsum(
     shape = x.shape
     dtype = x.dtype
     work = _scan_dtype(dtype)
-    buffer, y, coef = _scan_workspace(shape, dim, work, x.device)
+    workspace = _scan_workspace(shape, dim, work, x.device)
+    y, coef = workspace.x, workspace.coef
     y.copy_(x)
     _fill_continues(coef, done, dim)
     gamma = _as_discount(gamma, coef)
     if isinstance(gamma, torch.Tensor):
         coef.mul_(gamma)
         gamma = 1.0
-    flat = _reverse_linear_scan(buffer, shape, dim, scale=gamma)
+    flat = _reverse_linear_scan(workspace, scale=gamma)
     return _to_dtype(flat.as_strided(shape, y.stride()), dtype)
 
 
@@ -751,7 +789,8 @@ def _vtrace(
     value = _to_dtype(state_value, work)
     next_value = _to_dtype(next_state_value, work)
     gamma = _as_discount(gamma, value)
-    buffer, delta, coef = _scan_workspace(shape, dim, work, value.device)
+    workspace = _scan_workspace(shape, dim, work, value.device)
+    delta, coef = workspace.x, workspace.coef
 
     # pi / mu = 2 ** (log2(e) * (log_pi - log_mu)): exp2 plus a scaling pass
     # is faster than exp on CPU, and the rounding (~1e-7 relative) is far
@@ -776,7 +815,7 @@ def _vtrace(
     reward_minus_value = torch.sub(_to_dtype(reward, work), value)
     torch.addcmul(reward_minus_value, not_terminal, next_value, value=gamma, out=delta)
     delta.mul_(clipped_rho)
-    vs_padded = _reverse_linear_scan(buffer, shape, dim, scale=gamma)
+    vs_padded = _reverse_linear_scan(workspace, scale=gamma)
     # Views of the flat result shaped like the data (``delta``'s contiguous
     # strides), one call each.
     vs = vs_padded.as_strided(shape, delta.stride()).add_(value)
