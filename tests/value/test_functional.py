@@ -377,3 +377,49 @@ def test_discounted_cumsum_bad_input():
         F.discounted_cumsum(torch.zeros(3, 1), 0.9, torch.zeros(3, 1))
     with pytest.raises(ValueError, match="gamma must lie in"):
         F.discounted_cumsum(torch.zeros(3, 1), 1.01, torch.zeros(3, 1, dtype=torch.bool))
+
+
+# ---------------------------------------------------------------------------
+# Reused scan workspaces: results never alias them, threads never share them
+# ---------------------------------------------------------------------------
+
+
+def _random_signals(seed, shape=(4, 16, 1)):
+    g = torch.Generator().manual_seed(seed)
+    return (
+        torch.randn(shape, generator=g),
+        torch.randn(shape, generator=g),
+        torch.randn(shape, generator=g),
+        torch.rand(shape, generator=g) < 0.2,
+    )
+
+
+def test_results_survive_later_calls_with_the_same_shape():
+    value, next_value, reward, done = _random_signals(0)
+    first = F.generalized_advantage_estimate(0.9, 0.8, value, next_value, reward, done)
+    kept = [t.clone() for t in first]
+    for seed in range(1, 4):  # same shape, so the same workspace is reused
+        F.generalized_advantage_estimate(0.9, 0.8, *_random_signals(seed))
+        F.vtrace_advantage_estimate(0.9, value, value, *_random_signals(seed))
+    assert all(torch.equal(a, b) for a, b in zip(first, kept))
+
+
+def test_concurrent_threads_get_their_own_workspace():
+    import threading
+
+    inputs = [_random_signals(seed, shape=(64, 128, 1)) for seed in range(4)]
+    expected = [gae_loop(0.95, 0.9, v, nv, r, d, d) for v, nv, r, d in inputs]
+    failures = []
+
+    def worker(k):
+        for _ in range(30):
+            adv, target = F.generalized_advantage_estimate(0.95, 0.9, *inputs[k])
+            if not torch.allclose(adv.double(), expected[k][0], atol=1e-4):
+                failures.append(k)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures
