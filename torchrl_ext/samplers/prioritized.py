@@ -10,17 +10,15 @@ no ``torchrl._torchrl`` and run on any device.
 """
 from __future__ import annotations
 
-import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
 from torchrl.data import PrioritizedSampler as _TorchRLPrioritizedSampler
 from torchrl.data.replay_buffers.storages import Storage
 
+from torchrl_ext.io.state_files import load_state, save_state
 from torchrl_ext.samplers._priority_tree import PrioritySegmentTree
 
 __all__ = ["PrioritizedSampler", "PrioritizedSamplerWithoutReplacement"]
@@ -28,6 +26,7 @@ __all__ = ["PrioritizedSampler", "PrioritizedSamplerWithoutReplacement"]
 WEIGHT_CONVENTIONS = ("per", "alf")
 REDUCTIONS = ("max", "min", "mean", "median", "sum")
 EMPTY_STORAGE_ERROR = "Cannot sample from an empty storage."
+_TREES, _METADATA = "trees.safetensors", "sampler_metadata.json"
 
 
 class PrioritizedSampler(_TorchRLPrioritizedSampler):
@@ -409,22 +408,11 @@ class PrioritizedSampler(_TorchRLPrioritizedSampler):
         Both files are written to a temporary name, fsynced and renamed, so an
         interrupted save never leaves a half-written file behind.
         """
-        path = Path(path).absolute()
-        path.mkdir(parents=True, exist_ok=True)
-        tensors: dict[str, torch.Tensor] = {}
-        metadata = _split_tensors(self.state_dict(), "", tensors)
-        _atomic_write(path / "trees.safetensors", lambda tmp: save_file(tensors, tmp))
-        _atomic_write(
-            path / "sampler_metadata.json",
-            lambda tmp: Path(tmp).write_text(json.dumps(metadata)),
-        )
+        save_state(path, self.state_dict(), tensors_file=_TREES, metadata_file=_METADATA)
 
     def loads(self, path: str | Path) -> None:
         """Restores what :meth:`dumps` wrote."""
-        path = Path(path).absolute()
-        metadata = json.loads((path / "sampler_metadata.json").read_text())
-        tensors = load_file(path / "trees.safetensors")
-        self.load_state_dict(_join_tensors(metadata, tensors))
+        self.load_state_dict(load_state(path, tensors_file=_TREES, metadata_file=_METADATA))
 
 
 class PrioritizedSamplerWithoutReplacement(PrioritizedSampler):
@@ -466,38 +454,6 @@ def _reduce(priority: torch.Tensor, reduction: str) -> torch.Tensor:
     if reduction == "median":
         return priority.median(1).values
     return priority.sum(1)
-
-
-_TENSOR_LIST = "__tensor_list__"
-
-
-def _split_tensors(state: Any, prefix: str, tensors: dict[str, torch.Tensor]) -> Any:
-    """JSON-able copy of ``state`` with each list of tensors moved to ``tensors``."""
-    if isinstance(state, dict):
-        return {k: _split_tensors(v, f"{prefix}{k}.", tensors) for k, v in state.items()}
-    if isinstance(state, list) and state and all(isinstance(t, torch.Tensor) for t in state):
-        for k, tensor in enumerate(state):
-            tensors[f"{prefix}{k}"] = tensor.detach().contiguous().cpu()
-        return {_TENSOR_LIST: prefix, "length": len(state)}
-    return state
-
-
-def _join_tensors(metadata: Any, tensors: dict[str, torch.Tensor]) -> Any:
-    if isinstance(metadata, dict) and _TENSOR_LIST in metadata:
-        prefix = metadata[_TENSOR_LIST]
-        return [tensors[f"{prefix}{k}"] for k in range(metadata["length"])]
-    if isinstance(metadata, dict):
-        return {k: _join_tensors(v, tensors) for k, v in metadata.items()}
-    return metadata
-
-
-def _atomic_write(target: Path, write: Any) -> None:
-    """Writes through ``write(tmp_path)``, fsyncs, then renames over ``target``."""
-    tmp = target.with_name(f".{target.name}.tmp")
-    write(str(tmp))
-    with open(tmp, "rb") as handle:
-        os.fsync(handle.fileno())
-    os.replace(tmp, target)
 
 
 def _register_replacement_dispatch() -> None:

@@ -33,7 +33,7 @@ from torchrl.objectives.value.advantages import (
 )
 
 from torchrl_ext.value import functional
-from torchrl_ext.value.functional import _check_positive, _check_unit_interval
+from torchrl_ext.value._checks import _check_positive, _check_unit_interval
 from torchrl_ext.value.normalizers import ValueNorm
 
 __all__ = ["ExtValueEstimators", "GAE", "VTrace"]

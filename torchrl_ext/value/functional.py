@@ -46,12 +46,30 @@ on CPU because it needs two Python loops of ``sqrt(T)`` small ops each.
 from __future__ import annotations
 
 import math
-import threading
-from collections import OrderedDict
-from numbers import Real
-from typing import Callable, TypeVar
 
 import torch
+
+from torchrl_ext.value._checks import (
+    _check_flag,
+    _check_floating,
+    _check_positive,
+    _check_same_shape,
+    _check_signals,
+    _check_unit_interval,
+    _resolve_time_dim,
+)
+from torchrl_ext.value._scan import (
+    _as_discount,
+    _discount_unless,
+    _fill_continues,
+    _flag_as_float,
+    _reverse_linear_scan,
+    _scan_dtype,
+    _scan_workspace,
+    _time_step,
+    _to_dtype,
+    _without_autograd,
+)
 
 __all__ = [
     "discounted_cumsum",
@@ -59,296 +77,6 @@ __all__ = [
     "td_lambda_return_estimate",
     "vtrace_advantage_estimate",
 ]
-
-_T = TypeVar("_T")
-
-SHAPE_ERR = (
-    "All input tensors (state_value, next_state_value, reward, done, terminated"
-    "{extra}) must share one shape [*B, T, *F]; got {shapes}."
-)
-
-
-########################################################################
-# Validation
-# ----------
-
-
-def _check_floating(name: str, tensor: object) -> None:
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(
-            f"{name} must be a torch.Tensor, got {type(tensor).__name__}."
-        )
-    if not tensor.is_floating_point():
-        raise TypeError(
-            f"{name} must be a floating-point tensor, got dtype={tensor.dtype}; "
-            f"convert it first, e.g. {name}.float()."
-        )
-
-
-def _check_flag(name: str, tensor: object) -> None:
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(
-            f"{name} must be a boolean torch.Tensor, got {type(tensor).__name__}."
-        )
-    if tensor.dtype is not torch.bool:
-        raise TypeError(
-            f"{name} must be a boolean tensor, got dtype={tensor.dtype}; "
-            f"convert it first, e.g. {name}.bool() or ({name} != 0)."
-        )
-
-
-def _check_same_shape(extra: str = "", **tensors: torch.Tensor) -> None:
-    first, *others = (t.shape for t in tensors.values())
-    if all(shape == first for shape in others):
-        return  # the common case, without building the message's pieces
-    shapes = {name: tuple(t.shape) for name, t in tensors.items()}
-    if len(set(shapes.values())) > 1:
-        described = ", ".join(f"{name}={shape}" for name, shape in shapes.items())
-        raise ValueError(SHAPE_ERR.format(extra=extra, shapes=described))
-
-
-def _check_unit_interval(
-    name: str, value: float | torch.Tensor, shape: torch.Size | None = None
-) -> None:
-    """Rejects discounts outside ``[0, 1]`` (or NaN), and shapes that do not
-    broadcast to ``shape`` (when given)."""
-    if isinstance(value, torch.Tensor):
-        if not value.is_floating_point():
-            raise TypeError(
-                f"{name} must be a float or a floating-point tensor, got dtype={value.dtype}."
-            )
-        try:
-            broadcast = shape if shape is None else torch.broadcast_shapes(value.shape, shape)
-        except RuntimeError:
-            broadcast = None
-        if broadcast != shape:
-            raise ValueError(
-                f"{name} of shape {tuple(value.shape)} does not broadcast to the data "
-                f"shape {tuple(shape)}; pass a scalar or a tensor broadcastable to it."
-            )
-        # One fused reduction: NaN fails both comparisons, so it is caught too.
-        if not bool(((value >= 0) & (value <= 1)).all()):
-            raise ValueError(
-                f"{name} must lie in [0, 1], got values in "
-                f"[{value.min().item()}, {value.max().item()}]."
-            )
-        return
-    if isinstance(value, bool) or not isinstance(value, Real):
-        raise TypeError(f"{name} must be a float or a tensor, got {value!r}.")
-    if not 0.0 <= value <= 1.0:
-        raise ValueError(f"{name} must lie in [0, 1], got {name}={value}.")
-
-
-def _check_positive(name: str, value: float | torch.Tensor) -> None:
-    if isinstance(value, torch.Tensor):
-        if not bool((value > 0).all()):
-            raise ValueError(
-                f"{name} must be > 0, got a tensor with minimum {value.min().item()}; "
-                f"use a positive clipping threshold (1.0 is the IMPALA default)."
-            )
-        return
-    if isinstance(value, bool) or not isinstance(value, Real):
-        raise TypeError(f"{name} must be a float or a tensor, got {value!r}.")
-    if not value > 0:
-        raise ValueError(
-            f"{name} must be > 0, got {name}={value}; use a positive clipping "
-            f"threshold (1.0 is the IMPALA default)."
-        )
-
-
-def _resolve_time_dim(time_dim: int, ndim: int) -> int:
-    if isinstance(time_dim, bool) or not isinstance(time_dim, int):
-        raise TypeError(f"time_dim must be an int, got {time_dim!r}.")
-    if not -ndim <= time_dim < ndim:
-        raise ValueError(
-            f"time_dim={time_dim} is out of range for tensors with {ndim} dims; "
-            f"use a value in [{-ndim}, {ndim - 1}]."
-        )
-    return time_dim % ndim
-
-
-def _flag_as_float(flag: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Fresh ``0./1.`` tensor of ``flag``.
-
-    Going through a ``uint8`` view is several times faster on CPU than a
-    direct ``bool`` cast or ``where``/``masked_fill`` on a bool mask, and it
-    is what makes the estimators below cheap at small sizes.
-    """
-    return flag.view(torch.uint8).to(dtype)
-
-
-def _discount_unless(
-    flag: torch.Tensor, discount: float | torch.Tensor, dtype: torch.dtype
-) -> torch.Tensor:
-    """Fresh tensor equal to ``discount * (1 - flag)``, in the flag's shape."""
-    if isinstance(discount, torch.Tensor):
-        return _flag_as_float(flag, dtype).neg_().add_(1).mul_(discount)
-    return _flag_as_float(flag, dtype).mul_(-discount).add_(discount)
-
-
-def _without_autograd(fn: Callable[..., _T], *args: object) -> _T:
-    """``fn(*args)``, under ``torch.no_grad()`` if an argument requires grad.
-
-    The scans write through ``out=``, which autograd rejects when an input
-    requires grad. The estimates are targets, not something to
-    differentiate through (the previous in-place scans did not support
-    ``backward`` either), so the outputs are simply detached. The check is
-    skipped (it costs a few microseconds) when grad mode is off.
-    """
-    if torch.is_grad_enabled() and any(
-        isinstance(a, torch.Tensor) and a.requires_grad for a in args
-    ):
-        with torch.no_grad():
-            return fn(*args)
-    return fn(*args)
-
-
-def _fill_continues(out: torch.Tensor, done: torch.Tensor, dim: int) -> torch.Tensor:
-    """Writes ``1 - done`` into ``out``, with 0 at the last step (where the
-    trajectory is cut too, and where the flat scan needs a 0 coefficient)."""
-    out.copy_((~done).view(torch.uint8))  # a uint8 source copies much faster than bool
-    if out.shape[dim]:
-        out.narrow(dim, out.shape[dim] - 1, 1).zero_()
-    return out
-
-
-########################################################################
-# Core recursion
-# --------------
-
-
-class _Workspace:
-    """Buffers and views of one :func:`_reverse_linear_scan` shape.
-
-    ``buffer`` holds 4 flat rows: ``x`` and ``coef`` (rows 0 and 1, which the
-    caller fills through the views shaped like the data) and their ping-pong
-    twins (rows 2 and 3). Each row is followed by zeros covering the largest
-    shift of the scan, so shifted reads past the end see finite values; the
-    scan only ever writes the first ``numel`` elements of a row, so the zeros
-    stay. ``rounds`` holds, per round, the operand views
-    ``(x, coef, x shifted, coef shifted, x out, coef out)``: building views
-    costs microseconds each, as much as a kernel at rollout sizes, so they are
-    made once per shape.
-    """
-
-    def __init__(self, shape: torch.Size, dim: int, dtype: torch.dtype, device: torch.device):
-        self.shape = shape
-        self.numel = numel = math.prod(shape)
-        self.length = length = shape[dim]
-        self.step = step = _time_step(shape, dim)
-        largest_offset = 1 << (length - 1).bit_length() - 1 if length > 1 else 0
-        self.buffer = torch.zeros(4, numel + largest_offset * step, dtype=dtype, device=device)
-        strides = _contiguous_strides(shape)
-        self.strides = strides
-        self.x = self.buffer.as_strided(shape, strides, 0)
-        self.coef = self.buffer.as_strided(shape, strides, self.buffer.stride(0))
-        rows = self.buffer.unbind(0)
-        heads = [row[:numel] for row in rows]
-        self.rounds = []
-        src, offset = 0, 1  # rows src (x) and src + 1 (coef) hold the current round
-        while offset < length:
-            dst, shift = 2 - src, offset * step
-            self.rounds.append((
-                heads[src], heads[src + 1],
-                rows[src][shift:shift + numel], rows[src + 1][shift:shift + numel],
-                heads[dst], heads[dst + 1],
-            ))
-            src, offset = dst, 2 * offset
-        self.x_final = heads[src]  # where the result is when length == 1
-
-
-# Workspaces are reused per thread (the scan writes into them) and per shape;
-# bounded in count and size so a long-lived process does not hoard memory.
-_WORKSPACES = threading.local()
-_MAX_WORKSPACES = 8
-_MAX_CACHED_NUMEL = 1 << 20
-
-
-def _scan_workspace(
-    shape: torch.Size, dim: int, dtype: torch.dtype, device: torch.device
-) -> _Workspace:
-    """The (reused) workspace of :func:`_reverse_linear_scan` for this shape."""
-    key = (tuple(shape), dim, dtype, device)
-    cache = getattr(_WORKSPACES, "cache", None)
-    if cache is None:
-        cache = _WORKSPACES.cache = OrderedDict()
-    workspace = cache.get(key)
-    if workspace is not None:
-        cache.move_to_end(key)
-        return workspace
-    workspace = _Workspace(torch.Size(shape), dim, dtype, device)
-    if workspace.numel <= _MAX_CACHED_NUMEL:
-        cache[key] = workspace
-        if len(cache) > _MAX_WORKSPACES:
-            cache.popitem(last=False)
-    return workspace
-
-
-def _contiguous_strides(shape: torch.Size) -> tuple[int, ...]:
-    strides, size = [], 1
-    for n in reversed(shape):
-        strides.append(size)
-        size *= n
-    return tuple(reversed(strides))
-
-
-def _reverse_linear_scan(workspace: _Workspace, scale: float = 1.0) -> torch.Tensor:
-    """Solves ``y[t] = x[t] + scale * coef[t] * y[t + 1]`` (``y[T] = 0``) along ``dim``.
-
-    ``workspace.x`` and ``workspace.coef`` are filled by the caller, with
-    ``coef == 0`` at the last step ``T - 1`` (where its value does not matter
-    to the recursion). Returns a fresh flat tensor of ``numel + step``
-    elements: ``y`` laid out contiguously in ``shape``, then one time step of
-    zeros (``step`` is the flat distance between consecutive time steps). So
-    ``out[step:]`` viewed as ``shape`` is ``y[t + 1]`` except at the last
-    step of each row, where it reads the next row or the zeros.
-
-    Hillis-Steele (log-depth) scan: round ``k`` (offset ``d = 2**k``) folds
-    the partial sum that starts ``d`` steps later into ``y[t]`` and composes
-    the coefficients, ``coef[t] *= coef[t + d]``. It runs on the flattened
-    contiguous rows, where a shift by ``d`` steps is a shift by ``d * step``
-    elements, for every batch row at once. This is exact because
-    ``coef[T - 1] == 0``: a composed coefficient whose window reaches past the
-    end of a row is 0, so what the shift reads from the next row is
-    multiplied by 0 (assuming finite inputs). Each round writes to the twin
-    rows (ping-pong), so no clone is needed for the overlapping operands, and
-    all operands are contiguous: two kernels per round. The Python float
-    ``scale`` (e.g. ``gamma``) is kept out of ``coef`` and passed as
-    ``addcmul``'s ``value=``, squared each round (computed in float64), which
-    saves a full multiplication pass.
-    """
-    numel = workspace.numel
-    # One call (a memset) is cheaper than an empty tensor plus a slice to zero.
-    result = torch.zeros(numel + workspace.step, dtype=workspace.buffer.dtype,
-                         device=workspace.buffer.device)
-    if not workspace.rounds:
-        result[:numel].copy_(workspace.x_final)
-        return result
-    *rounds, last = workspace.rounds
-    for x, coef, x_ahead, coef_ahead, x_out, coef_out in rounds:
-        torch.addcmul(x, coef, x_ahead, value=scale, out=x_out)
-        torch.mul(coef, coef_ahead, out=coef_out)
-        scale = scale * scale
-    # Last round: the composed coefficients are no longer needed.
-    x, coef, x_ahead = last[:3]
-    torch.addcmul(x, coef, x_ahead, value=scale, out=result[:numel])
-    return result
-
-
-def _time_step(shape: torch.Size, dim: int) -> int:
-    """Flat distance between consecutive time steps of a contiguous tensor."""
-    return math.prod(shape[dim + 1:])
-
-
-def _to_dtype(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    # ``Tensor.to`` returns ``tensor`` itself when nothing changes, but the
-    # call alone costs as much as a small kernel on CPU.
-    return tensor if tensor.dtype == dtype else tensor.to(dtype)
-
-
-def _scan_dtype(dtype: torch.dtype) -> torch.dtype:
-    # Half-precision partial sums lose too much over long horizons.
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
 
 
 ########################################################################
@@ -457,47 +185,6 @@ def _gae(
     advantage = flat.as_strided(shape, delta.stride())
     value_target = advantage + value
     return _to_dtype(advantage, dtype), _to_dtype(value_target, dtype)
-
-
-def _check_signals(
-    value: torch.Tensor,
-    next_value: torch.Tensor,
-    reward: torch.Tensor,
-    done: torch.Tensor,
-    terminated: torch.Tensor,
-    **extra_floats: torch.Tensor,
-) -> None:
-    shape = getattr(value, "shape", None)
-    if (
-        all(
-            isinstance(t, torch.Tensor) and t.is_floating_point() and t.shape == shape
-            for t in (value, next_value, reward, *extra_floats.values())
-        )
-        and all(
-            isinstance(t, torch.Tensor) and t.dtype is torch.bool and t.shape == shape
-            for t in (done, terminated)
-        )
-    ):
-        return  # all valid: skip building the per-argument error messages
-    floats = {
-        "state_value": value,
-        "next_state_value": next_value,
-        "reward": reward,
-        **extra_floats,
-    }
-    for name, tensor in floats.items():
-        _check_floating(name, tensor)
-    _check_flag("done", done)
-    _check_flag("terminated", terminated)
-    extra = "".join(f", {name}" for name in extra_floats) if extra_floats else ""
-    _check_same_shape(extra, **floats, done=done, terminated=terminated)
-
-
-def _as_discount(value: float | torch.Tensor, like: torch.Tensor) -> float | torch.Tensor:
-    """Keeps Python floats as floats (cheaper kernels), moves tensors to ``like``."""
-    if isinstance(value, torch.Tensor):
-        return value.to(dtype=like.dtype, device=like.device)
-    return float(value)
 
 
 ########################################################################

@@ -1,0 +1,206 @@
+"""The scan behind every value kernel: ``y[t] = x[t] + a[t] * y[t + 1]`` in log depth.
+
+Also the small tensor helpers the kernels share (flag conversion, dtype
+handling). See :func:`_reverse_linear_scan` and ``docs/architecture.md``.
+"""
+from __future__ import annotations
+
+import math
+import threading
+from collections import OrderedDict
+from typing import Callable, TypeVar
+
+import torch
+
+_T = TypeVar("_T")
+
+
+def _flag_as_float(flag: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Fresh ``0./1.`` tensor of ``flag``.
+
+    Going through a ``uint8`` view is several times faster on CPU than a
+    direct ``bool`` cast or ``where``/``masked_fill`` on a bool mask, and it
+    is what makes the estimators below cheap at small sizes.
+    """
+    return flag.view(torch.uint8).to(dtype)
+
+
+def _discount_unless(
+    flag: torch.Tensor, discount: float | torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """Fresh tensor equal to ``discount * (1 - flag)``, in the flag's shape."""
+    if isinstance(discount, torch.Tensor):
+        return _flag_as_float(flag, dtype).neg_().add_(1).mul_(discount)
+    return _flag_as_float(flag, dtype).mul_(-discount).add_(discount)
+
+
+def _without_autograd(fn: Callable[..., _T], *args: object) -> _T:
+    """``fn(*args)``, under ``torch.no_grad()`` if an argument requires grad.
+
+    The scans write through ``out=``, which autograd rejects when an input
+    requires grad. The estimates are targets, not something to
+    differentiate through (the previous in-place scans did not support
+    ``backward`` either), so the outputs are simply detached. The check is
+    skipped (it costs a few microseconds) when grad mode is off.
+    """
+    if torch.is_grad_enabled() and any(
+        isinstance(a, torch.Tensor) and a.requires_grad for a in args
+    ):
+        with torch.no_grad():
+            return fn(*args)
+    return fn(*args)
+
+
+def _fill_continues(out: torch.Tensor, done: torch.Tensor, dim: int) -> torch.Tensor:
+    """Writes ``1 - done`` into ``out``, with 0 at the last step (where the
+    trajectory is cut too, and where the flat scan needs a 0 coefficient)."""
+    out.copy_((~done).view(torch.uint8))  # a uint8 source copies much faster than bool
+    if out.shape[dim]:
+        out.narrow(dim, out.shape[dim] - 1, 1).zero_()
+    return out
+
+
+########################################################################
+# Core recursion
+# --------------
+
+
+class _Workspace:
+    """Buffers and views of one :func:`_reverse_linear_scan` shape.
+
+    ``buffer`` holds 4 flat rows: ``x`` and ``coef`` (rows 0 and 1, which the
+    caller fills through the views shaped like the data) and their ping-pong
+    twins (rows 2 and 3). Each row is followed by zeros covering the largest
+    shift of the scan, so shifted reads past the end see finite values; the
+    scan only ever writes the first ``numel`` elements of a row, so the zeros
+    stay. ``rounds`` holds, per round, the operand views
+    ``(x, coef, x shifted, coef shifted, x out, coef out)``: building views
+    costs microseconds each, as much as a kernel at rollout sizes, so they are
+    made once per shape.
+    """
+
+    def __init__(self, shape: torch.Size, dim: int, dtype: torch.dtype, device: torch.device):
+        self.shape = shape
+        self.numel = numel = math.prod(shape)
+        self.length = length = shape[dim]
+        self.step = step = _time_step(shape, dim)
+        largest_offset = 1 << (length - 1).bit_length() - 1 if length > 1 else 0
+        self.buffer = torch.zeros(4, numel + largest_offset * step, dtype=dtype, device=device)
+        strides = _contiguous_strides(shape)
+        self.strides = strides
+        self.x = self.buffer.as_strided(shape, strides, 0)
+        self.coef = self.buffer.as_strided(shape, strides, self.buffer.stride(0))
+        rows = self.buffer.unbind(0)
+        heads = [row[:numel] for row in rows]
+        self.rounds = []
+        src, offset = 0, 1  # rows src (x) and src + 1 (coef) hold the current round
+        while offset < length:
+            dst, shift = 2 - src, offset * step
+            self.rounds.append((
+                heads[src], heads[src + 1],
+                rows[src][shift:shift + numel], rows[src + 1][shift:shift + numel],
+                heads[dst], heads[dst + 1],
+            ))
+            src, offset = dst, 2 * offset
+        self.x_final = heads[src]  # where the result is when length == 1
+
+
+# Workspaces are reused per thread (the scan writes into them) and per shape;
+# bounded in count and size so a long-lived process does not hoard memory.
+_WORKSPACES = threading.local()
+_MAX_WORKSPACES = 8
+_MAX_CACHED_NUMEL = 1 << 20
+
+
+def _scan_workspace(
+    shape: torch.Size, dim: int, dtype: torch.dtype, device: torch.device
+) -> _Workspace:
+    """The (reused) workspace of :func:`_reverse_linear_scan` for this shape."""
+    key = (tuple(shape), dim, dtype, device)
+    cache = getattr(_WORKSPACES, "cache", None)
+    if cache is None:
+        cache = _WORKSPACES.cache = OrderedDict()
+    workspace = cache.get(key)
+    if workspace is not None:
+        cache.move_to_end(key)
+        return workspace
+    workspace = _Workspace(torch.Size(shape), dim, dtype, device)
+    if workspace.numel <= _MAX_CACHED_NUMEL:
+        cache[key] = workspace
+        if len(cache) > _MAX_WORKSPACES:
+            cache.popitem(last=False)
+    return workspace
+
+
+def _contiguous_strides(shape: torch.Size) -> tuple[int, ...]:
+    strides, size = [], 1
+    for n in reversed(shape):
+        strides.append(size)
+        size *= n
+    return tuple(reversed(strides))
+
+
+def _reverse_linear_scan(workspace: _Workspace, scale: float = 1.0) -> torch.Tensor:
+    """Solves ``y[t] = x[t] + scale * coef[t] * y[t + 1]`` (``y[T] = 0``) along ``dim``.
+
+    ``workspace.x`` and ``workspace.coef`` are filled by the caller, with
+    ``coef == 0`` at the last step ``T - 1`` (where its value does not matter
+    to the recursion). Returns a fresh flat tensor of ``numel + step``
+    elements: ``y`` laid out contiguously in ``shape``, then one time step of
+    zeros (``step`` is the flat distance between consecutive time steps). So
+    ``out[step:]`` viewed as ``shape`` is ``y[t + 1]`` except at the last
+    step of each row, where it reads the next row or the zeros.
+
+    Hillis-Steele (log-depth) scan: round ``k`` (offset ``d = 2**k``) folds
+    the partial sum that starts ``d`` steps later into ``y[t]`` and composes
+    the coefficients, ``coef[t] *= coef[t + d]``. It runs on the flattened
+    contiguous rows, where a shift by ``d`` steps is a shift by ``d * step``
+    elements, for every batch row at once. This is exact because
+    ``coef[T - 1] == 0``: a composed coefficient whose window reaches past the
+    end of a row is 0, so what the shift reads from the next row is
+    multiplied by 0 (assuming finite inputs). Each round writes to the twin
+    rows (ping-pong), so no clone is needed for the overlapping operands, and
+    all operands are contiguous: two kernels per round. The Python float
+    ``scale`` (e.g. ``gamma``) is kept out of ``coef`` and passed as
+    ``addcmul``'s ``value=``, squared each round (computed in float64), which
+    saves a full multiplication pass.
+    """
+    numel = workspace.numel
+    # One call (a memset) is cheaper than an empty tensor plus a slice to zero.
+    result = torch.zeros(numel + workspace.step, dtype=workspace.buffer.dtype,
+                         device=workspace.buffer.device)
+    if not workspace.rounds:
+        result[:numel].copy_(workspace.x_final)
+        return result
+    *rounds, last = workspace.rounds
+    for x, coef, x_ahead, coef_ahead, x_out, coef_out in rounds:
+        torch.addcmul(x, coef, x_ahead, value=scale, out=x_out)
+        torch.mul(coef, coef_ahead, out=coef_out)
+        scale = scale * scale
+    # Last round: the composed coefficients are no longer needed.
+    x, coef, x_ahead = last[:3]
+    torch.addcmul(x, coef, x_ahead, value=scale, out=result[:numel])
+    return result
+
+
+def _time_step(shape: torch.Size, dim: int) -> int:
+    """Flat distance between consecutive time steps of a contiguous tensor."""
+    return math.prod(shape[dim + 1:])
+
+
+def _to_dtype(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    # ``Tensor.to`` returns ``tensor`` itself when nothing changes, but the
+    # call alone costs as much as a small kernel on CPU.
+    return tensor if tensor.dtype == dtype else tensor.to(dtype)
+
+
+def _scan_dtype(dtype: torch.dtype) -> torch.dtype:
+    # Half-precision partial sums lose too much over long horizons.
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _as_discount(value: float | torch.Tensor, like: torch.Tensor) -> float | torch.Tensor:
+    """Keeps Python floats as floats (cheaper kernels), moves tensors to ``like``."""
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype=like.dtype, device=like.device)
+    return float(value)
