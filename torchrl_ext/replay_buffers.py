@@ -18,10 +18,11 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 from torchrl.data import TensorDictReplayBuffer
 from torchrl.data.replay_buffers.storages import Storage, TensorStorage
 
+from torchrl_ext.storages.fast import gather_rows
 from torchrl_ext.samplers.prioritized import (
     PrioritizedSampler,
     PrioritizedSamplerWithoutReplacement,
@@ -176,13 +177,7 @@ class PrioritizedReplayBuffer(TensorDictReplayBuffer):
     def _gather(self, index: torch.Tensor, info: dict[str, torch.Tensor]) -> TensorDictBase:
         """``storage[index]`` (one ``index_select`` per stored tensor) plus ``info``."""
         stored = self._storage._storage
-        leaves = self._leaves_of(stored)
-        if stored.device is not None and index.device != stored.device:
-            index = index.to(stored.device)
-        entries = {key: tensor.index_select(0, index) for key, tensor in leaves}
-        for key, value in info.items():
-            entries[key] = value if stored.device is None else value.to(stored.device)
-        return TensorDict(entries, batch_size=index.shape, device=stored.device)
+        return gather_rows(stored, index, extra=info, leaves=self._leaves_of(stored))
 
     def _leaves_of(self, stored: TensorDictBase) -> list[tuple[Any, torch.Tensor]]:
         # The storage's TensorDict and its leaves are fixed once initialised;

@@ -1,0 +1,178 @@
+"""FastTensorStorage / FastMemmapStorage: TorchRL's storages' contents, faster paths, strict writes."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tensordict import TensorDict
+from torchrl.data import (
+    LazyMemmapStorage,
+    LazyTensorStorage,
+    ReplayBuffer,
+    TensorDictReplayBuffer,
+)
+
+from torchrl_ext.storages import FastMemmapStorage, FastTensorStorage
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def chunk(start: int, n: int, device: str = "cpu") -> TensorDict:
+    """Transitions numbered start ... start + n - 1 in every field."""
+    step = torch.arange(start, start + n, device=device)
+    return TensorDict(
+        {
+            "obs": step.float().unsqueeze(-1).expand(n, 3).clone(),
+            "pixels": (step % 256).to(torch.uint8).view(n, 1, 1).expand(n, 4, 4).clone(),
+            "next": {"obs": step.float().unsqueeze(-1) + 1, "done": step % 7 == 0},
+        },
+        [n],
+        device=device,
+    )
+
+
+def assert_same_storage(fast, plain):
+    assert len(fast) == len(plain)
+    for key, value in plain._storage.items(include_nested=True, leaves_only=True):
+        assert torch.equal(fast._storage[key][: len(plain)], value[: len(plain)]), key
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    capacity=st.integers(1, 40),
+    sizes=st.lists(st.integers(1, 40), min_size=1, max_size=8),
+    seed=st.integers(0, 1000),
+)
+def test_same_contents_and_samples_as_torchrls_storage(capacity, sizes, seed):
+    sizes = [min(n, capacity) for n in sizes]
+    fast = TensorDictReplayBuffer(storage=FastTensorStorage(capacity))
+    plain = TensorDictReplayBuffer(storage=LazyTensorStorage(capacity))
+    written = 0
+    for n in sizes:
+        assert torch.equal(fast.extend(chunk(written, n)), plain.extend(chunk(written, n)))
+        written += n
+        assert_same_storage(fast.storage, plain.storage)
+    index = torch.randint(0, len(plain), (17,), generator=torch.Generator().manual_seed(seed))
+    assert (fast.storage.get(index) == plain.storage.get(index)).all()
+
+
+def test_plain_tensor_buffers():
+    fast, plain = ReplayBuffer(storage=FastTensorStorage(5)), ReplayBuffer(storage=LazyTensorStorage(5))
+    for start in (0, 3, 6):
+        data = torch.arange(start, start + 3).float()
+        fast.extend(data)
+        plain.extend(data)
+    assert torch.equal(fast.storage._storage, plain.storage._storage)
+    index = torch.tensor([4, 0, 2])
+    assert torch.equal(fast.storage.get(index), plain.storage.get(index))
+
+
+@pytest.mark.parametrize(
+    "index", [torch.tensor([-1, 0]), 2, slice(1, 3), [0, 2], torch.tensor([[0, 1]])]
+)
+def test_other_indices_behave_like_torchrl(index):
+    fast, plain = FastTensorStorage(10), LazyTensorStorage(10)
+    for storage in (fast, plain):
+        TensorDictReplayBuffer(storage=storage).extend(chunk(0, 6))
+    assert (fast.get(index) == plain.get(index)).all()
+
+
+def test_index_beyond_the_filled_part_is_torchrls_error():
+    storage = FastTensorStorage(10)
+    TensorDictReplayBuffer(storage=storage).extend(chunk(0, 4))
+    with pytest.raises(IndexError):
+        storage.get(torch.tensor([1, 7]))
+
+
+def test_non_ring_cursor_uses_torchrls_write():
+    fast, plain = FastTensorStorage(8), LazyTensorStorage(8)
+    for storage in (fast, plain):
+        storage.set(torch.arange(8), chunk(0, 8))
+        storage.set(torch.tensor([5, 1, 6]), chunk(100, 3))
+    assert_same_storage(fast, plain)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_device(device):
+    storage = FastTensorStorage(6, device=device)
+    rb = TensorDictReplayBuffer(storage=storage)
+    rb.extend(chunk(0, 4, device))
+    rb.extend(chunk(4, 4, device))  # wraps
+    out = storage.get(torch.tensor([0, 1], device=device))
+    assert out.device.type == device and out["obs"][:, 0].tolist() == [6.0, 7.0]
+
+
+def test_memmap_and_in_memory_give_identical_samples(tmp_path):
+    buffers = [
+        TensorDictReplayBuffer(
+            storage=storage, batch_size=16, generator=torch.Generator().manual_seed(3)
+        )
+        for storage in (FastTensorStorage(50), FastMemmapStorage(50, scratch_dir=tmp_path))
+    ]
+    for rb in buffers:
+        for start in range(0, 120, 30):
+            rb.extend(chunk(start, 30))
+    for _ in range(5):
+        assert (buffers[0].sample() == buffers[1].sample()).all()
+
+
+@pytest.mark.parametrize("storage_cls", [FastTensorStorage, FastMemmapStorage])
+def test_checkpoint_round_trip(storage_cls, tmp_path):
+    def make(seed):
+        kwargs = {"scratch_dir": tmp_path / f"s{seed}"} if storage_cls is FastMemmapStorage else {}
+        return TensorDictReplayBuffer(
+            storage=storage_cls(40, **kwargs), batch_size=8,
+            generator=torch.Generator().manual_seed(seed),
+        )
+
+    original = make(0)
+    original.extend(chunk(0, 30))
+    original.extend(chunk(30, 25))  # wraps
+    original.dumps(tmp_path / "ckpt")
+    restored = make(1)
+    restored.loads(tmp_path / "ckpt")
+    assert_same_storage(restored.storage, original.storage)
+    for _ in range(3):
+        assert (original.sample() == restored.sample()).all()
+    restored.extend(chunk(55, 10))
+    original.extend(chunk(55, 10))
+    assert_same_storage(restored.storage, original.storage)
+
+
+def test_shared_memory_writes_are_visible():
+    storage = FastTensorStorage(10)
+    rb = TensorDictReplayBuffer(storage=storage)
+    rb.extend(chunk(0, 4))
+    storage._storage.share_memory_()
+    rb.extend(chunk(4, 8))  # a wrapping write into shared memory
+    assert storage._storage.is_shared()
+    assert storage.get(torch.tensor([0, 1, 2]))["obs"][:, 0].tolist() == [10.0, 11.0, 2.0]
+
+
+# --------------------------------------------------------------------------- bad input
+BAD_WRITES = {
+    "extra key": (chunk(10, 3).set("extra", torch.ones(3)), "extra: \\['extra'\\]"),
+    "missing key": (chunk(10, 3).exclude("pixels"), "missing: \\['pixels'\\]"),
+    "shape": (chunk(10, 3).set("obs", torch.ones(3, 5)), r"'obs': stored items have shape \[3\]"),
+    "dtype": (chunk(10, 3).set("obs", torch.ones(3, 3, dtype=torch.float64)), "stored dtype"),
+    "too large": (chunk(10, 11), "capacity 10; extend in chunks"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_WRITES)
+def test_bad_writes_raise_before_touching_stored_data(case):
+    data, match = BAD_WRITES[case]
+    storage = FastTensorStorage(10)
+    rb = TensorDictReplayBuffer(storage=storage)
+    rb.extend(chunk(0, 8))
+    before = storage._storage.clone()
+    with pytest.raises(ValueError, match=match):
+        rb.extend(data)  # would wrap around: two slices, neither may be written
+    assert (storage._storage == before).all()
+    assert len(storage) == 8
+
+
+def test_a_first_batch_larger_than_the_capacity_is_rejected():
+    with pytest.raises(ValueError, match="capacity 4"):
+        TensorDictReplayBuffer(storage=FastTensorStorage(4)).extend(chunk(0, 5))
