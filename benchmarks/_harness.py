@@ -11,7 +11,7 @@ of the method in ``README.md`` ("Method") that do not depend on what is being me
 * :func:`make_parser` / :func:`apply_quick`: the command-line flags every script shares;
 * :func:`environment_line` / :func:`environment_meta`: machine and version info for the
   report header and the JSON file;
-* small formatting helpers (:func:`bg_note`, :func:`paired_range`).
+* small formatting helpers (:func:`bg_note`, :func:`paired_range`, :func:`target_row`).
 """
 from __future__ import annotations
 
@@ -179,3 +179,39 @@ def environment_meta(started: str, load_start: str, load_end: str, args: argpars
                  "min_rep_seconds": args.min_rep_seconds, "loadavg_start": load_start,
                  "loadavg_end": load_end, "platform": platform.platform()})
     return meta
+
+
+def target_row(
+    key: str,
+    label: str,
+    rows: dict[str, dict[str, Any]],
+    impl: str,
+    baseline: str,
+    target: float | None,
+    bg: float,
+    checks_ok: bool,
+) -> dict[str, Any]:
+    """Prints one markdown row of a Targets table and returns its JSON entry.
+
+    ``rows`` maps implementation names to ``{"median_ms", "per_rep_ms"}``. The
+    ratio is baseline time / implementation time from the same run; a fast
+    but wrong implementation (``checks_ok`` false) never passes.
+    """
+    goal = f">= {target:g}x" if target is not None else "(info)"
+    entry: dict[str, Any] = {"case": key, "impl": impl, "baseline": baseline, "target": target}
+    if baseline not in rows:  # an optional peer that is not installed
+        entry.update(ratio=None, paired=None, result="not measured")
+        print(f"| {key} | {label} | - | - | {goal} | not measured (no {baseline}) | {bg:.2f} |")
+        return entry
+    ratio = rows[baseline]["median_ms"] / rows[impl]["median_ms"]
+    lo, hi = paired_range(rows[baseline]["per_rep_ms"], rows[impl]["per_rep_ms"])
+    if target is None:
+        result = "-"
+    elif not checks_ok:
+        result = "FAIL (checks)"
+    else:
+        result = "PASS" if ratio >= target else "**FAIL**"
+    entry.update(ratio=ratio, paired=[lo, hi], result=result)
+    print(f"| {key} | {label} | {ratio:.2f}x | {lo:.2f}-{hi:.2f}x | {goal} | {result} | {bg:.2f} |")
+    return entry
+

@@ -41,7 +41,7 @@ from torchrl.data import PrioritizedSampler as TorchRLPrioritizedSampler
 from torchrl.data.replay_buffers.storages import Storage
 
 from _harness import (BgLoad, apply_quick, bg_note, environment_line, environment_meta, loadavg,
-                      make_parser, paired_range, quiet_before_case, run_interleaved, utc_now)
+                      make_parser, target_row, quiet_before_case, run_interleaved, utc_now)
 from torchrl_ext.replay_buffers import PrioritizedReplayBuffer
 from torchrl_ext.samplers import PrioritizedSampler
 
@@ -338,22 +338,7 @@ def report_targets(results: dict[str, dict[str, Any]], tree_ratio: float | None,
         if key not in results:
             continue
         rows, bg = results[key]["impls"], results[key]["bg_load"]
-        goal = f">= {target:g}x" if target is not None else "(info)"
-        entry: dict[str, Any] = {"case": key, "impl": impl, "baseline": baseline, "target": target}
-        if baseline not in rows:  # cpprb not installed
-            entry.update(ratio=None, paired=None, result="not measured")
-            print(f"| {key} | {impl} vs {baseline} | - | - | {goal} | not measured (no {baseline}) | {bg:.2f} |")
-        else:
-            ratio = rows[baseline]["median_ms"] / rows[impl]["median_ms"]
-            lo, hi = paired_range(rows[baseline]["per_rep_ms"], rows[impl]["per_rep_ms"])
-            if target is None:
-                result = "-"
-            elif not checks_ok:  # a fast but wrong result does not pass
-                result = "FAIL (checks)"
-            else:
-                result = "PASS" if ratio >= target else "**FAIL**"
-            entry.update(ratio=ratio, paired=[lo, hi], result=result)
-            print(f"| {key} | {impl} vs {baseline} | {ratio:.2f}x | {lo:.2f}-{hi:.2f}x | {goal} | {result} | {bg:.2f} |")
+        entry = target_row(key, f"{impl} vs {baseline}", rows, impl, baseline, target, bg, checks_ok)
         targets.append(entry)
     if tree_ratio is not None:
         ok = tree_ratio <= TREE_MEMORY_TARGET

@@ -54,7 +54,7 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 
 from _harness import (BgLoad, apply_quick, bg_note, environment_line, environment_meta, loadavg,
-                      make_parser, paired_range, quiet_before_case, run_interleaved, utc_now)
+                      make_parser, target_row, quiet_before_case, run_interleaved, utc_now)
 from torchrl_ext.storages import FastTensorStorage
 
 try:
@@ -528,24 +528,9 @@ def report_targets(results: dict[str, dict[str, Any]], checks_ok: bool) -> list[
         if key not in results:
             continue
         rows, bg = results[key]["impls"], results[key]["bg_load"]
-        goal = f">= {target:g}x" if target is not None else "(info)"
         what = {REF_NEW: "torchrl_ext bytes/s vs index_select (new outputs) bytes/s",
                 REF_OUT: "torchrl_ext bytes/s vs index_select (out=) bytes/s"}.get(baseline, f"{impl} vs {baseline}")
-        entry: dict[str, Any] = {"case": key, "impl": impl, "baseline": baseline, "target": target}
-        if baseline not in rows:
-            entry.update(ratio=None, paired=None, result="not measured")
-            print(f"| {key} | {what} | - | - | {goal} | not measured (no {baseline}) | {bg:.2f} |")
-        else:
-            ratio = rows[baseline]["median_ms"] / rows[impl]["median_ms"]
-            lo, hi = paired_range(rows[baseline]["per_rep_ms"], rows[impl]["per_rep_ms"])
-            if target is None:
-                result = "-"
-            elif not checks_ok:  # a fast but wrong result does not pass
-                result = "FAIL (checks)"
-            else:
-                result = "PASS" if ratio >= target else "**FAIL**"
-            entry.update(ratio=ratio, paired=[lo, hi], result=result)
-            print(f"| {key} | {what} | {ratio:.2f}x | {lo:.2f}-{hi:.2f}x | {goal} | {result} | {bg:.2f} |")
+        entry = target_row(key, what, rows, impl, baseline, target, bg, checks_ok)
         out.append(entry)
     print()
     return out
