@@ -78,16 +78,35 @@ class _SliceWritesIndexSelectReads:
     """Mixin over a TorchRL ``TensorStorage``: the two fast paths described above."""
 
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
+        leaves = None
         if self.ndim == 1:
-            self._check_matches_storage(cursor, data)
+            leaves = self._check_matches_storage(cursor, data)
         ranges = self._ring_ranges(cursor, data)
         if ranges is None:
             return super().set(cursor, data, set_cursor=set_cursor)
-        for start, stop, first, last in ranges:
-            super().set(slice(start, stop), data[first:last], set_cursor=set_cursor)
+        if leaves is None:  # first write (lazy init) or non-tensor leaves
+            for start, stop, first, last in ranges:
+                super().set(slice(start, stop), data[first:last], set_cursor=set_cursor)
+            return
+        # Initialised and checked: copy each leaf's slices straight into the
+        # stored tensors (TensorDict slicing and assignment cost more than
+        # the copy for small items), then do TorchRL's bookkeeping.
+        for destination, source in leaves:
+            for start, stop, first, last in ranges:
+                destination[start:stop].copy_(source[first:last])
+        if set_cursor:
+            self._set_last_cursor(cursor)
+            self._get_new_len(data, cursor)
+        self._bump_mutation_revision()
 
-    def _check_matches_storage(self, cursor: Any, data: Any) -> None:
-        """Raises before any copy if ``data`` does not fit what is stored."""
+    def _check_matches_storage(
+        self, cursor: Any, data: Any
+    ) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """Raises before any copy if ``data`` does not fit what is stored.
+
+        Returns ``(stored tensor, data tensor)`` pairs when the storage is
+        initialised and every leaf is a tensor, else ``None``.
+        """
         single = isinstance(cursor, int) and not isinstance(cursor, bool)
         if not single and hasattr(data, "shape") and data.ndim and len(data) > self.max_size:
             raise ValueError(
@@ -96,31 +115,24 @@ class _SliceWritesIndexSelectReads:
                 f"newest: data[-{self.max_size}:])."
             )
         if not self.initialized:
-            return
-        expected = _layout(self._storage, item_dims=1)
+            return None
+        expected = self._stored_layout()
         got = _layout(data, item_dims=0 if single else 1)
-        if got is None or expected is None or got == expected:
-            return
-        missing = sorted(map(str, expected.keys() - got.keys()))
-        extra = sorted(map(str, got.keys() - expected.keys()))
-        if missing or extra:
-            raise ValueError(
-                f"data keys differ from the stored keys (missing: {missing}, extra: {extra}); "
-                "write the same keys every time, e.g. data.select(*stored_keys), or build "
-                "the storage from a sample that has all of them."
-            )
-        for key, (shape, dtype) in expected.items():
-            got_shape, got_dtype = got[key]
-            if got_shape != shape:
-                raise ValueError(
-                    f"key {key!r}: stored items have shape {list(shape)}, got {list(got_shape)}; "
-                    "per-item shapes must not change after the first write."
-                )
-            if got_dtype != dtype:
-                raise ValueError(
-                    f"key {key!r}: stored dtype is {dtype}, got {got_dtype}; convert the data, "
-                    f"e.g. tensor.to({dtype})."
-                )
+        if got is None or expected is None:
+            return None
+        if got != expected:
+            _raise_layout_mismatch(expected, got)
+        if isinstance(data, torch.Tensor):
+            return [(self._storage, data)]
+        return [(self._storage.get(key), leaf) for key, leaf in _leaves(data)]
+
+    def _stored_layout(self) -> dict[Any, tuple[tuple[int, ...], torch.dtype]] | None:
+        # The stored TensorDict is fixed once initialised; a new one (after
+        # loads, say) is a new object, which invalidates this cache.
+        cached = getattr(self, "_layout_cache", None)
+        if cached is None or cached[0] is not self._storage:
+            cached = self._layout_cache = (self._storage, _layout(self._storage, item_dims=1))
+        return cached[1]
 
     def _ring_ranges(self, cursor: Any, data: Any) -> list[tuple[int, int, int, int]] | None:
         """``(start, stop, data_first, data_last)`` slices equivalent to writing
@@ -168,6 +180,10 @@ class _SliceWritesIndexSelectReads:
         return super().get(index)
 
 
+def _leaves(data: TensorDictBase) -> list[tuple[Any, Any]]:
+    return list(data.items(include_nested=True, leaves_only=True))
+
+
 def _layout(data: Any, item_dims: int) -> dict[Any, tuple[tuple[int, ...], torch.dtype]] | None:
     """Per-leaf item shape (without the first ``item_dims`` dims) and dtype."""
     if isinstance(data, torch.Tensor):
@@ -175,11 +191,34 @@ def _layout(data: Any, item_dims: int) -> dict[Any, tuple[tuple[int, ...], torch
     if not isinstance(data, TensorDictBase):
         return None
     layout = {}
-    for key, leaf in data.items(include_nested=True, leaves_only=True):
+    for key, leaf in _leaves(data):
         if not isinstance(leaf, torch.Tensor):
             return None  # non-tensor leaves: TorchRL's own handling
         layout[key] = (tuple(leaf.shape[item_dims:]), leaf.dtype)
     return layout
+
+
+def _raise_layout_mismatch(expected: dict, got: dict) -> None:
+    missing = sorted(map(str, expected.keys() - got.keys()))
+    extra = sorted(map(str, got.keys() - expected.keys()))
+    if missing or extra:
+        raise ValueError(
+            f"data keys differ from the stored keys (missing: {missing}, extra: {extra}); "
+            "write the same keys every time, e.g. data.select(*stored_keys), or build "
+            "the storage from a sample that has all of them."
+        )
+    for key, (shape, dtype) in expected.items():
+        got_shape, got_dtype = got[key]
+        if got_shape != shape:
+            raise ValueError(
+                f"key {key!r}: stored items have shape {list(shape)}, got {list(got_shape)}; "
+                "per-item shapes must not change after the first write."
+            )
+        if got_dtype != dtype:
+            raise ValueError(
+                f"key {key!r}: stored dtype is {dtype}, got {got_dtype}; convert the data, "
+                f"e.g. tensor.to({dtype})."
+            )
 
 
 class FastTensorStorage(_SliceWritesIndexSelectReads, LazyTensorStorage):
