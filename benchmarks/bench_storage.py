@@ -13,7 +13,7 @@ capacity). Per schema, every peer is filled to capacity with the same 1,000-row 
 three cases are timed: insert (extend / add of 1,000 rows on the FULL buffer: steady-state
 ring overwrite), uniform sample(256) and sample(4096). The peers: TorchRL
 ``TensorDictReplayBuffer(storage=LazyTensorStorage(C))``, torchrl_ext
-``TensorDictReplayBuffer(storage=FastTensorStorage(C))`` (TorchRL's default writer and
+``torchrl_ext.replay_buffers.TensorDictReplayBuffer(storage=FastTensorStorage(C))`` (TorchRL's default writer and
 RandomSampler in both), cpprb ``ReplayBuffer(C, env_dict)``, SB3 ``ReplayBuffer(n_envs=1000)``
 (vec insert only), and physical references: a per-field slice ``copy_`` of the 1,000 rows into
 preallocated tensors (insert), and ``torch.randint`` + per-field ``index_select`` of B rows of
@@ -55,6 +55,7 @@ from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 
 from _harness import (BgLoad, apply_quick, bg_note, environment_line, environment_meta, loadavg,
                       make_parser, target_row, quiet_before_case, run_interleaved, utc_now)
+from torchrl_ext.replay_buffers import TensorDictReplayBuffer as ExtTensorDictReplayBuffer
 from torchrl_ext.storages import FastTensorStorage
 
 try:
@@ -250,7 +251,7 @@ def build_peers(schema: Schema, with_sb3: bool, ref_rows: int) -> Peers:
     inputs = make_inputs(schema, with_sb3)
     C = schema.capacity
     trl = TensorDictReplayBuffer(storage=LazyTensorStorage(C))
-    ext = TensorDictReplayBuffer(storage=FastTensorStorage(C))
+    ext = ExtTensorDictReplayBuffer(storage=FastTensorStorage(C))
     feeds = {TRL: Feed(inputs.tds), EXT: Feed(inputs.tds)}
     inserts = {TRL: torch_insert(trl, feeds[TRL]), EXT: torch_insert(ext, feeds[EXT])}
     cb = sb = None

@@ -275,3 +275,55 @@ def test_no_warning_on_the_lean_path():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         rb.sample()
+
+
+# --------------------------------------------------------------------------- lean generic buffer
+from torchrl.data import RandomSampler, SamplerWithoutReplacement, SliceSampler  # noqa: E402
+from torchrl.data import TensorDictReplayBuffer as TorchRLTensorDictReplayBuffer  # noqa: E402
+
+from torchrl_ext.replay_buffers import TensorDictReplayBuffer  # noqa: E402
+from torchrl_ext.storages import FastTensorStorage  # noqa: E402
+
+SAMPLERS = {
+    "random": RandomSampler,
+    "without_replacement": lambda: SamplerWithoutReplacement(drop_last=False),
+    "slice": lambda: SliceSampler(num_slices=4, traj_key="episode"),
+}
+
+
+def episodes(n: int) -> TensorDict:
+    data = transitions(n)
+    data["episode"] = torch.arange(n) // 7
+    return data
+
+
+@pytest.mark.parametrize("sampler", SAMPLERS)
+@pytest.mark.parametrize("storage", [LazyTensorStorage, FastTensorStorage])
+def test_lean_sample_equals_torchrls_sample(sampler, storage):
+    buffers = [
+        cls(
+            storage=storage(60),
+            sampler=SAMPLERS[sampler](),
+            batch_size=16,
+            generator=torch.Generator().manual_seed(7),
+        )
+        for cls in (TensorDictReplayBuffer, TorchRLTensorDictReplayBuffer)
+    ]
+    for rb in buffers:
+        rb.extend(episodes(50))
+    for _ in range(6):
+        ours, theirs = (rb.sample() for rb in buffers)
+        assert set(ours.keys(True, True)) == set(theirs.keys(True, True))
+        assert (ours == theirs).all()
+
+
+def test_an_epoch_without_replacement_has_torchrls_batches():
+    batches = []
+    for cls in (TensorDictReplayBuffer, TorchRLTensorDictReplayBuffer):
+        rb = cls(
+            storage=FastTensorStorage(30), sampler=SamplerWithoutReplacement(),
+            batch_size=8, generator=torch.Generator().manual_seed(1),
+        )
+        rb.extend(transitions(30))
+        batches.append([batch["index"].tolist() for batch in rb])
+    assert batches[0] == batches[1] and len(batches[0]) == 4

@@ -1,13 +1,15 @@
 """Replay buffers: TorchRL's ``TensorDictReplayBuffer`` with lean hot paths.
 
-:class:`PrioritizedReplayBuffer` keeps TorchRL's public API, locks and
-checkpointing; it only takes shorter roads on the calls a training loop makes
-thousands of times:
+:class:`TensorDictReplayBuffer` and :class:`PrioritizedReplayBuffer` keep
+TorchRL's public API, samplers, writers, locks and checkpointing; they only
+take shorter roads on the calls a training loop makes thousands of times:
 
 * ``sample`` gathers each stored tensor with ``index_select`` instead of
-  TensorDict advanced indexing (5-10x faster on CPU for vector data);
-* ``update_tensordict_priority`` hands the batch's ``index`` and priority
-  straight to the sampler, which reduces multi-element priorities itself.
+  TensorDict advanced indexing (5-10x faster on CPU for vector data) and
+  builds the result, sampler info included, in one TensorDict;
+* ``update_tensordict_priority`` (prioritized) hands the batch's ``index``
+  and priority straight to the sampler, which reduces multi-element
+  priorities itself.
 
 Anything the lean paths do not cover (multi-dimensional storages, sample
 units, generation tracking, non-tensor storages) falls back to TorchRL's own
@@ -17,9 +19,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import numpy as np
 import torch
 from tensordict import TensorDictBase
-from torchrl.data import TensorDictReplayBuffer
+from torchrl.data import TensorDictReplayBuffer as _TorchRLTensorDictReplayBuffer
+from torchrl.data.replay_buffers.replay_buffers.base import _storage_index
 from torchrl.data.replay_buffers.storages import Storage, TensorStorage
 
 from torchrl_ext.storages.fast import gather_rows
@@ -28,7 +32,134 @@ from torchrl_ext.samplers.prioritized import (
     PrioritizedSamplerWithoutReplacement,
 )
 
-__all__ = ["PrioritizedReplayBuffer"]
+__all__ = ["PrioritizedReplayBuffer", "TensorDictReplayBuffer"]
+
+
+def _info_entries(info: dict[Any, Any], batch: int) -> dict[Any, torch.Tensor]:
+    """Sampler info as TorchRL's ``TensorDictReplayBuffer.sample`` writes it.
+
+    A tuple ``index`` (coordinates) is stacked along the last dim, arrays and
+    numbers become tensors, and a scalar is broadcast over the batch.
+    """
+    entries = {}
+    for key, value in info.items():
+        if key == "index" and isinstance(value, tuple):
+            value = torch.stack(value, -1)
+        elif isinstance(value, np.ndarray):
+            value = torch.from_numpy(value)
+        elif not isinstance(value, torch.Tensor):
+            value = torch.as_tensor(value)
+        entries[key] = value.expand(batch) if value.ndim == 0 else value
+    return entries
+
+
+class TensorDictReplayBuffer(_TorchRLTensorDictReplayBuffer):
+    """TorchRL's ``TensorDictReplayBuffer`` with a lean ``sample``.
+
+    Same constructor and behaviour (any sampler, writer, storage, transform);
+    on a 1-D tensor storage without sample units or generation tracking,
+    ``sample`` gathers with ``index_select`` and writes the sampler's info
+    (``index``, weights, ...) straight into the result. Prefetch, pinned
+    memory and every other layout take TorchRL's own path.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl_ext.replay_buffers import TensorDictReplayBuffer
+        >>> from torchrl_ext.storages import FastTensorStorage
+        >>> rb = TensorDictReplayBuffer(storage=FastTensorStorage(100), batch_size=4)
+        >>> _ = rb.extend(TensorDict({"obs": torch.arange(10.0)}, [10]))
+        >>> batch = rb.sample()
+        >>> bool((batch["obs"] == batch["index"].float()).all())
+        True
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._gather_cache: tuple[Any, list[tuple[Any, torch.Tensor]]] | None = None
+
+    # ------------------------------------------------------------------
+    def _lean_path(self) -> bool:
+        storage = self._storage
+        return (
+            isinstance(storage, TensorStorage)
+            and storage.ndim == 1
+            and self._sample_unit is None
+            and not self._writer.tracks_generations
+            and isinstance(getattr(storage, "_storage", None), TensorDictBase)
+        )
+
+    def sample(
+        self,
+        batch_size: int | None = None,
+        return_info: bool = False,
+        include_info: bool | None = None,
+    ) -> Any:
+        """Samples ``batch_size`` items with ``index`` and ``priority_weight`` set.
+
+        Same contract as ``TensorDictReplayBuffer.sample``.
+        """
+        if self._delayed_init and not self.initialized:
+            self._init()
+        if (
+            not self._lean_path()
+            or include_info is not None
+            or self._prefetch
+            or self._pin_memory
+            or self._service_shutdown
+        ):
+            return super().sample(batch_size, return_info=return_info, include_info=include_info)
+        if batch_size is None:
+            if self._batch_size is None:
+                # TorchRL's own message and checks.
+                return super().sample(batch_size, return_info=return_info)
+            batch_size = self._batch_size
+        elif self._batch_size is not None and batch_size != self._batch_size:
+            return super().sample(batch_size, return_info=return_info)
+        data, info = self._sample(batch_size)
+        return (data, info) if return_info else data
+
+    def _sample(self, batch_size: int) -> tuple[Any, dict]:
+        if not self._lean_path():
+            return super()._sample(batch_size)
+        with self._replay_lock, self._write_lock:
+            index, info = self._sampler.sample(self._storage, batch_size)
+            info["index"] = index
+            # Samplers may hand back a 1-tuple of coordinates for a 1-D storage.
+            rows = index[0] if isinstance(index, tuple) and len(index) == 1 else index
+            if isinstance(rows, torch.Tensor) and rows.ndim == 1:
+                data = self._gather(rows, info)
+            else:  # anything else: the storage's own indexing, same info entries
+                data = self._storage.get(_storage_index(index, self._storage))
+                for key, value in _info_entries(info, data.shape[0]).items():
+                    data.set(key, value)
+        data = self._collate_fn(data)
+        if self._transform is not None and len(self._transform):
+            with data.unlock_():
+                data = self._transform(data)
+        return data, info
+
+    def _gather(self, rows: torch.Tensor, info: dict[str, Any]) -> TensorDictBase:
+        """``storage[rows]`` (one ``index_select`` per stored tensor) plus ``info``."""
+        stored = self._storage._storage
+        extra = _info_entries(info, rows.numel())
+        return gather_rows(stored, rows, extra=extra, leaves=self._leaves_of(stored))
+
+    def _leaves_of(self, stored: TensorDictBase) -> list[tuple[Any, torch.Tensor]]:
+        # The storage's TensorDict and its leaves are fixed once initialised;
+        # a new object (after loads or empty) invalidates the cache.
+        cache = self._gather_cache
+        if cache is None or cache[0] is not stored:
+            leaves = list(stored.items(include_nested=True, leaves_only=True))
+            if not all(isinstance(tensor, torch.Tensor) for _, tensor in leaves):
+                raise TypeError("the lean gather only handles tensor leaves")
+            cache = self._gather_cache = (stored, leaves)
+        return cache[1]
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_gather_cache"] = None
+        return state
 
 
 class PrioritizedReplayBuffer(TensorDictReplayBuffer):
@@ -118,77 +249,6 @@ class PrioritizedReplayBuffer(TensorDictReplayBuffer):
             weights=weights,
         )
         super().__init__(storage=storage, sampler=sampler, priority_key=priority_key, **kwargs)
-        self._gather_cache: tuple[int, list[tuple[Any, torch.Tensor]]] | None = None
-
-    # ------------------------------------------------------------------
-    def _lean_path(self) -> bool:
-        storage = self._storage
-        return (
-            isinstance(storage, TensorStorage)
-            and storage.ndim == 1
-            and self._sample_unit is None
-            and not self._writer.tracks_generations
-            and isinstance(getattr(storage, "_storage", None), TensorDictBase)
-        )
-
-    def sample(
-        self,
-        batch_size: int | None = None,
-        return_info: bool = False,
-        include_info: bool | None = None,
-    ) -> Any:
-        """Samples ``batch_size`` items with ``index`` and ``priority_weight`` set.
-
-        Same contract as ``TensorDictReplayBuffer.sample``.
-        """
-        if self._delayed_init and not self.initialized:
-            self._init()
-        if (
-            not self._lean_path()
-            or include_info is not None
-            or self._prefetch
-            or self._pin_memory
-            or self._service_shutdown
-        ):
-            return super().sample(batch_size, return_info=return_info, include_info=include_info)
-        if batch_size is None:
-            if self._batch_size is None:
-                # TorchRL's own message and checks.
-                return super().sample(batch_size, return_info=return_info)
-            batch_size = self._batch_size
-        elif self._batch_size is not None and batch_size != self._batch_size:
-            return super().sample(batch_size, return_info=return_info)
-        data, info = self._sample(batch_size)
-        return (data, info) if return_info else data
-
-    def _sample(self, batch_size: int) -> tuple[Any, dict]:
-        if not self._lean_path():
-            return super()._sample(batch_size)
-        with self._replay_lock, self._write_lock:
-            index, info = self._sampler.sample(self._storage, batch_size)
-            info["index"] = index
-            data = self._gather(index, info)
-        data = self._collate_fn(data)
-        if self._transform is not None and len(self._transform):
-            with data.unlock_():
-                data = self._transform(data)
-        return data, info
-
-    def _gather(self, index: torch.Tensor, info: dict[str, torch.Tensor]) -> TensorDictBase:
-        """``storage[index]`` (one ``index_select`` per stored tensor) plus ``info``."""
-        stored = self._storage._storage
-        return gather_rows(stored, index, extra=info, leaves=self._leaves_of(stored))
-
-    def _leaves_of(self, stored: TensorDictBase) -> list[tuple[Any, torch.Tensor]]:
-        # The storage's TensorDict and its leaves are fixed once initialised;
-        # a new object (after loads or empty) invalidates the cache.
-        cache = self._gather_cache
-        if cache is None or cache[0] is not stored:
-            leaves = list(stored.items(include_nested=True, leaves_only=True))
-            if not all(isinstance(tensor, torch.Tensor) for _, tensor in leaves):
-                raise TypeError("the lean gather only handles tensor leaves")
-            cache = self._gather_cache = (stored, leaves)
-        return cache[1]
 
     # ------------------------------------------------------------------
     def update_tensordict_priority(self, data: TensorDictBase) -> None:
@@ -205,8 +265,3 @@ class PrioritizedReplayBuffer(TensorDictReplayBuffer):
             priority = self._sampler.default_priority
         with self._replay_lock, self._write_lock:
             self._sampler.update_priority(data.get("index"), priority, storage=self._storage)
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = super().__getstate__()
-        state["_gather_cache"] = None
-        return state
