@@ -21,6 +21,7 @@ import math
 import os
 import platform
 import time
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable, Protocol, Sequence
 
@@ -215,3 +216,18 @@ def target_row(
     print(f"| {key} | {label} | {ratio:.2f}x | {lo:.2f}-{hi:.2f}x | {goal} | {result} | {bg:.2f} |")
     return entry
 
+
+@dataclass
+class Check:
+    """One correctness check of a benchmark: a fast but wrong result never passes."""
+
+    name: str
+    ok: bool
+    detail: str
+
+
+def report_checks(checks: list[Check]) -> None:
+    print("| check | result | detail |\n|---|:-:|---|")
+    for c in checks:
+        print(f"| {c.name} | {'ok' if c.ok else '**FAILED**'} | {c.detail} |")
+    print()

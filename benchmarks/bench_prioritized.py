@@ -40,8 +40,8 @@ from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer, TensorStorag
 from torchrl.data import PrioritizedSampler as TorchRLPrioritizedSampler
 from torchrl.data.replay_buffers.storages import Storage
 
-from _harness import (BgLoad, apply_quick, bg_note, environment_line, environment_meta, loadavg,
-                      make_parser, target_row, quiet_before_case, run_interleaved, utc_now)
+from _harness import (BgLoad, Check, apply_quick, bg_note, environment_line, environment_meta, loadavg,
+                      make_parser, report_checks, target_row, quiet_before_case, run_interleaved, utc_now)
 from torchrl_ext.replay_buffers import PrioritizedReplayBuffer
 from torchrl_ext.samplers import PrioritizedSampler
 
@@ -79,13 +79,6 @@ class Impl:
     fn: Callable[[], Any]
     per_rep: list[float] = field(default_factory=list)  # seconds per op, one per repetition
     k: int = 1
-
-
-@dataclass
-class Check:
-    name: str
-    ok: bool
-    detail: str
 
 
 @dataclass
@@ -316,13 +309,6 @@ def report_case(case: Case, bg: float, waited: float, pre: float,
               f"{r['min_ms']:.3f} | {r['max_ms']:.3f} | {fmt_rate(r['ops_per_s'])} |{speed} {impl.k} |")
     print()
     return rows
-
-
-def report_checks(checks: list[Check]) -> None:
-    print("| check | result | detail |\n|---|:-:|---|")
-    for c in checks:
-        print(f"| {c.name} | {'ok' if c.ok else '**FAILED**'} | {c.detail} |")
-    print()
 
 
 def report_targets(results: dict[str, dict[str, Any]], tree_ratio: float | None,

@@ -53,8 +53,8 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 
-from _harness import (BgLoad, apply_quick, bg_note, environment_line, environment_meta, loadavg,
-                      make_parser, target_row, quiet_before_case, run_interleaved, utc_now)
+from _harness import (BgLoad, Check, apply_quick, bg_note, environment_line, environment_meta, loadavg,
+                      make_parser, report_checks, target_row, quiet_before_case, run_interleaved, utc_now)
 from torchrl_ext.replay_buffers import TensorDictReplayBuffer as ExtTensorDictReplayBuffer
 from torchrl_ext.storages import FastTensorStorage
 
@@ -107,13 +107,6 @@ class Impl:
     k: int = 1
     fill_s: float | None = None  # insert cases: seconds of the cold fill through the same call
     fill_items: int = 0  # insert cases: rows written by that fill
-
-
-@dataclass
-class Check:
-    name: str
-    ok: bool
-    detail: str
 
 
 @dataclass
@@ -509,13 +502,6 @@ def report_case(title: str, impls: list[Impl], items: int, row_bytes: int, unit:
               f"{fmt_si(r['items_per_s'])} | {r['gb_per_s']:.2f} | {r['speed_vs_torchrl']:.2f}x | {impl.k} |{fill}")
     print()
     return rows
-
-
-def report_checks(checks: list[Check]) -> None:
-    print("| check | result | detail |\n|---|:-:|---|")
-    for c in checks:
-        print(f"| {c.name} | {'ok' if c.ok else '**FAILED**'} | {c.detail} |")
-    print()
 
 
 def report_targets(results: dict[str, dict[str, Any]], checks_ok: bool) -> list[dict[str, Any]]:
