@@ -4,9 +4,19 @@ Importing the package registers its value estimators in TorchRL's
 value-estimator registry (``ext_gae``, ``ext_vtrace``) and routes
 ``PrioritizedSampler(..., replacement=False)`` to the stratified sampler.
 """
-from torchrl_ext.replay_buffers import PrioritizedReplayBuffer
-from torchrl_ext.samplers import PrioritizedSampler, PrioritizedSamplerWithoutReplacement
+from torchrl_ext.replay_buffers import (
+    EnvRingReplayBuffer,
+    PrioritizedReplayBuffer,
+    TensorDictReplayBuffer,
+)
+from torchrl_ext.samplers import (
+    PrioritizedSampler,
+    PrioritizedSamplerWithoutReplacement,
+    TrajectorySampler,
+)
 from torchrl_ext.segment_tree import MaxSegmentTree, MinSegmentTree, SumSegmentTree
+from torchrl_ext.storages import EnvRingStorage, FastMemmapStorage, FastTensorStorage
+from torchrl_ext.writers import EnvRingWriter
 from torchrl_ext.value import (
     GAE,
     ExtValueEstimators,
@@ -19,7 +29,12 @@ from torchrl_ext.value import (
 __version__ = "0.1.0.dev0"
 
 __all__ = [
+    "EnvRingReplayBuffer",
+    "EnvRingStorage",
+    "EnvRingWriter",
     "ExtValueEstimators",
+    "FastMemmapStorage",
+    "FastTensorStorage",
     "GAE",
     "IntrinsicRewardNormalizer",
     "MaxSegmentTree",
@@ -29,6 +44,8 @@ __all__ = [
     "PrioritizedSamplerWithoutReplacement",
     "RunningMeanStd",
     "SumSegmentTree",
+    "TensorDictReplayBuffer",
+    "TrajectorySampler",
     "VTrace",
     "ValueNorm",
     "__version__",

@@ -3,5 +3,6 @@ from torchrl_ext.samplers.prioritized import (
     PrioritizedSampler,
     PrioritizedSamplerWithoutReplacement,
 )
+from torchrl_ext.samplers.trajectory import TrajectorySampler
 
-__all__ = ["PrioritizedSampler", "PrioritizedSamplerWithoutReplacement"]
+__all__ = ["PrioritizedSampler", "PrioritizedSamplerWithoutReplacement", "TrajectorySampler"]

@@ -1,4 +1,11 @@
 """Storages: they hold the data and gather it by index; they never decide order."""
 from torchrl_ext.storages.fast import FastMemmapStorage, FastTensorStorage, gather_rows
+from torchrl_ext.storages.ring import EnvRingStorage, EnvRingStorageCheckpointer
 
-__all__ = ["FastMemmapStorage", "FastTensorStorage", "gather_rows"]
+__all__ = [
+    "EnvRingStorage",
+    "EnvRingStorageCheckpointer",
+    "FastMemmapStorage",
+    "FastTensorStorage",
+    "gather_rows",
+]

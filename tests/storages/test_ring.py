@@ -1,0 +1,207 @@
+"""EnvRingStorage: per-env rings, checked writes, reads, checkpoints, TorchRL compatibility."""
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict import TensorDict
+from torchrl.data import RandomSampler, ReplayBuffer, TensorDictReplayBuffer
+
+from torchrl_ext.replay_buffers import EnvRingReplayBuffer
+from torchrl_ext.storages import EnvRingStorage
+from torchrl_ext.writers import EnvRingWriter
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def steps(env_ids, values, device="cpu") -> TensorDict:
+    """One step per env: obs = [v, -v], ("next", "done") = v odd, pixels = v % 256."""
+    v = torch.as_tensor(values, dtype=torch.float32)
+    n = v.shape[0]
+    return TensorDict(
+        {
+            "obs": torch.stack([v, -v], -1),
+            "pixels": (v.long() % 256).to(torch.uint8).view(n, 1, 1).expand(n, 3, 3).clone(),
+            "next": {"done": (v.long() % 2 == 1).unsqueeze(-1)},
+            "env_id": torch.as_tensor(env_ids),
+        },
+        [n],
+        device=device,
+    )
+
+
+def filled_buffer(device="cpu", num_envs=3, max_length=4) -> EnvRingReplayBuffer:
+    rb = EnvRingReplayBuffer(num_envs=num_envs, max_length=max_length, device=device)
+    # env e gets values 100 * e + k, k = 0, 1, ...; env 1 is written less often.
+    for k in range(6):
+        envs = [0, 2] if k % 2 else [0, 1, 2]
+        rb.extend(steps(envs, [100 * e + k for e in envs], device))
+    return rb
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rings_hold_the_latest_steps_of_each_env(device):
+    rb = filled_buffer(device)
+    storage = rb.storage
+    assert storage.current_pos.tolist() == [6, 3, 6]
+    assert storage.current_size.tolist() == [4, 3, 4]
+    assert len(storage) == len(rb) == 11
+    # env 0 wrote k = 0..5 into slots k % 4: slots hold 4, 5, 2, 3.
+    assert storage._storage["obs"][0, :, 0].tolist() == [4.0, 5.0, 2.0, 3.0]
+    # env 1 wrote only k = 0, 2, 4 (positions 0, 1, 2).
+    assert storage.read(torch.tensor([1, 1, 1]), torch.tensor([0, 1, 2]))["obs"][:, 0].tolist() == [
+        100.0, 102.0, 104.0]
+    assert storage._storage["obs"].device.type == torch.device(device).type
+    assert storage.earliest_position().tolist() == [2, 0, 2]
+
+
+def test_get_returns_the_index_shape_and_every_nested_leaf():
+    rb = filled_buffer()
+    env = torch.tensor([[0, 0], [2, 2]])
+    slot = torch.tensor([[2, 3], [0, 1]])
+    out = rb.storage.get((env, slot))
+    assert out.batch_size == torch.Size([2, 2])
+    assert out["obs"][..., 0].tolist() == [[2.0, 3.0], [204.0, 205.0]]
+    assert out["pixels"].shape == (2, 2, 3, 3)
+    assert out["next", "done"].tolist() == [[[False], [True]], [[False], [True]]]
+    assert "env_id" not in out.keys()
+
+
+def test_read_rejects_positions_that_are_not_stored():
+    storage = filled_buffer().storage
+    with pytest.raises(ValueError, match=r"position 1 of env 0 is not stored; env 0 holds positions \[2, 5\]"):
+        storage.read(torch.tensor([0]), torch.tensor([1]))
+    with pytest.raises(ValueError, match="position 6 of env 2 is not stored"):
+        storage.read(torch.tensor([2]), torch.tensor([6]))
+    with pytest.raises(ValueError, match=r"env_ids must lie in \[0, 2\]"):
+        storage.read(torch.tensor([3]), torch.tensor([0]))
+
+
+def test_gather_all_on_an_empty_or_cleared_buffer_is_empty():
+    # ALF returns max_length stale steps per env here (its bug Q18).
+    rb = EnvRingReplayBuffer(num_envs=2, max_length=3)
+    data, positions = rb.gather_all()
+    assert data.batch_size == torch.Size([2, 0]) and positions.tolist() == [0, 0]
+    for k in range(4):
+        rb.extend(steps([0, 1], [k, 10 + k]))
+    data, positions = rb.gather_all()
+    assert data["obs"][..., 0].tolist() == [[1.0, 2.0, 3.0], [11.0, 12.0, 13.0]]
+    assert positions.tolist() == [1, 1]
+    rb.clear()
+    data, positions = rb.gather_all()
+    assert data.batch_size == torch.Size([2, 0]) and "obs" in data.keys()
+
+
+def test_gather_all_needs_envs_in_step():
+    rb = filled_buffer()
+    with pytest.raises(ValueError, match=r"same position with the same size, got current_pos=\[6, 3, 6\]"):
+        rb.gather_all()
+    with pytest.raises(ValueError, match="num_earliest_ignored must be an int >= 0"):
+        rb.storage.gather_all(-1)
+
+
+def test_writes_with_other_keys_shapes_or_dtypes_raise_and_leave_the_data_untouched():
+    rb = filled_buffer()
+    before = rb.storage.state_dict()
+    bad_key = steps([0], [7]).exclude("pixels")
+    bad_shape = steps([0], [7]).set("obs", torch.zeros(1, 3))
+    bad_dtype = steps([0], [7]).set("obs", torch.zeros(1, 2, dtype=torch.float64))
+    for data, message in (
+        (bad_key, r"data keys differ from the stored keys \(missing: \['pixels'\]"),
+        (bad_shape, r"key 'obs': stored items have shape \[2\], got \[3\]"),
+        (bad_dtype, "key 'obs': stored dtype is torch.float32, got torch.float64"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            rb.extend(data)
+    after = rb.storage.state_dict()
+    assert all(torch.equal(a, b) for a, b in zip(before["leaves"], after["leaves"]))
+    assert all(torch.equal(a, b) for a, b in zip(before["counters"], after["counters"]))
+
+
+def test_set_checks_coordinates_and_data():
+    storage = EnvRingStorage(2, 3)
+    data = TensorDict({"x": torch.zeros(2)}, [2])
+    with pytest.raises(ValueError, match=r"env index out of range: got values in \[0, 2\], num_envs=2"):
+        storage.set((torch.tensor([0, 2]), torch.tensor([0, 0])), data)
+    with pytest.raises(ValueError, match=r"slot index out of range: got values in \[0, 3\], max_length=3"):
+        storage.set((torch.tensor([0, 1]), torch.tensor([0, 3])), data)
+    with pytest.raises(TypeError, match=r"addressed by \(env, slot\) pairs"):
+        storage.set(torch.tensor([0, 1]), data)
+    with pytest.raises(TypeError, match="data must be a TensorDict"):
+        storage.set((torch.tensor([0, 1]), torch.tensor([0, 0])), torch.zeros(2))
+    with pytest.raises(ValueError, match=r"data has batch size \[2\] but the cursor addresses \[1\]"):
+        storage.set((torch.tensor([0]), torch.tensor([0])), data)
+    with pytest.raises(RuntimeError, match="is empty: write data before reading"):
+        storage.get((torch.tensor([0]), torch.tensor([0])))
+    assert not storage.initialized and len(storage) == 0
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, True])
+def test_geometry_must_be_positive_ints(bad):
+    with pytest.raises(ValueError, match="num_envs must be a positive int"):
+        EnvRingStorage(bad, 3)
+    with pytest.raises(ValueError, match="max_length must be a positive int"):
+        EnvRingStorage(2, bad)
+
+
+def test_contains_follows_the_stored_slots():
+    storage = filled_buffer().storage
+    # env 1 holds positions 0..2 in slots 0..2; slot 3 was never written.
+    assert [storage.contains((1, s)) for s in range(4)] == [True, True, True, False]
+    assert all(storage.contains((0, s)) for s in range(4))
+
+
+def test_state_dict_round_trip_restores_data_and_counters():
+    rb = filled_buffer()
+    fresh = EnvRingReplayBuffer(num_envs=3, max_length=4)
+    fresh.load_state_dict(rb.state_dict())
+    assert fresh.storage.current_pos.tolist() == [6, 3, 6]
+    assert fresh.storage.current_size.tolist() == [4, 3, 4]
+    for key, value in rb.storage._storage.items(include_nested=True, leaves_only=True):
+        assert torch.equal(fresh.storage._storage[key], value)
+    # Writing continues at the same slots.
+    fresh.extend(steps([1], [999]))
+    assert fresh.storage.read(torch.tensor([1]), torch.tensor([3]))["obs"][0, 0] == 999.0
+
+
+def test_dumps_loads_round_trip(tmp_path):
+    rb = filled_buffer()
+    rb.dumps(tmp_path / "rb")
+    assert (tmp_path / "rb" / "storage" / "ring_storage.safetensors").exists()
+    fresh = EnvRingReplayBuffer(num_envs=3, max_length=4)
+    fresh.loads(tmp_path / "rb")
+    assert torch.equal(fresh.storage.current_pos, rb.storage.current_pos)
+    assert torch.equal(fresh.storage._storage["next", "done"], rb.storage._storage["next", "done"])
+    assert fresh.write_count == rb.write_count == 15
+
+
+def test_loading_into_other_geometry_raises():
+    rb = filled_buffer()
+    with pytest.raises(ValueError, match="checkpoint has max_length=4 but this storage has max_length=5"):
+        EnvRingStorage(3, 5).load_state_dict(rb.storage.state_dict())
+
+
+def test_torchrl_random_sampler_draws_stored_steps_uniformly():
+    """A plain TorchRL ReplayBuffer with RandomSampler works on the ring (dim_extend=0)."""
+    rb = ReplayBuffer(
+        storage=EnvRingStorage(2, 50), writer=EnvRingWriter(), sampler=RandomSampler(),
+        batch_size=4000, dim_extend=0, collate_fn=lambda x: x,
+        generator=torch.Generator().manual_seed(0),
+    )
+    # env 0: 60 steps (holds positions 10..59); env 1: 20 steps (positions 0..19).
+    for k in range(60):
+        envs = [0, 1] if k < 20 else [0]
+        rb.extend(steps(envs, [1000 * e + k for e in envs]))
+    values = rb.sample()["obs"][:, 0].long()
+    env, pos = values // 1000, values % 1000
+    assert pos[env == 0].min() >= 10 and pos[env == 1].max() < 20
+    # 70 stored steps drawn uniformly: env 0 holds 50 of them.
+    assert abs(float((env == 0).float().mean()) - 50 / 70) < 0.03
+    assert len(set(values.tolist())) == 70  # every stored step is reachable
+
+
+def test_torchrl_buffers_that_cannot_drive_the_ring_are_refused():
+    with pytest.raises(ValueError, match="needs dim_extend=0"):
+        ReplayBuffer(storage=EnvRingStorage(2, 4), writer=EnvRingWriter(), collate_fn=lambda x: x)
+    with pytest.raises(ValueError, match="use torchrl_ext.replay_buffers.EnvRingReplayBuffer"):
+        TensorDictReplayBuffer(storage=EnvRingStorage(2, 4), writer=EnvRingWriter(),
+                               collate_fn=lambda x: x, dim_extend=0)

@@ -1,0 +1,187 @@
+"""A TorchRL replay buffer over per-environment rings (ALF's ``ReplayBuffer`` data path)."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from torchrl.data.replay_buffers.samplers import Sampler
+
+from torchrl_ext.replay_buffers.tensordict import TensorDictReplayBuffer
+from torchrl_ext.samplers.trajectory import TrajectorySampler
+from torchrl_ext.storages.ring import EnvRingStorage
+from torchrl_ext.writers.ring import EnvRingWriter
+
+__all__ = ["EnvRingReplayBuffer"]
+
+
+class EnvRingReplayBuffer(TensorDictReplayBuffer):
+    """``TensorDictReplayBuffer`` over an :class:`~torchrl_ext.storages.EnvRingStorage`.
+
+    Any subset of envs can be written at a time (``env_ids=`` or an
+    ``"env_id"`` entry); each env keeps its own last ``max_length`` steps.
+    On top of TorchRL's API it has ALF's ring operations: blocking writes,
+    :meth:`dequeue`, :meth:`remove_up_to`, :meth:`clear`, :meth:`gather_all`
+    and :meth:`read`, all under the buffer lock.
+
+    Keyword Args:
+        num_envs, max_length: ring geometry (ignored when ``storage`` is given).
+        device: device of the data (ignored when ``storage`` is given).
+        storage: an :class:`~torchrl_ext.storages.EnvRingStorage`.
+        writer: defaults to :class:`~torchrl_ext.writers.EnvRingWriter`.
+        sampler: defaults to ``TrajectorySampler(batch_length=1)``.
+        **kwargs: the rest of ``TensorDictReplayBuffer``'s arguments.
+
+    Shape contract:
+        ``extend`` takes ``[N]`` (one step per env) or ``[N, T]``;
+        ``sample(B)`` with a :class:`~torchrl_ext.samplers.TrajectorySampler`
+        gives ``[B, batch_length]`` with ``env_ids`` and ``positions``.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl_ext.replay_buffers import EnvRingReplayBuffer
+        >>> rb = EnvRingReplayBuffer(num_envs=3, max_length=4)
+        >>> step = TensorDict({"obs": torch.tensor([[1.0], [2.0]])}, [2])
+        >>> _ = rb.extend(step, env_ids=torch.tensor([0, 2]))
+        >>> rb.storage.current_size.tolist()
+        [1, 0, 1]
+        >>> rb.dequeue(1, env_ids=[2])["obs"].tolist()
+        [[[2.0]]]
+    """
+
+    _drives_env_rings = True  # EnvRingStorage.attach accepts this buffer
+
+    def __init__(
+        self,
+        *,
+        num_envs: int | None = None,
+        max_length: int | None = None,
+        device: torch.device | str = "cpu",
+        storage: EnvRingStorage | None = None,
+        writer: EnvRingWriter | None = None,
+        sampler: Sampler | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if storage is None:
+            if num_envs is None or max_length is None:
+                raise ValueError(
+                    "give num_envs= and max_length= (or storage=EnvRingStorage(...))."
+                )
+            storage = EnvRingStorage(num_envs, max_length, device=device)
+        elif not isinstance(storage, EnvRingStorage):
+            raise TypeError(
+                f"storage must be an EnvRingStorage, got {type(storage).__name__}."
+            )
+        writer = EnvRingWriter() if writer is None else writer
+        if not isinstance(writer, EnvRingWriter):
+            raise TypeError(f"writer must be an EnvRingWriter, got {type(writer).__name__}.")
+        kwargs.setdefault("dim_extend", 0)
+        kwargs.setdefault("collate_fn", _identity)
+        super().__init__(
+            storage=storage,
+            writer=writer,
+            sampler=TrajectorySampler() if sampler is None else sampler,
+            **kwargs,
+        )
+
+    # ------------------------------------------------------------------
+    def extend(
+        self,
+        data: TensorDictBase,
+        *,
+        env_ids: Any = None,
+        blocking: bool = False,
+        timeout: float | None = None,
+        update_priority: bool | None = None,
+    ) -> torch.Tensor | None:
+        """Writes ``[N]`` or ``[N, T]`` steps of the envs ``env_ids``.
+
+        Args:
+            data: the steps. ``data["env_id"]`` names the envs when ``env_ids``
+                is not given; without either, ``N`` must be ``num_envs``.
+
+        Keyword Args:
+            env_ids: int ``[N]``, distinct.
+            blocking: wait until every env has room instead of overwriting its
+                oldest steps. The wait happens outside the buffer lock.
+            timeout: seconds to wait at most (``TimeoutError`` after that).
+            update_priority: as in ``TensorDictReplayBuffer.extend``.
+
+        Returns:
+            The ``[N * T, 2]`` ``(env, slot)`` coordinates written, or ``None``
+            if the buffer was stopped (:meth:`stop`) while waiting.
+        """
+        writer: EnvRingWriter = self._writer
+        if env_ids is not None:
+            data = data.copy()
+            ids = torch.as_tensor(env_ids)
+            if data.batch_dims == 2 and ids.ndim == 1:
+                ids = ids.unsqueeze(1).expand(data.shape)
+            data.set(writer.env_id_key, ids)
+        if not blocking:
+            return super().extend(data, update_priority=update_priority)
+        if data.batch_dims not in (1, 2):
+            raise ValueError(
+                f"data must have batch size [N] or [N, T], got {list(data.batch_size)}."
+            )
+        ids, _ = writer.split_env_ids(data)
+        steps = 1 if data.batch_dims == 1 else data.shape[1]
+        while True:
+            if not writer.wait_for_room(ids, steps, timeout):
+                if writer.stopped:
+                    return None
+                raise TimeoutError(
+                    f"no room for {steps} step(s) in envs {ids.tolist()} after {timeout} s; "
+                    "dequeue or clear data, or write without blocking."
+                )
+            with self._replay_lock:
+                # Another producer may have taken the room between the wait and the lock.
+                if writer.has_room(ids, steps):
+                    return super().extend(data, update_priority=update_priority)
+
+    def _set_index_in_td(self, tensordict: TensorDictBase, index: torch.Tensor | None) -> None:
+        # (env, slot) per written step, shaped like the batch: [N, 2] or [N, T, 2].
+        if index is not None:
+            tensordict.set("index", index.reshape(*tensordict.shape, 2))
+
+    def dequeue(self, n: int = 1, env_ids: Any = None) -> TensorDictBase:
+        """Removes and returns the ``n`` oldest steps of each env, ``[len(env_ids), n]``."""
+        with self._replay_lock:
+            return self._writer.dequeue(n, env_ids)
+
+    def remove_up_to(self, n: int, env_ids: Any = None) -> None:
+        """Forgets up to ``n`` oldest steps of each env in ``env_ids`` (any subset)."""
+        with self._replay_lock:
+            self._writer.remove_up_to(n, env_ids)
+
+    def clear(self, env_ids: Any = None) -> None:
+        """Empties ``env_ids`` (all envs by default)."""
+        with self._replay_lock:
+            self._writer.clear(env_ids)
+
+    def gather_all(self, ignore_earliest_frames: int = 0) -> tuple[TensorDictBase, torch.Tensor]:
+        """All stored steps ``[E, n]`` in order, and the start positions ``[E]``."""
+        with self._replay_lock:
+            return self._storage.gather_all(ignore_earliest_frames)
+
+    def read(self, env_ids: Any, positions: Any) -> TensorDictBase:
+        """Steps at absolute ``positions`` of ``env_ids`` (ALF's ``get_field``), checked."""
+        with self._replay_lock:
+            return self._storage.read(env_ids, positions)
+
+    def stop(self) -> None:
+        """Wakes blocked writers; they return ``None`` until :meth:`revive`."""
+        self._writer.stop()
+
+    def revive(self) -> None:
+        self._writer.revive()
+
+    def empty(self, empty_write_count: bool = True) -> None:
+        super().empty(empty_write_count=empty_write_count)
+        self._writer.notify_room()
+
+
+def _identity(data: Any) -> Any:
+    """The storage already returns one TensorDict: nothing to collate."""
+    return data

@@ -1,0 +1,202 @@
+"""Windows of consecutive steps from per-environment rings (ALF's ``get_batch``).
+
+Draws ``batch_size`` windows of ``batch_length`` consecutive steps, each from
+one env of an :class:`~torchrl_ext.storages.EnvRingStorage`. A window start
+``s`` of env ``e`` is valid when the whole window is stored and does not begin
+in the ``num_earliest_frames_ignored`` oldest steps:
+``current_pos - current_size + num_earliest_frames_ignored <= s <= current_pos - batch_length``.
+
+Differences from ALF, all deliberate:
+
+* envs without a valid start are skipped (ALF asserts that *every* env has
+  one); a ``ValueError`` is raised only when no env has any;
+* the start of a window is computed in float64, exact for any position
+  (ALF's float32 product loses precision above 2**24, bug Q19);
+* the result is ``[batch_size, batch_length]``; the sampler info gives
+  ``env_ids`` and the window start ``positions`` (``[batch_size]``).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from torchrl.data.replay_buffers.samplers import Sampler
+
+from torchrl_ext.storages.ring import EnvRingStorage
+
+__all__ = ["TrajectorySampler"]
+
+
+class TrajectorySampler(Sampler):
+    """Env-balanced uniform windows, with an optional share of recent data.
+
+    Envs take turns: with ``k`` eligible envs each gets ``batch_size // k``
+    windows and ``batch_size % k`` distinct random envs one more. Without
+    replacement (the default, as in ALF) the windows of one env come from
+    disjoint equal strata of its valid starts, so they are distinct whenever
+    the env has at least as many valid starts as windows.
+
+    Args:
+        batch_length: steps per window ``T``.
+
+    Keyword Args:
+        num_earliest_frames_ignored: oldest stored steps of each env that never
+            start a window (e.g. to let a frame stacker look back).
+        with_replacement: draw each window independently.
+        recent_data_steps: how many of the newest valid starts count as recent.
+        recent_data_ratio: share of the batch drawn from the recent starts.
+            Used only when plain sampling would reach recent data too rarely:
+            when ``(stored_steps / num_envs - T + 1 - ignored) * ratio >
+            recent_data_steps``. Recent windows come first in the batch.
+
+    Shape contract:
+        ``sample(storage, B)`` returns ``index = (env [B, T], slot [B, T])`` and
+        ``info = {"env_ids": [B], "positions": [B]}`` (window starts).
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl_ext.replay_buffers import EnvRingReplayBuffer
+        >>> from torchrl_ext.samplers import TrajectorySampler
+        >>> rb = EnvRingReplayBuffer(num_envs=2, max_length=8,
+        ...                          sampler=TrajectorySampler(batch_length=3))
+        >>> for t in range(5):
+        ...     _ = rb.extend(TensorDict({"t": torch.full((2,), float(t))}, [2]))
+        >>> batch = rb.sample(4)
+        >>> batch.shape, bool((batch["t"].diff(dim=1) == 1).all())
+        (torch.Size([4, 3]), True)
+    """
+
+    def __init__(
+        self,
+        batch_length: int = 1,
+        *,
+        num_earliest_frames_ignored: int = 0,
+        with_replacement: bool = False,
+        recent_data_steps: int = 1,
+        recent_data_ratio: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.batch_length = batch_length
+        _check_int("num_earliest_frames_ignored", num_earliest_frames_ignored, minimum=0)
+        _check_int("recent_data_steps", recent_data_steps, minimum=1)
+        ratio = recent_data_ratio
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1:
+            raise ValueError(
+                f"recent_data_ratio must be a number in [0, 1], got recent_data_ratio={ratio!r}."
+            )
+        self.num_earliest_frames_ignored = num_earliest_frames_ignored
+        self.with_replacement = bool(with_replacement)
+        self.recent_data_steps = recent_data_steps
+        self.recent_data_ratio = float(ratio)
+
+    @property
+    def batch_length(self) -> int:
+        return self._batch_length
+
+    @batch_length.setter
+    def batch_length(self, value: int) -> None:
+        _check_int("batch_length", value, minimum=1)
+        self._batch_length = value
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(batch_length={self._batch_length}, num_earliest_frames_ignored="
+            f"{self.num_earliest_frames_ignored}, with_replacement={self.with_replacement}, "
+            f"recent_data_steps={self.recent_data_steps}, recent_data_ratio={self.recent_data_ratio})"
+        )
+
+    # ------------------------------------------------------------------
+    def valid_starts(self, storage: EnvRingStorage) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per env: the number of valid window starts and the latest one (``[E]`` each)."""
+        lookback = self._batch_length - 1 + self.num_earliest_frames_ignored
+        count = (storage._current_size - lookback).clamp_(min=0)
+        return count, storage._current_pos - self._batch_length
+
+    def sample(self, storage: EnvRingStorage, batch_size: int) -> tuple[Any, dict[str, torch.Tensor]]:
+        if not isinstance(storage, EnvRingStorage):
+            raise TypeError(
+                f"{type(self).__name__} samples windows from an EnvRingStorage, got "
+                f"{type(storage).__name__}."
+            )
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got batch_size={batch_size!r}.")
+        if len(storage) == 0:
+            raise RuntimeError("Cannot sample from an empty storage.")
+        count, latest = self.valid_starts(storage)
+        eligible = count.nonzero().squeeze(1)
+        if eligible.numel() == 0:
+            raise ValueError(
+                f"no env holds a window of batch_length={self._batch_length} after ignoring "
+                f"{self.num_earliest_frames_ignored} earliest steps (steps per env: "
+                f"{storage._current_size.tolist()}); sample shorter windows or add more data."
+            )
+        recent = self._recent_batch_size(storage, batch_size)
+        env_r, start_r = self._draw(recent, eligible, count, latest, cap=self.recent_data_steps)
+        env_n, start_n = self._draw(batch_size - recent, eligible, count, latest, cap=None)
+        env, start = torch.cat([env_r, env_n]), torch.cat([start_r, start_n])
+        steps = start.unsqueeze(1) + torch.arange(self._batch_length)
+        index = (env.unsqueeze(1).expand_as(steps), steps % storage.max_length)
+        return index, {"env_ids": env, "positions": start}
+
+    def _recent_batch_size(self, storage: EnvRingStorage, batch_size: int) -> int:
+        if self.recent_data_ratio <= 0:
+            return 0
+        lookback = self._batch_length - 1 + self.num_earliest_frames_ignored
+        average_starts = len(storage) / storage.num_envs - lookback
+        if average_starts * self.recent_data_ratio <= self.recent_data_steps:
+            return 0  # plain sampling already reaches the recent starts often enough
+        return math.ceil(batch_size * self.recent_data_ratio)
+
+    def _draw(
+        self,
+        n: int,
+        eligible: torch.Tensor,
+        count: torch.Tensor,
+        latest: torch.Tensor,
+        cap: int | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``n`` (env, start) pairs, envs balanced over ``eligible``."""
+        k = eligible.numel()
+        rounds, extra = divmod(n, k)
+        env = eligible.repeat(rounds)
+        stratum = torch.arange(rounds).repeat_interleave(k)
+        strata = torch.full((k,), rounds, dtype=torch.long)
+        if extra:
+            chosen = torch.randperm(k, generator=self._rng)[:extra]
+            env = torch.cat([env, eligible[chosen]])
+            stratum = torch.cat([stratum, torch.full((extra,), rounds, dtype=torch.long)])
+            strata[chosen] += 1
+        r = torch.rand(env.numel(), dtype=torch.float64, generator=self._rng)
+        if not self.with_replacement:
+            # Env e's j-th window lies in stratum j of [0, 1) cut into as many
+            # strata as e has windows in this batch.
+            per_env = torch.zeros(count.numel(), dtype=torch.long)
+            per_env[eligible] = strata
+            r = (r + stratum) / per_env[env]
+        starts = count[env] if cap is None else count[env].clamp(max=cap)
+        offset = torch.minimum((r * starts).floor_().long(), starts - 1)
+        return env, latest[env] - starts + 1 + offset
+
+    # ------------------------------------------------------------------
+    def _empty(self) -> None:
+        return
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        return
+
+    def dumps(self, path: str | Path) -> None:
+        Path(path).mkdir(parents=True, exist_ok=True)
+
+    def loads(self, path: str | Path) -> None:
+        return
+
+
+def _check_int(name: str, value: Any, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {name}={value!r}.")

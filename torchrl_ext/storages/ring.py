@@ -1,0 +1,430 @@
+"""Per-environment ring storage: ``[num_envs, max_length]``, one cursor per env.
+
+TorchRL's multi-dimensional storages share one cursor, so every extend must
+carry all environments (TorchRL issue #3194). ALF's replay buffer instead
+gives each environment its own ring: env ``e`` keeps its last ``max_length``
+steps, and envs can hold different amounts of data at different positions.
+
+A *position* counts the steps written to one env and grows forever (int64);
+the storage *slot* of a position is ``position % max_length``. Env ``e``
+holds positions ``[current_pos[e] - current_size[e], current_pos[e] - 1]``.
+The storage only holds data and these two counters;
+:class:`~torchrl_ext.writers.EnvRingWriter` decides which slots a batch goes
+to and :class:`~torchrl_ext.samplers.TrajectorySampler` picks windows.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torchrl.data import TensorDictReplayBuffer as _TorchRLTensorDictReplayBuffer
+from torchrl.data.replay_buffers.checkpointers import StorageCheckpointerBase
+from torchrl.data.replay_buffers.storages import Storage
+
+from torchrl_ext.io.state_files import load_state, save_state
+from torchrl_ext.storages.fast import _layout, _leaves, _raise_layout_mismatch
+
+__all__ = ["EnvRingStorage", "EnvRingStorageCheckpointer"]
+
+_TENSORS, _METADATA = "ring_storage.safetensors", "ring_storage.json"
+
+
+class EnvRingStorageCheckpointer(StorageCheckpointerBase):
+    """Saves an :class:`EnvRingStorage` as safetensors + JSON (no pickle, atomic files)."""
+
+    def dumps(self, storage: EnvRingStorage, path: str | Path) -> None:
+        save_state(path, storage.state_dict(), tensors_file=_TENSORS, metadata_file=_METADATA)
+
+    def loads(self, storage: EnvRingStorage, path: str | Path) -> None:
+        storage.load_state_dict(load_state(path, tensors_file=_TENSORS, metadata_file=_METADATA))
+
+
+class EnvRingStorage(Storage):
+    """One ring of ``max_length`` steps per environment, TensorDict leaves ``[E, L, ...]``.
+
+    The leaves are allocated from the first write (any nested keys), on
+    ``device``. Later writes must carry the same keys, per-step shapes and
+    dtypes; a mismatch raises ``ValueError`` before anything is written.
+
+    Args:
+        num_envs: number of environments ``E``.
+        max_length: steps kept per environment ``L``.
+
+    Keyword Args:
+        device: where the data lives. The counters stay on the CPU, where the
+            bookkeeping is cheapest.
+        checkpointer: defaults to :class:`EnvRingStorageCheckpointer`.
+
+    Shape contract:
+        ``get((env, slot))`` with two integer tensors of one shape ``S``
+        returns a TensorDict of batch size ``S``; ``len(storage)`` is the
+        number of stored steps over all envs.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl_ext.storages import EnvRingStorage
+        >>> storage = EnvRingStorage(num_envs=2, max_length=3)
+        >>> step = TensorDict({"obs": torch.tensor([[1.0], [2.0]])}, [2])
+        >>> storage.set((torch.tensor([0, 1]), torch.tensor([0, 0])), step)
+        >>> storage.advance(torch.tensor([0, 1]), 1)
+        >>> len(storage), storage.current_pos.tolist()
+        (2, [1, 1])
+        >>> storage.get((torch.tensor([1]), torch.tensor([0])))["obs"].tolist()
+        [[2.0]]
+    """
+
+    _default_checkpointer = EnvRingStorageCheckpointer
+    ndim = 2
+
+    def __init__(
+        self,
+        num_envs: int,
+        max_length: int,
+        *,
+        device: torch.device | str = "cpu",
+        checkpointer: StorageCheckpointerBase | None = None,
+    ) -> None:
+        for name, value in (("num_envs", num_envs), ("max_length", max_length)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {name}={value!r}.")
+        super().__init__(num_envs * max_length, checkpointer=checkpointer)
+        self._num_envs, self._max_length = num_envs, max_length
+        self._device = torch.device(device)
+        self._storage: TensorDictBase | None = None
+        self._flat: list[tuple[Any, torch.Tensor]] = []  # (key, leaf viewed as [E*L, ...])
+        self._layout_cache: dict | None = None
+        self._current_pos = torch.zeros(num_envs, dtype=torch.long)
+        self._current_size = torch.zeros(num_envs, dtype=torch.long)
+        self._last_cursor = None
+
+    # ------------------------------------------------------------------
+    @property
+    def num_envs(self) -> int:
+        return self._num_envs
+
+    @property
+    def max_length(self) -> int:
+        return self._max_length
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size([self._num_envs, self._max_length])
+
+    @property
+    def initialized(self) -> bool:
+        return self._storage is not None
+
+    @property
+    def current_pos(self) -> torch.Tensor:
+        """Position the next step of each env gets, int64 ``[E]`` (a copy)."""
+        return self._current_pos.clone()
+
+    @property
+    def current_size(self) -> torch.Tensor:
+        """Steps stored per env, int64 ``[E]`` (a copy)."""
+        return self._current_size.clone()
+
+    def earliest_position(self, env_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Oldest stored position of each env in ``env_ids`` (all envs by default)."""
+        earliest = self._current_pos - self._current_size
+        return earliest if env_ids is None else earliest[env_ids]
+
+    def __len__(self) -> int:
+        return int(self._current_size.sum())
+
+    @property
+    def _is_full(self) -> bool:
+        return bool((self._current_size == self._max_length).all())
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(num_envs={self._num_envs}, max_length={self._max_length}, "
+            f"stored={len(self)}, device={self._device})"
+        )
+
+    def attach(self, buffer: Any) -> None:
+        """Refuses buffers that would hand the rings transposed or mis-indexed batches."""
+        ring_buffer = getattr(buffer, "_drives_env_rings", False)
+        dim_extend = getattr(buffer, "_dim_extend", 0)
+        if dim_extend not in (0, None) or (dim_extend is None and not ring_buffer):
+            raise ValueError(
+                f"{type(self).__name__} needs dim_extend=0 (batches are [N] or [N, T] steps "
+                "of N envs); build the buffer with dim_extend=0, or use "
+                "torchrl_ext.replay_buffers.EnvRingReplayBuffer."
+            )
+        if isinstance(buffer, _TorchRLTensorDictReplayBuffer) and not ring_buffer:
+            # TorchRL's TensorDictReplayBuffer cannot write [N, 2] coordinates into [N] data.
+            raise ValueError(
+                f"TorchRL's TensorDictReplayBuffer cannot index an {type(self).__name__}; "
+                "use torchrl_ext.replay_buffers.EnvRingReplayBuffer (same API)."
+            )
+        super().attach(buffer)
+
+    # ------------------------------------------------------------------
+    # Writes
+    def set(self, cursor: Any, data: TensorDictBase, *, set_cursor: bool = True) -> None:
+        """Writes ``data`` at ``cursor = (env, slot)``, two integer tensors of ``data``'s batch shape.
+
+        Counters do not move: :meth:`advance` does that (the writer calls it).
+        """
+        env, slot = self._as_coordinates(cursor)
+        self._write(env, slot, data, set_cursor=set_cursor)
+
+    def _write(
+        self, env: torch.Tensor, slot: torch.Tensor, data: TensorDictBase, *, set_cursor: bool
+    ) -> None:
+        """:meth:`set` for coordinates known to be in range (checks the data only)."""
+        if not isinstance(data, TensorDictBase):
+            raise TypeError(
+                f"data must be a TensorDict, got {type(data).__name__}; wrap tensors as "
+                "TensorDict({'obs': x}, batch_size=[N])."
+            )
+        if tuple(data.batch_size) != tuple(env.shape):
+            raise ValueError(
+                f"data has batch size {list(data.batch_size)} but the cursor addresses "
+                f"{list(env.shape)} steps; give one (env, slot) pair per step."
+            )
+        layout = _layout(data, env.ndim)
+        if layout is None:
+            raise TypeError(
+                "every leaf of data must be a tensor; non-tensor leaves cannot be stored in "
+                f"{type(self).__name__}."
+            )
+        if self._storage is None:
+            self._allocate(data, env.ndim)
+        elif layout != self._layout_cache:
+            _raise_layout_mismatch(self._layout_cache, layout)
+        flat = (env * self._max_length + slot).reshape(-1).to(self._device)
+        n = flat.numel()
+        for key, leaf in self._flat:
+            value = data.get(key)
+            leaf.index_copy_(0, flat, value.reshape(n, *leaf.shape[1:]).to(self._device))
+        if set_cursor:
+            self._set_last_cursor(flat)
+        self._bump_mutation_revision()
+
+    def advance(self, env_ids: torch.Tensor, steps: int) -> None:
+        """Moves the cursors of ``env_ids`` (distinct) on by ``steps`` written steps."""
+        env_ids = torch.as_tensor(env_ids, dtype=torch.long).cpu()
+        self._current_pos[env_ids] += steps
+        self._current_size[env_ids] = (self._current_size[env_ids] + steps).clamp_(
+            max=self._max_length
+        )
+
+    def shrink(self, env_ids: torch.Tensor, n: torch.Tensor | int) -> None:
+        """Forgets the ``n`` oldest steps of each env in ``env_ids`` (at most what it holds)."""
+        env_ids = torch.as_tensor(env_ids, dtype=torch.long).cpu()
+        size = self._current_size[env_ids]
+        self._current_size[env_ids] = size - torch.minimum(torch.as_tensor(n), size)
+        self._bump_mutation_revision()
+
+    def reset(self, env_ids: torch.Tensor | None = None) -> None:
+        """Sets the position and size of ``env_ids`` (all envs by default) to 0."""
+        env_ids = slice(None) if env_ids is None else torch.as_tensor(env_ids).cpu()
+        self._current_pos[env_ids] = 0
+        self._current_size[env_ids] = 0
+        self._bump_mutation_revision()
+
+    def _allocate(self, data: TensorDictBase, batch_dims: int) -> None:
+        shape = (self._num_envs, self._max_length)
+        self._storage = TensorDict(
+            {
+                key: torch.zeros(
+                    shape + tuple(leaf.shape[batch_dims:]), dtype=leaf.dtype, device=self._device
+                )
+                for key, leaf in _leaves(data)
+            },
+            batch_size=shape,
+            device=self._device,
+        )
+        self._index_leaves()
+
+    def _index_leaves(self) -> None:
+        self._flat = [
+            (key, leaf.view(-1, *leaf.shape[2:])) for key, leaf in _leaves(self._storage)
+        ]
+        self._layout_cache = _layout(self._storage, 2)
+
+    # ------------------------------------------------------------------
+    # Reads
+    def get(self, index: Any) -> TensorDictBase:
+        """Steps at ``index``: an ``(env, slot)`` pair of integer tensors of one shape.
+
+        Other indices (an int env, slices, ...) index the ``[E, L]`` TensorDict.
+        """
+        if self._storage is None:
+            raise RuntimeError(f"{type(self).__name__} is empty: write data before reading it.")
+        if isinstance(index, tuple) and len(index) == 2 and all(
+            isinstance(i, torch.Tensor) and not i.dtype.is_floating_point for i in index
+        ):
+            env, slot = self._as_coordinates(index)
+            flat = (env * self._max_length + slot).to(self._device)
+            shape = flat.shape
+            flat = flat.reshape(-1)
+            entries = {
+                key: leaf.index_select(0, flat).reshape(*shape, *leaf.shape[1:])
+                for key, leaf in self._flat
+            }
+            return TensorDict(entries, batch_size=shape, device=self._device)
+        return self._storage[index]
+
+    def read(self, env_ids: torch.Tensor, positions: torch.Tensor) -> TensorDictBase:
+        """Steps at absolute ``positions`` of ``env_ids`` (ALF's ``get_field``), checked.
+
+        Raises:
+            ValueError: if a position is not stored (overwritten, or not yet written).
+        """
+        env_ids = torch.as_tensor(env_ids, dtype=torch.long).cpu()
+        positions = torch.as_tensor(positions, dtype=torch.long).cpu()
+        env_ids, positions = torch.broadcast_tensors(env_ids, positions)
+        self._check_env_ids(env_ids)
+        earliest = self.earliest_position()[env_ids]
+        stored = (positions >= earliest) & (positions < self._current_pos[env_ids])
+        if not bool(stored.all()):
+            bad = int(stored.logical_not().nonzero()[0, 0]) if stored.ndim else 0
+            e, p = int(env_ids.reshape(-1)[bad]), int(positions.reshape(-1)[bad])
+            raise ValueError(
+                f"position {p} of env {e} is not stored; env {e} holds positions "
+                f"[{int(self._current_pos[e] - self._current_size[e])}, "
+                f"{int(self._current_pos[e]) - 1}]."
+            )
+        return self.get((env_ids, positions % self._max_length))
+
+    def gather_all(self, num_earliest_ignored: int = 0) -> tuple[TensorDictBase, torch.Tensor]:
+        """Everything stored, chronologically, as ``[E, n]`` plus the start positions ``[E]``.
+
+        Every env must hold the same number of steps at the same positions.
+        An empty buffer gives ``n = 0`` (ALF returns ``L`` stale steps there).
+
+        Args:
+            num_earliest_ignored: leave out that many oldest steps of each env.
+        """
+        if isinstance(num_earliest_ignored, bool) or not isinstance(num_earliest_ignored, int) or (
+            num_earliest_ignored < 0
+        ):
+            raise ValueError(
+                "num_earliest_ignored must be an int >= 0, got "
+                f"num_earliest_ignored={num_earliest_ignored!r}."
+            )
+        pos, size = self._current_pos, self._current_size
+        if not (bool((pos == pos[0]).all()) and bool((size == size[0]).all())):
+            raise ValueError(
+                "gather_all needs every env at the same position with the same size, got "
+                f"current_pos={pos.tolist()}, current_size={size.tolist()}; sample windows "
+                "instead, or write all envs together."
+            )
+        n = max(int(size[0]) - num_earliest_ignored, 0)
+        start = int(pos[0]) - n
+        positions = torch.full((self._num_envs,), start, dtype=torch.long)
+        if self._storage is None or n == 0:
+            return self._empty_result((self._num_envs, 0)), positions
+        slots = torch.arange(start, start + n) % self._max_length
+        env = torch.arange(self._num_envs).unsqueeze(1).expand(-1, n)
+        return self.get((env, slots.expand(self._num_envs, -1))), positions
+
+    def _empty_result(self, shape: tuple[int, ...]) -> TensorDictBase:
+        if self._storage is None:
+            return TensorDict({}, batch_size=shape, device=self._device)
+        return TensorDict(
+            {key: torch.empty(*shape, *leaf.shape[1:], dtype=leaf.dtype, device=self._device)
+             for key, leaf in self._flat},
+            batch_size=shape,
+            device=self._device,
+        )
+
+    def _rand_given_ndim(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Uniform draws over the stored steps (``RandomSampler`` support), as ``(env, slot)``."""
+        total = len(self)
+        if total == 0:
+            raise RuntimeError("Cannot sample from an empty storage.")
+        flat = torch.randint(total, (batch_size,), generator=self._rng)
+        ends = self._current_size.cumsum(0)
+        env = torch.searchsorted(ends, flat, right=True)
+        offset = flat - (ends - self._current_size)[env]
+        position = self.earliest_position()[env] + offset
+        return env, position % self._max_length
+
+    def contains(self, item: Any) -> bool:
+        """Whether ``(env, slot)`` (ints) holds a stored step."""
+        env, slot = item
+        pos, size = int(self._current_pos[env]), int(self._current_size[env])
+        # The stored slots are those of positions [pos - size, pos).
+        return size > 0 and (slot - (pos - size)) % self._max_length < size
+
+    # ------------------------------------------------------------------
+    # Checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        keys = [list(key) if isinstance(key, tuple) else [key] for key, _ in self._flat]
+        leaves = [
+            self._storage.get(tuple(k) if len(k) > 1 else k[0]).clone() for k in keys
+        ] if self._storage is not None else []
+        return {
+            "num_envs": self._num_envs,
+            "max_length": self._max_length,
+            "keys": keys,
+            "leaves": leaves,
+            "counters": [self._current_pos.clone(), self._current_size.clone()],
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        for name in ("num_envs", "max_length"):
+            if state_dict[name] != getattr(self, name):
+                raise ValueError(
+                    f"the checkpoint has {name}={state_dict[name]} but this storage has "
+                    f"{name}={getattr(self, name)}; build it with the same geometry."
+                )
+        keys = [tuple(k) if len(k) > 1 else k[0] for k in state_dict["keys"]]
+        if keys:
+            self._storage = TensorDict(
+                {key: leaf.to(self._device) for key, leaf in zip(keys, state_dict["leaves"])},
+                batch_size=self.shape,
+                device=self._device,
+            )
+            self._index_leaves()
+        else:
+            self._storage, self._flat, self._layout_cache = None, [], None
+        pos, size = state_dict["counters"]
+        self._current_pos.copy_(pos)
+        self._current_size.copy_(size)
+        self._bump_mutation_revision()
+
+    def _empty(self) -> None:
+        self.reset()
+
+    # ------------------------------------------------------------------
+    def _as_coordinates(self, cursor: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        if not (isinstance(cursor, tuple) and len(cursor) == 2):
+            raise TypeError(
+                f"{type(self).__name__} is addressed by (env, slot) pairs of integer tensors, "
+                f"got {type(cursor).__name__}."
+            )
+        env, slot = (torch.as_tensor(c) for c in cursor)
+        if env.dtype.is_floating_point or slot.dtype.is_floating_point:
+            raise TypeError("env and slot indices must be integers.")
+        env, slot = torch.broadcast_tensors(env.long(), slot.long())
+        if env.numel():
+            if int(env.min()) < 0 or int(env.max()) >= self._num_envs:
+                raise ValueError(
+                    f"env index out of range: got values in [{int(env.min())}, "
+                    f"{int(env.max())}], num_envs={self._num_envs}."
+                )
+            if int(slot.min()) < 0 or int(slot.max()) >= self._max_length:
+                raise ValueError(
+                    f"slot index out of range: got values in [{int(slot.min())}, "
+                    f"{int(slot.max())}], max_length={self._max_length}."
+                )
+        return env, slot
+
+    def _check_env_ids(self, env_ids: torch.Tensor) -> None:
+        if env_ids.numel() and (int(env_ids.min()) < 0 or int(env_ids.max()) >= self._num_envs):
+            raise ValueError(
+                f"env_ids must lie in [0, {self._num_envs - 1}], got values in "
+                f"[{int(env_ids.min())}, {int(env_ids.max())}]."
+            )

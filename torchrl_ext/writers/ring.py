@@ -1,0 +1,265 @@
+"""Writer for :class:`~torchrl_ext.storages.EnvRingStorage`: each step goes to its env's ring.
+
+A batch names its environments in ``data[env_id_key]`` (any subset of the
+envs, each at most once). A batch ``[N]`` is one step per env; ``[N, T]`` is
+``T`` consecutive steps per env. The oldest steps of a full ring are
+overwritten. Blocking until there is room is done by
+:class:`~torchrl_ext.replay_buffers.EnvRingReplayBuffer`, which waits on
+this writer's condition *outside* the buffer lock, so a waiting producer
+never stalls samplers, ``dequeue`` or ``clear`` (ALF holds its lock while it
+waits: bug Q17).
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from torchrl.data.replay_buffers.writers import Writer
+
+from torchrl_ext.io.state_files import atomic_write
+from torchrl_ext.storages.ring import EnvRingStorage
+
+__all__ = ["EnvRingWriter"]
+
+_METADATA = "ring_writer.json"
+
+
+class EnvRingWriter(Writer):
+    """Routes each env's steps to the next slots of its own ring.
+
+    Keyword Args:
+        env_id_key: key of the int env ids in written batches (removed from
+            what is stored). A batch without it must hold every env, in order.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl_ext.storages import EnvRingStorage
+        >>> from torchrl_ext.writers import EnvRingWriter
+        >>> storage = EnvRingStorage(num_envs=3, max_length=4)
+        >>> writer = EnvRingWriter()
+        >>> writer.register_storage(storage)
+        >>> step = TensorDict({"obs": torch.ones(2, 5), "env_id": torch.tensor([2, 0])}, [2])
+        >>> writer.extend(step).tolist()  # [env, slot] per written step
+        [[2, 0], [0, 0]]
+        >>> storage.current_size.tolist()
+        [1, 0, 1]
+    """
+
+    def __init__(self, *, env_id_key: Any = "env_id") -> None:
+        super().__init__()
+        self.env_id_key = env_id_key
+        self._write_count = 0
+        # Notified whenever room may have been made or stop() was called.
+        self._room = threading.Condition()
+        self._stopped = False
+
+    @property
+    def storage(self) -> EnvRingStorage:
+        storage = getattr(self, "_storage", None)
+        if not isinstance(storage, EnvRingStorage):
+            raise RuntimeError(
+                f"{type(self).__name__} writes into an EnvRingStorage; register one with "
+                "register_storage() or build the buffer with storage=EnvRingStorage(...)."
+            )
+        return storage
+
+    # ------------------------------------------------------------------
+    def add(self, data: TensorDictBase) -> torch.Tensor:
+        """Writes one step (batch size ``[]``, with its env id); returns ``[1, 2]`` coordinates."""
+        return self.extend(data.unsqueeze(0))
+
+    def extend(self, data: TensorDictBase) -> torch.Tensor:
+        """Writes ``[N]`` or ``[N, T]`` steps; returns their ``[N * T, 2]`` ``(env, slot)`` coordinates."""
+        storage = self.storage
+        if not isinstance(data, TensorDictBase):
+            raise TypeError(
+                f"{type(self).__name__} writes TensorDicts, got {type(data).__name__}."
+            )
+        if data.batch_dims not in (1, 2):
+            raise ValueError(
+                f"data must have batch size [N] (one step per env) or [N, T] (T steps per "
+                f"env), got {list(data.batch_size)}. With a TorchRL ReplayBuffer pass "
+                "dim_extend=0, or use torchrl_ext.replay_buffers.EnvRingReplayBuffer."
+            )
+        env_ids, data = self.split_env_ids(data)
+        steps = 1 if data.batch_dims == 1 else data.shape[1]
+        if steps > storage.max_length:
+            raise ValueError(
+                f"data holds {steps} steps per env but each ring keeps max_length="
+                f"{storage.max_length}; write at most max_length steps at a time."
+            )
+        offsets = torch.arange(steps) if data.batch_dims == 2 else torch.zeros((), dtype=torch.long)
+        pos = storage._current_pos[env_ids]
+        env = env_ids if data.batch_dims == 1 else env_ids.unsqueeze(1).expand(-1, steps)
+        slot = (pos.unsqueeze(-1) + offsets if data.batch_dims == 2 else pos) % storage.max_length
+        storage._write(env, slot, data, set_cursor=True)
+        storage.advance(env_ids, steps)
+        self._write_count += env.numel()
+        index = torch.stack([env.reshape(-1), slot.reshape(-1)], -1)
+        self._mark_update_entities(index)
+        return index
+
+    def split_env_ids(self, data: TensorDictBase) -> tuple[torch.Tensor, TensorDictBase]:
+        """Checked env ids ``[N]`` of a batch, and the batch without them."""
+        num_envs = self.storage.num_envs
+        env_ids = data.get(self.env_id_key, None)
+        if env_ids is None:
+            if data.shape[0] != num_envs:
+                raise ValueError(
+                    f"data has no {self.env_id_key!r} entry and {data.shape[0]} rows, but the "
+                    f"storage has num_envs={num_envs}; give data[{self.env_id_key!r}] (the env "
+                    "of each row), or write all envs in order."
+                )
+            return torch.arange(num_envs), data
+        data = data.exclude(self.env_id_key)
+        env_ids = torch.as_tensor(env_ids)
+        if env_ids.dtype.is_floating_point or env_ids.dtype is torch.bool:
+            raise TypeError(
+                f"data[{self.env_id_key!r}] must hold integer env ids, got dtype={env_ids.dtype}."
+            )
+        if env_ids.ndim > 1:
+            # [N, T] batches repeat the env id along time: one id per row.
+            if bool((env_ids != env_ids[:, :1]).any()):
+                raise ValueError(
+                    f"data[{self.env_id_key!r}] changes along time; a [N, T] batch must hold "
+                    "T steps of one env per row."
+                )
+            env_ids = env_ids[:, 0]
+        env_ids = env_ids.reshape(-1).long().cpu()
+        return self.check_env_ids(env_ids), data
+
+    def check_env_ids(self, env_ids: Any) -> torch.Tensor:
+        """``env_ids`` as a CPU int64 tensor, checked: in range and distinct."""
+        num_envs = self.storage.num_envs
+        env_ids = torch.as_tensor(env_ids, dtype=torch.long).reshape(-1).cpu()
+        ids = env_ids.tolist()
+        if ids and (min(ids) < 0 or max(ids) >= num_envs):
+            bad = min(ids) if min(ids) < 0 else max(ids)
+            raise ValueError(
+                f"env id {bad} is out of range; env ids must lie in [0, {num_envs - 1}]."
+            )
+        if len(set(ids)) != len(ids):
+            repeated = sorted({i for i in ids if ids.count(i) > 1})
+            raise ValueError(
+                f"env ids must be distinct within one write, got {repeated} more than once; "
+                "write repeated envs in separate calls (or as [N, T] steps)."
+            )
+        return env_ids
+
+    # ------------------------------------------------------------------
+    # Removing data, and waiting for room
+    def dequeue(self, n: int = 1, env_ids: Any = None) -> TensorDictBase:
+        """Removes and returns the ``n`` oldest steps of each env, as ``[len(env_ids), n]``.
+
+        Raises:
+            ValueError: if an env holds fewer than ``n`` steps (nothing is removed).
+        """
+        storage = self.storage
+        env_ids = torch.arange(storage.num_envs) if env_ids is None else self.check_env_ids(env_ids)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"n must be a positive int, got n={n!r}.")
+        size = storage._current_size[env_ids]
+        if env_ids.numel() and int(size.min()) < n:
+            raise ValueError(
+                f"cannot dequeue n={n} steps: env {int(env_ids[size.argmin()])} holds only "
+                f"{int(size.min())}; dequeue fewer, or wait for more data."
+            )
+        earliest = storage.earliest_position(env_ids)
+        positions = earliest.unsqueeze(1) + torch.arange(n)
+        out = storage.get((env_ids.unsqueeze(1).expand(-1, n), positions % storage.max_length))
+        storage.shrink(env_ids, n)
+        self.notify_room()
+        return out
+
+    def remove_up_to(self, n: int, env_ids: Any = None) -> None:
+        """Forgets up to ``n`` oldest steps of each env in ``env_ids`` (any subset)."""
+        storage = self.storage
+        env_ids = torch.arange(storage.num_envs) if env_ids is None else self.check_env_ids(env_ids)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"n must be an int >= 0, got n={n!r}.")
+        storage.shrink(env_ids, n)
+        self.notify_room()
+
+    def clear(self, env_ids: Any = None) -> None:
+        """Empties ``env_ids`` (all envs by default): position and size back to 0."""
+        storage = self.storage
+        storage.reset(None if env_ids is None else self.check_env_ids(env_ids))
+        self.notify_room()
+
+    def has_room(self, env_ids: torch.Tensor, steps: int = 1) -> bool:
+        """Whether every env in ``env_ids`` can take ``steps`` steps without overwriting."""
+        storage = self.storage
+        free = storage.max_length - storage._current_size[env_ids]
+        return bool((free >= steps).all())
+
+    def wait_for_room(self, env_ids: torch.Tensor, steps: int = 1, timeout: float | None = None) -> bool:
+        """Blocks until :meth:`has_room`; ``False`` if :meth:`stop` was called or time ran out."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._room:
+            while not self._stopped and not self.has_room(env_ids, steps):
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._room.wait(remaining)
+            return not self._stopped
+
+    def notify_room(self) -> None:
+        with self._room:
+            self._room.notify_all()
+
+    def stop(self) -> None:
+        """Wakes every waiting writer; they return without writing until :meth:`revive`."""
+        with self._room:
+            self._stopped = True
+            self._room.notify_all()
+
+    def revive(self) -> None:
+        with self._room:
+            self._stopped = False
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    # ------------------------------------------------------------------
+    def _empty(self, empty_write_count: bool = True) -> None:
+        if empty_write_count:
+            self._write_count = 0
+        self.notify_room()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"write_count": self._write_count}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._write_count = int(state_dict["write_count"])
+
+    def dumps(self, path: str | Path) -> None:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        text = json.dumps(self.state_dict())
+        atomic_write(path / _METADATA, lambda tmp: Path(tmp).write_text(text))
+
+    def loads(self, path: str | Path) -> None:
+        self.load_state_dict(json.loads((Path(path) / _METADATA).read_text()))
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state.pop("_room", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._room = threading.Condition()
+
+    def _mark_update_entities(self, index: torch.Tensor) -> None:
+        for entity in self.storage._attached_entities_iter():
+            entity.mark_update(index)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(env_id_key={self.env_id_key!r}, write_count={self._write_count})"
