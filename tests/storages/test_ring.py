@@ -57,8 +57,8 @@ def test_rings_hold_the_latest_steps_of_each_env(device):
 def test_get_returns_the_index_shape_and_every_nested_leaf():
     rb = filled_buffer()
     env = torch.tensor([[0, 0], [2, 2]])
-    slot = torch.tensor([[2, 3], [0, 1]])
-    out = rb.storage.get((env, slot))
+    position = torch.tensor([[2, 3], [4, 5]])
+    out = rb.storage.get((env, position))
     assert out.batch_size == torch.Size([2, 2])
     assert out["obs"][..., 0].tolist() == [[2.0, 3.0], [204.0, 205.0]]
     assert out["pixels"].shape == (2, 2, 3, 3)
@@ -122,9 +122,9 @@ def test_set_checks_coordinates_and_data():
     data = TensorDict({"x": torch.zeros(2)}, [2])
     with pytest.raises(ValueError, match=r"env index out of range: got values in \[0, 2\], num_envs=2"):
         storage.set((torch.tensor([0, 2]), torch.tensor([0, 0])), data)
-    with pytest.raises(ValueError, match=r"slot index out of range: got values in \[0, 3\], max_length=3"):
-        storage.set((torch.tensor([0, 1]), torch.tensor([0, 3])), data)
-    with pytest.raises(TypeError, match=r"addressed by \(env, slot\) pairs"):
+    with pytest.raises(ValueError, match="positions must be >= 0, got -1"):
+        storage.set((torch.tensor([0, 1]), torch.tensor([0, -1])), data)
+    with pytest.raises(TypeError, match=r"addressed by \(env, position\) pairs"):
         storage.set(torch.tensor([0, 1]), data)
     with pytest.raises(TypeError, match="data must be a TensorDict"):
         storage.set((torch.tensor([0, 1]), torch.tensor([0, 0])), torch.zeros(2))
@@ -143,11 +143,11 @@ def test_geometry_must_be_positive_ints(bad):
         EnvRingStorage(2, bad)
 
 
-def test_contains_follows_the_stored_slots():
+def test_contains_follows_the_stored_positions():
     storage = filled_buffer().storage
-    # env 1 holds positions 0..2 in slots 0..2; slot 3 was never written.
-    assert [storage.contains((1, s)) for s in range(4)] == [True, True, True, False]
-    assert all(storage.contains((0, s)) for s in range(4))
+    # env 1 holds positions 0..2; env 0 holds 2..5 (0 and 1 were overwritten).
+    assert [storage.contains((1, p)) for p in range(4)] == [True, True, True, False]
+    assert [storage.contains((0, p)) for p in range(7)] == [False, False] + [True] * 4 + [False]
 
 
 def test_state_dict_round_trip_restores_data_and_counters():

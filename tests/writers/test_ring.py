@@ -31,8 +31,8 @@ def test_time_blocks_wrap_around_each_ring():
     index = rb.extend(block([1], [10], 3))
     assert index.tolist() == [[1, 0], [1, 1], [1, 2]]
     index = rb.extend(block([1, 0], [13, 0], 4))
-    # env 1 continues at position 3: slots 3, 4, 0, 1; env 0 starts at 0.
-    assert index[:4].tolist() == [[1, 3], [1, 4], [1, 0], [1, 1]]
+    # env 1 continues at position 3 (slots 3, 4, 0, 1); env 0 starts at 0.
+    assert index.tolist() == [[1, 3], [1, 4], [1, 5], [1, 6], [0, 0], [0, 1], [0, 2], [0, 3]]
     assert rb.storage.current_pos.tolist() == [4, 7]
     assert rb.storage.current_size.tolist() == [4, 5]
     assert rb.storage._storage["x"][1].tolist() == [15.0, 16.0, 12.0, 13.0, 14.0]
@@ -147,7 +147,7 @@ def test_blocking_extend_waits_for_dequeue_without_stalling_samplers():
     assert rb.dequeue(1, env_ids=[0])["x"].tolist() == [[0.0]]
     thread.join(timeout=5)
     assert not thread.is_alive()
-    assert results[0].tolist() == [[0, 0]]
+    assert results[0].tolist() == [[0, 3]]
     assert rb.storage.read(torch.tensor([0]), torch.tensor([3]))["x"].tolist() == [3.0]
 
 
@@ -171,7 +171,7 @@ def test_blocking_extend_wakes_on_clear_and_returns_none_on_stop():
     assert rb.storage._storage["x"][0].tolist() == [1.0, 0.0]
     rb.revive()
     rb.dequeue(1)
-    assert rb.extend(one_step([0], [5.0]), blocking=True).tolist() == [[0, 1]]
+    assert rb.extend(one_step([0], [5.0]), blocking=True).tolist() == [[0, 3]]
 
 
 def test_blocking_extend_times_out_with_a_clear_error():

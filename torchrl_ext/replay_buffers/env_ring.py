@@ -109,7 +109,7 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
             update_priority: as in ``TensorDictReplayBuffer.extend``.
 
         Returns:
-            The ``[N * T, 2]`` ``(env, slot)`` coordinates written, or ``None``
+            The ``[N * T, 2]`` ``(env, position)`` coordinates written, or ``None``
             if the buffer was stopped (:meth:`stop`) while waiting.
         """
         writer: EnvRingWriter = self._writer
@@ -141,7 +141,7 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
                     return super().extend(data, update_priority=update_priority)
 
     def _set_index_in_td(self, tensordict: TensorDictBase, index: torch.Tensor | None) -> None:
-        # (env, slot) per written step, shaped like the batch: [N, 2] or [N, T, 2].
+        # (env, position) per written step, shaped like the batch: [N, 2] or [N, T, 2].
         if index is not None:
             tensordict.set("index", index.reshape(*tensordict.shape, 2))
 

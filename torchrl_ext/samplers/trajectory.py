@@ -52,7 +52,7 @@ class TrajectorySampler(Sampler):
             recent_data_steps``. Recent windows come first in the batch.
 
     Shape contract:
-        ``sample(storage, B)`` returns ``index = (env [B, T], slot [B, T])`` and
+        ``sample(storage, B)`` returns ``index = (env [B, T], position [B, T])`` and
         ``info = {"env_ids": [B], "positions": [B]}`` (window starts).
 
     Examples:
@@ -138,7 +138,7 @@ class TrajectorySampler(Sampler):
         env_n, start_n = self._draw(batch_size - recent, eligible, count, latest, cap=None)
         env, start = torch.cat([env_r, env_n]), torch.cat([start_r, start_n])
         steps = start.unsqueeze(1) + torch.arange(self._batch_length)
-        index = (env.unsqueeze(1).expand_as(steps), steps % storage.max_length)
+        index = (env.unsqueeze(1).expand_as(steps), steps)
         return index, {"env_ids": env, "positions": start}
 
     def _recent_batch_size(self, storage: EnvRingStorage, batch_size: int) -> int:

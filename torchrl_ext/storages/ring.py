@@ -8,8 +8,10 @@ steps, and envs can hold different amounts of data at different positions.
 A *position* counts the steps written to one env and grows forever (int64);
 the storage *slot* of a position is ``position % max_length``. Env ``e``
 holds positions ``[current_pos[e] - current_size[e], current_pos[e] - 1]``.
+Steps are addressed by ``(env, position)``: unlike a slot, a position never
+names two different steps, so a stale index can be recognised.
 The storage only holds data and these two counters;
-:class:`~torchrl_ext.writers.EnvRingWriter` decides which slots a batch goes
+:class:`~torchrl_ext.writers.EnvRingWriter` decides which positions a batch goes
 to and :class:`~torchrl_ext.samplers.TrajectorySampler` picks windows.
 """
 from __future__ import annotations
@@ -58,8 +60,10 @@ class EnvRingStorage(Storage):
         checkpointer: defaults to :class:`EnvRingStorageCheckpointer`.
 
     Shape contract:
-        ``get((env, slot))`` with two integer tensors of one shape ``S``
-        returns a TensorDict of batch size ``S``; ``len(storage)`` is the
+        ``get((env, position))`` with two integer tensors of one shape ``S``
+        returns a TensorDict of batch size ``S`` (the step in slot
+        ``position % max_length``: reading a position that is no longer
+        stored gives whatever replaced it; :meth:`read` checks); ``len(storage)`` is the
         number of stored steps over all envs.
 
     Examples:
@@ -170,15 +174,15 @@ class EnvRingStorage(Storage):
     # ------------------------------------------------------------------
     # Writes
     def set(self, cursor: Any, data: TensorDictBase, *, set_cursor: bool = True) -> None:
-        """Writes ``data`` at ``cursor = (env, slot)``, two integer tensors of ``data``'s batch shape.
+        """Writes ``data`` at ``cursor = (env, position)``, integer tensors of ``data``'s batch shape.
 
         Counters do not move: :meth:`advance` does that (the writer calls it).
         """
-        env, slot = self._as_coordinates(cursor)
-        self._write(env, slot, data, set_cursor=set_cursor)
+        env, position = self._as_coordinates(cursor)
+        self._write(env, position, data, set_cursor=set_cursor)
 
     def _write(
-        self, env: torch.Tensor, slot: torch.Tensor, data: TensorDictBase, *, set_cursor: bool
+        self, env: torch.Tensor, position: torch.Tensor, data: TensorDictBase, *, set_cursor: bool
     ) -> None:
         """:meth:`set` for coordinates known to be in range (checks the data only)."""
         if not isinstance(data, TensorDictBase):
@@ -189,7 +193,7 @@ class EnvRingStorage(Storage):
         if tuple(data.batch_size) != tuple(env.shape):
             raise ValueError(
                 f"data has batch size {list(data.batch_size)} but the cursor addresses "
-                f"{list(env.shape)} steps; give one (env, slot) pair per step."
+                f"{list(env.shape)} steps; give one (env, position) pair per step."
             )
         layout = _layout(data, env.ndim)
         if layout is None:
@@ -201,7 +205,7 @@ class EnvRingStorage(Storage):
             self._allocate(data, env.ndim)
         elif layout != self._layout_cache:
             _raise_layout_mismatch(self._layout_cache, layout)
-        flat = (env * self._max_length + slot).reshape(-1).to(self._device)
+        flat = self._flat_index(env, position).reshape(-1)
         n = flat.numel()
         for key, leaf in self._flat:
             value = data.get(key)
@@ -255,7 +259,7 @@ class EnvRingStorage(Storage):
     # ------------------------------------------------------------------
     # Reads
     def get(self, index: Any) -> TensorDictBase:
-        """Steps at ``index``: an ``(env, slot)`` pair of integer tensors of one shape.
+        """Steps at ``index``: an ``(env, position)`` pair of integer tensors of one shape.
 
         Other indices (an int env, slices, ...) index the ``[E, L]`` TensorDict.
         """
@@ -264,8 +268,7 @@ class EnvRingStorage(Storage):
         if isinstance(index, tuple) and len(index) == 2 and all(
             isinstance(i, torch.Tensor) and not i.dtype.is_floating_point for i in index
         ):
-            env, slot = self._as_coordinates(index)
-            flat = (env * self._max_length + slot).to(self._device)
+            flat = self._flat_index(*self._as_coordinates(index))
             shape = flat.shape
             flat = flat.reshape(-1)
             entries = {
@@ -295,7 +298,7 @@ class EnvRingStorage(Storage):
                 f"[{int(self._current_pos[e] - self._current_size[e])}, "
                 f"{int(self._current_pos[e]) - 1}]."
             )
-        return self.get((env_ids, positions % self._max_length))
+        return self.get((env_ids, positions))
 
     def gather_all(self, num_earliest_ignored: int = 0) -> tuple[TensorDictBase, torch.Tensor]:
         """Everything stored, chronologically, as ``[E, n]`` plus the start positions ``[E]``.
@@ -325,9 +328,8 @@ class EnvRingStorage(Storage):
         positions = torch.full((self._num_envs,), start, dtype=torch.long)
         if self._storage is None or n == 0:
             return self._empty_result((self._num_envs, 0)), positions
-        slots = torch.arange(start, start + n) % self._max_length
         env = torch.arange(self._num_envs).unsqueeze(1).expand(-1, n)
-        return self.get((env, slots.expand(self._num_envs, -1))), positions
+        return self.get((env, torch.arange(start, start + n).expand(self._num_envs, -1))), positions
 
     def _empty_result(self, shape: tuple[int, ...]) -> TensorDictBase:
         if self._storage is None:
@@ -340,7 +342,7 @@ class EnvRingStorage(Storage):
         )
 
     def _rand_given_ndim(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Uniform draws over the stored steps (``RandomSampler`` support), as ``(env, slot)``."""
+        """Uniform draws over the stored steps (``RandomSampler`` support), as ``(env, position)``."""
         total = len(self)
         if total == 0:
             raise RuntimeError("Cannot sample from an empty storage.")
@@ -349,14 +351,13 @@ class EnvRingStorage(Storage):
         env = torch.searchsorted(ends, flat, right=True)
         offset = flat - (ends - self._current_size)[env]
         position = self.earliest_position()[env] + offset
-        return env, position % self._max_length
+        return env, position
 
     def contains(self, item: Any) -> bool:
-        """Whether ``(env, slot)`` (ints) holds a stored step."""
-        env, slot = item
+        """Whether ``(env, position)`` (ints) is stored."""
+        env, position = item
         pos, size = int(self._current_pos[env]), int(self._current_size[env])
-        # The stored slots are those of positions [pos - size, pos).
-        return size > 0 and (slot - (pos - size)) % self._max_length < size
+        return pos - size <= position < pos
 
     # ------------------------------------------------------------------
     # Checkpoints
@@ -402,25 +403,29 @@ class EnvRingStorage(Storage):
     def _as_coordinates(self, cursor: Any) -> tuple[torch.Tensor, torch.Tensor]:
         if not (isinstance(cursor, tuple) and len(cursor) == 2):
             raise TypeError(
-                f"{type(self).__name__} is addressed by (env, slot) pairs of integer tensors, "
-                f"got {type(cursor).__name__}."
+                f"{type(self).__name__} is addressed by (env, position) pairs of integer "
+                f"tensors, got {type(cursor).__name__}."
             )
-        env, slot = (torch.as_tensor(c) for c in cursor)
-        if env.dtype.is_floating_point or slot.dtype.is_floating_point:
-            raise TypeError("env and slot indices must be integers.")
-        env, slot = torch.broadcast_tensors(env.long(), slot.long())
+        env, position = (torch.as_tensor(c) for c in cursor)
+        if env.dtype.is_floating_point or position.dtype.is_floating_point:
+            raise TypeError("env and position indices must be integers.")
+        env, position = torch.broadcast_tensors(env.long(), position.long())
         if env.numel():
             if int(env.min()) < 0 or int(env.max()) >= self._num_envs:
                 raise ValueError(
                     f"env index out of range: got values in [{int(env.min())}, "
                     f"{int(env.max())}], num_envs={self._num_envs}."
                 )
-            if int(slot.min()) < 0 or int(slot.max()) >= self._max_length:
+            if int(position.min()) < 0:
                 raise ValueError(
-                    f"slot index out of range: got values in [{int(slot.min())}, "
-                    f"{int(slot.max())}], max_length={self._max_length}."
+                    f"positions must be >= 0, got {int(position.min())}; positions count "
+                    "the steps written to an env."
                 )
-        return env, slot
+        return env, position
+
+    def _flat_index(self, env: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        """Row of ``(env, position)`` in the leaves viewed as ``[E * L, ...]``."""
+        return (env * self._max_length + position % self._max_length).to(self._device)
 
     def _check_env_ids(self, env_ids: torch.Tensor) -> None:
         if env_ids.numel() and (int(env_ids.min()) < 0 or int(env_ids.max()) >= self._num_envs):

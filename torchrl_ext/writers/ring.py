@@ -45,7 +45,7 @@ class EnvRingWriter(Writer):
         >>> writer = EnvRingWriter()
         >>> writer.register_storage(storage)
         >>> step = TensorDict({"obs": torch.ones(2, 5), "env_id": torch.tensor([2, 0])}, [2])
-        >>> writer.extend(step).tolist()  # [env, slot] per written step
+        >>> writer.extend(step).tolist()  # [env, position] per written step
         [[2, 0], [0, 0]]
         >>> storage.current_size.tolist()
         [1, 0, 1]
@@ -75,7 +75,7 @@ class EnvRingWriter(Writer):
         return self.extend(data.unsqueeze(0))
 
     def extend(self, data: TensorDictBase) -> torch.Tensor:
-        """Writes ``[N]`` or ``[N, T]`` steps; returns their ``[N * T, 2]`` ``(env, slot)`` coordinates."""
+        """Writes ``[N]`` or ``[N, T]`` steps; returns their ``[N * T, 2]`` ``(env, position)`` coordinates."""
         storage = self.storage
         if not isinstance(data, TensorDictBase):
             raise TypeError(
@@ -97,11 +97,11 @@ class EnvRingWriter(Writer):
         offsets = torch.arange(steps) if data.batch_dims == 2 else torch.zeros((), dtype=torch.long)
         pos = storage._current_pos[env_ids]
         env = env_ids if data.batch_dims == 1 else env_ids.unsqueeze(1).expand(-1, steps)
-        slot = (pos.unsqueeze(-1) + offsets if data.batch_dims == 2 else pos) % storage.max_length
-        storage._write(env, slot, data, set_cursor=True)
+        position = pos.unsqueeze(-1) + offsets if data.batch_dims == 2 else pos
+        storage._write(env, position, data, set_cursor=True)
         storage.advance(env_ids, steps)
         self._write_count += env.numel()
-        index = torch.stack([env.reshape(-1), slot.reshape(-1)], -1)
+        index = torch.stack([env.reshape(-1), position.reshape(-1)], -1)
         self._mark_update_entities(index)
         return index
 
@@ -172,7 +172,7 @@ class EnvRingWriter(Writer):
             )
         earliest = storage.earliest_position(env_ids)
         positions = earliest.unsqueeze(1) + torch.arange(n)
-        out = storage.get((env_ids.unsqueeze(1).expand(-1, n), positions % storage.max_length))
+        out = storage.get((env_ids.unsqueeze(1).expand(-1, n), positions))
         storage.shrink(env_ids, n)
         self.notify_room()
         return out
