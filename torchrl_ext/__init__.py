@@ -12,6 +12,7 @@ from torchrl_ext.replay_buffers import (
 from torchrl_ext.samplers import (
     PrioritizedSampler,
     PrioritizedSamplerWithoutReplacement,
+    PrioritizedTrajectorySampler,
     TrajectorySampler,
 )
 from torchrl_ext.segment_tree import MaxSegmentTree, MinSegmentTree, SumSegmentTree
@@ -42,6 +43,7 @@ __all__ = [
     "PrioritizedReplayBuffer",
     "PrioritizedSampler",
     "PrioritizedSamplerWithoutReplacement",
+    "PrioritizedTrajectorySampler",
     "RunningMeanStd",
     "SumSegmentTree",
     "TensorDictReplayBuffer",

@@ -23,8 +23,8 @@ def ring_buffer(sizes, max_length, sampler, seed=0, offset=0) -> EnvRingReplayBu
                   env_ids=envs)
     if offset:  # move every env's positions far up (same slots), as after a long run
         state = rb.storage.state_dict()
-        pos, size = state["counters"]
-        state["counters"] = [pos + offset, size]
+        pos, size, resets = state["counters"]
+        state["counters"] = [pos + offset, size, resets]
         rb.storage.load_state_dict(state)
     return rb
 

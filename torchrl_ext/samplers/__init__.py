@@ -3,6 +3,12 @@ from torchrl_ext.samplers.prioritized import (
     PrioritizedSampler,
     PrioritizedSamplerWithoutReplacement,
 )
+from torchrl_ext.samplers.prioritized_trajectory import PrioritizedTrajectorySampler
 from torchrl_ext.samplers.trajectory import TrajectorySampler
 
-__all__ = ["PrioritizedSampler", "PrioritizedSamplerWithoutReplacement", "TrajectorySampler"]
+__all__ = [
+    "PrioritizedSampler",
+    "PrioritizedSamplerWithoutReplacement",
+    "PrioritizedTrajectorySampler",
+    "TrajectorySampler",
+]

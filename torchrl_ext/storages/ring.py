@@ -102,6 +102,9 @@ class EnvRingStorage(Storage):
         self._layout_cache: dict | None = None
         self._current_pos = torch.zeros(num_envs, dtype=torch.long)
         self._current_size = torch.zeros(num_envs, dtype=torch.long)
+        # Clears per env: lets samplers that keep per-position state notice a
+        # clear even when the env has since been written past its old position.
+        self._resets = torch.zeros(num_envs, dtype=torch.long)
         self._last_cursor = None
 
     # ------------------------------------------------------------------
@@ -234,6 +237,7 @@ class EnvRingStorage(Storage):
         env_ids = slice(None) if env_ids is None else torch.as_tensor(env_ids).cpu()
         self._current_pos[env_ids] = 0
         self._current_size[env_ids] = 0
+        self._resets[env_ids] += 1
         self._bump_mutation_revision()
 
     def _allocate(self, data: TensorDictBase, batch_dims: int) -> None:
@@ -371,7 +375,9 @@ class EnvRingStorage(Storage):
             "max_length": self._max_length,
             "keys": keys,
             "leaves": leaves,
-            "counters": [self._current_pos.clone(), self._current_size.clone()],
+            "counters": [
+                self._current_pos.clone(), self._current_size.clone(), self._resets.clone()
+            ],
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -391,9 +397,10 @@ class EnvRingStorage(Storage):
             self._index_leaves()
         else:
             self._storage, self._flat, self._layout_cache = None, [], None
-        pos, size = state_dict["counters"]
+        pos, size, resets = state_dict["counters"]
         self._current_pos.copy_(pos)
         self._current_size.copy_(size)
+        self._resets.copy_(resets)
         self._bump_mutation_revision()
 
     def _empty(self) -> None:

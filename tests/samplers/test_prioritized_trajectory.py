@@ -1,0 +1,231 @@
+"""PrioritizedTrajectorySampler: leaves track valid starts, frequencies, weights, stale updates."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from torchrl_ext.replay_buffers import EnvRingReplayBuffer
+from torchrl_ext.samplers import PrioritizedTrajectorySampler
+
+
+def make(num_envs=2, max_length=6, seed=0, **kwargs):
+    sampler = PrioritizedTrajectorySampler(**kwargs)
+    rb = EnvRingReplayBuffer(num_envs=num_envs, max_length=max_length, sampler=sampler,
+                             generator=torch.Generator().manual_seed(seed))
+    return rb, sampler
+
+
+def write(rb, envs, t):
+    envs = list(envs)
+    rb.extend(TensorDict({"x": torch.tensor([1000.0 * e + t for e in envs])}, [len(envs)]),
+              env_ids=envs)
+
+
+def expected_leaves(rb, sampler, priority_of):
+    """Brute force: leaf of slot s of env e is priority_of[(e, p)] if p is a valid start."""
+    storage = rb.storage
+    length = storage.max_length
+    out = torch.zeros(storage.num_envs * length)
+    for e in range(storage.num_envs):
+        pos, size = int(storage.current_pos[e]), int(storage.current_size[e])
+        first = pos - size + sampler.num_earliest_frames_ignored
+        for p in range(first, pos - sampler.batch_length + 1):
+            out[e * length + p % length] = priority_of.get((e, p), 1.0)
+    return out
+
+
+def test_leaves_follow_writes_dequeues_clears_and_batch_length_changes():
+    rng = random.Random(0)
+    for trial in range(4):
+        rb, sampler = make(num_envs=3, max_length=5, num_earliest_frames_ignored=trial % 2,
+                           batch_length=2)
+        priority_of = {}
+        for step in range(120):
+            op = rng.random()
+            storage = rb.storage
+            if op < 0.55:
+                envs = sorted(rng.sample(range(3), rng.randint(1, 3)))
+                write(rb, envs, step)
+            elif op < 0.65 and len(storage):
+                e = rng.randrange(3)
+                if int(storage.current_size[e]) >= 1:
+                    rb.dequeue(1, env_ids=[e])
+            elif op < 0.7:
+                rb.clear(env_ids=[rng.randrange(3)])
+                priority_of = {k: v for k, v in priority_of.items()
+                               if storage.contains(k)}
+            elif op < 0.75:
+                sampler.batch_length = rng.randint(1, 3)
+            else:
+                # Random priorities for random (env, position) pairs, stale ones included.
+                env = rng.randrange(3)
+                pos = int(storage.current_pos[env])
+                positions = [rng.randint(max(0, pos - 8), pos + 1) for _ in range(3)]
+                values = [round(rng.uniform(0.1, 4.0), 2) for _ in positions]
+                if len(storage):
+                    sampler._sync(storage)
+                    a = pos - int(storage.current_size[env]) + sampler.num_earliest_frames_ignored
+                    b = pos - sampler.batch_length
+                    for p, v in zip(positions, values):
+                        if a <= p <= b:
+                            priority_of[(env, p)] = v
+                    sampler.update_window_priority([env] * 3, positions, values)
+            # A written slot forgets the priority of the step it replaced.
+            priority_of = {k: v for k, v in priority_of.items() if rb.storage.contains(k)}
+            if len(rb.storage):
+                sampler._sync(rb.storage)
+                leaves = sampler._tree.leaves[: 15].float()
+                expected = expected_leaves(rb, sampler, priority_of)
+                # New windows get max(current max, 1.0): compare positivity and set priorities.
+                assert torch.equal(leaves > 0, expected > 0), (trial, step)
+                for (e, p), v in priority_of.items():
+                    if expected[e * 5 + p % 5] > 0:
+                        assert leaves[e * 5 + p % 5] == pytest.approx(v), (trial, step, e, p)
+
+
+def test_sampling_frequencies_follow_priorities():
+    rb, sampler = make(num_envs=2, max_length=4, batch_length=1, with_replacement=True)
+    for t in range(4):
+        write(rb, [0, 1], t)
+    priorities = torch.tensor([1.0, 2.0, 3.0, 4.0, 0.5, 0.5, 1.0, 0.0])
+    for e in range(2):
+        sampler.update_window_priority([e] * 4, list(range(4)), priorities[4 * e: 4 * e + 4])
+    batch = rb.sample(40000)
+    leaf = batch["env_ids"][:, 0] * 4 + batch["positions"][:, 0]
+    observed = torch.bincount(leaf, minlength=8).double()
+    expected = priorities.double() / priorities.sum() * 40000
+    assert observed[7] == 0
+    chi2 = float(((observed[:7] - expected[:7]) ** 2 / expected[:7]).sum())
+    assert chi2 < 22.5  # 99.9% quantile, 6 degrees of freedom
+
+
+def test_importance_weights_in_both_conventions():
+    for weights, expected in (("alf", lambda p: p * 3 / 6.0), ("per", lambda p: (p / 1.0) ** -0.5)):
+        rb, sampler = make(num_envs=1, max_length=3, batch_length=1, weights=weights, beta=0.5)
+        for t in range(3):
+            write(rb, [0], t)
+        sampler.update_window_priority([0, 0, 0], [0, 1, 2], [1.0, 2.0, 3.0])
+        batch = rb.sample(30)
+        prio = batch["positions"][:, 0].double() + 1
+        assert torch.allclose(batch["priority_weight"][:, 0].double(), expected(prio)), weights
+
+
+def test_alpha_and_eps_transform_priorities():
+    rb, sampler = make(num_envs=1, max_length=2, batch_length=1, alpha=0.5, eps=0.25)
+    write(rb, [0], 0)
+    write(rb, [0], 1)
+    sampler.update_window_priority([0], [1], [2.0])
+    assert sampler._tree.leaves[1] == pytest.approx(1.5)  # (2 + 0.25) ** 0.5
+
+
+def test_new_windows_get_the_current_maximum():
+    rb, sampler = make(num_envs=1, max_length=4, batch_length=1, initial_priority=1.0)
+    write(rb, [0], 0)
+    rb.sample(1)
+    sampler.update_window_priority([0], [0], [7.0])
+    write(rb, [0], 1)
+    rb.sample(1)
+    assert sampler._tree.leaves[:2].tolist() == [7.0, 7.0]
+
+
+def test_stale_or_invalid_updates_are_skipped_without_error():
+    # ALF raises when every position is stale (Q14) and re-enables ignored ones (Q15).
+    rb, sampler = make(num_envs=1, max_length=3, batch_length=2, num_earliest_frames_ignored=1)
+    for t in range(5):
+        write(rb, [0], t)
+    # Stored positions 2, 3, 4; position 2 is ignored; valid starts: {3}.
+    before = sampler._tree.leaves.clone() if sampler._tree is not None else None
+    sampler.update_window_priority([0, 0, 0, 0], [0, 2, 4, 9], [5.0, 5.0, 5.0, 5.0])
+    rb.sample(1)
+    leaves = sampler._tree.leaves
+    assert float(leaves.sum()) == pytest.approx(1.0) and before is None
+    sampler.update_window_priority([0, 0], [3, 0], [2.5, 9.0])
+    assert float(sampler._tree.leaves.sum()) == pytest.approx(2.5)
+
+
+def test_short_envs_are_never_drawn():
+    # ALF draws negative positions from envs shorter than batch_length (Q16).
+    rb, sampler = make(num_envs=2, max_length=6, batch_length=3)
+    for t in range(5):
+        write(rb, [0] if t < 2 else [0, 1], t)  # env 1 holds 3 steps, env 0 holds 5
+    write(rb, [0], 5)
+    rb.clear(env_ids=[1])
+    write(rb, [1], 6)
+    write(rb, [1], 7)  # env 1: 2 steps, too short
+    batch = rb.sample(200)
+    assert set(batch["env_ids"][:, 0].tolist()) == {0}
+    assert bool((batch["positions"] >= 0).all())
+
+
+def test_recent_data_and_priorities_together():
+    rb, sampler = make(num_envs=1, max_length=40, batch_length=1, recent_data_steps=2,
+                       recent_data_ratio=0.25)
+    for t in range(40):
+        write(rb, [0], t)
+    sampler.update_window_priority([0] * 40, list(range(40)), torch.linspace(1, 2, 40))
+    batch = rb.sample(8)
+    assert bool((batch["positions"][:2, 0] >= 38).all())
+    assert batch["priority_weight"][:2, 0].tolist() == [1.0, 1.0]
+    assert bool((batch["priority_weight"][2:, 0] != 1.0).any())
+
+
+def test_zero_priorities_everywhere_raise():
+    rb, sampler = make(num_envs=1, max_length=3, batch_length=1)
+    for t in range(3):
+        write(rb, [0], t)
+    sampler.update_window_priority([0, 0, 0], [0, 1, 2], 0.0)
+    with pytest.raises(ValueError, match="every valid window has priority 0"):
+        rb.sample(2)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -1.0])
+def test_bad_priorities_raise_and_change_nothing(bad):
+    rb, sampler = make(num_envs=1, max_length=3, batch_length=1)
+    for t in range(3):
+        write(rb, [0], t)
+    rb.sample(1)
+    before = sampler._tree.leaves.clone()
+    with pytest.raises(ValueError, match="priorities must be finite and >= 0"):
+        sampler.update_window_priority([0, 0], [0, 1], [1.0, bad])
+    assert torch.equal(sampler._tree.leaves, before)
+
+
+def test_bad_constructor_arguments():
+    with pytest.raises(ValueError, match="weights must be 'alf' or 'per'"):
+        PrioritizedTrajectorySampler(weights="max")
+    with pytest.raises(ValueError, match=r"beta must be a number in \[0, 1\]"):
+        PrioritizedTrajectorySampler(beta=2.0)
+    with pytest.raises(ValueError, match="alpha must be a number >= 0"):
+        PrioritizedTrajectorySampler(alpha=-1.0)
+    with pytest.raises(RuntimeError, match="not attached to a buffer yet"):
+        PrioritizedTrajectorySampler().update_window_priority([0], [0], [1.0])
+
+
+def test_buffer_update_priority_from_a_sample():
+    rb, sampler = make(num_envs=2, max_length=5, batch_length=2)
+    for t in range(5):
+        write(rb, [0, 1], t)
+    batch = rb.sample(4)
+    rb.update_priority(batch["index"], torch.full((4, 2), 3.0))
+    for e, p in zip(batch["env_ids"][:, 0].tolist(), batch["positions"][:, 0].tolist()):
+        assert sampler._tree.leaves[e * 5 + p % 5] == 3.0
+
+
+def test_checkpoint_reproduces_the_next_samples(tmp_path):
+    rb, sampler = make(num_envs=2, max_length=5, batch_length=2, seed=1)
+    for t in range(7):
+        write(rb, [0, 1] if t % 3 else [1], t)
+    sampler.update_window_priority([0, 1, 1], [4, 3, 5], [4.0, 0.5, 2.0])
+    rb.sample(3)
+    rb.dumps(tmp_path / "rb")
+    fresh, _ = make(num_envs=2, max_length=5, batch_length=2)
+    fresh.loads(tmp_path / "rb")
+    write(rb, [0], 99)
+    write(fresh, [0], 99)
+    rb.set_rng(torch.Generator().manual_seed(5))
+    fresh.set_rng(torch.Generator().manual_seed(5))
+    assert torch.equal(rb.sample(16)["x"], fresh.sample(16)["x"])
+    assert torch.equal(rb._sampler._tree.leaves, fresh._sampler._tree.leaves)

@@ -1,0 +1,353 @@
+"""Prioritized windows from per-environment rings (ALF's prioritized ``get_batch``).
+
+One priority per window start, in a pure-torch sum tree over the ``E * L``
+slots (leaf ``env * max_length + slot``). Only *valid* starts (whole window
+stored, outside the ignored earliest steps) have a non-zero leaf, so every
+draw is a complete window. The sampler keeps the leaves in step with the
+storage lazily: before each sample or priority update it compares the
+storage's cursors with the ones it last saw and touches only the slots that
+changed (written, dequeued, or newly complete windows).
+
+Differences from ALF, all deliberate:
+
+* an update for a position that is no longer a valid start (overwritten,
+  dequeued, in the ignored earliest steps, or in the last ``T - 1`` steps)
+  is skipped, never raised (ALF raises when all are stale, Q14) and never
+  applied (ALF re-enables such positions, Q15);
+* an env holding fewer than ``batch_length`` steps has no valid start, so
+  no negative position or partial window is ever drawn (ALF: Q16);
+* recent-data sampling works together with priorities: recent windows get
+  importance weight 1 (ALF fails to build the batch, Q13);
+* ``batch_length`` can change between samples: the leaves are rebuilt,
+  and starts that become valid again keep the priority they had.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from torchrl_ext.io.state_files import load_state, save_state
+from torchrl_ext.samplers._priority_tree import PrioritySegmentTree
+from torchrl_ext.samplers.trajectory import TrajectorySampler
+from torchrl_ext.storages.ring import EnvRingStorage
+
+__all__ = ["PrioritizedTrajectorySampler"]
+
+_UNSET = -1.0  # stored priority of a slot whose current step was never prioritized
+_TENSORS, _METADATA = "trajectory_priorities.safetensors", "trajectory_sampler.json"
+
+
+class PrioritizedTrajectorySampler(TrajectorySampler):
+    """Windows drawn with probability proportional to their start's priority.
+
+    New windows get ``max(largest current leaf, (initial_priority + eps) ** alpha)``
+    when they become complete. Priorities given to :meth:`update_window_priority`
+    are stored as ``(priority + eps) ** alpha``.
+
+    Args:
+        batch_length: steps per window.
+
+    Keyword Args:
+        alpha: priority exponent (ALF stores priorities as given: ``alpha=1``).
+        beta: importance-weight exponent for ``weights="per"``.
+        eps: added to priorities before the exponent.
+        initial_priority: priority of new windows (at least).
+        weights: ``"alf"`` gives ``leaf * nnz / total`` (ALF's convention: the
+            algorithm applies ``** -beta`` itself); ``"per"`` gives
+            ``(leaf / min_leaf) ** -beta``, TorchRL's convention.
+        num_earliest_frames_ignored, with_replacement, recent_data_steps,
+        recent_data_ratio: see :class:`TrajectorySampler`. Without
+            replacement the draws are stratified over the priority mass.
+
+    Shape contract:
+        ``info`` adds ``priority_weight`` ``[B]`` to ``env_ids`` and ``positions``.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl_ext.replay_buffers import EnvRingReplayBuffer
+        >>> from torchrl_ext.samplers import PrioritizedTrajectorySampler
+        >>> sampler = PrioritizedTrajectorySampler(batch_length=2)
+        >>> rb = EnvRingReplayBuffer(num_envs=2, max_length=6, sampler=sampler)
+        >>> for t in range(4):
+        ...     _ = rb.extend(TensorDict({"t": torch.full((2,), float(t))}, [2]))
+        >>> # Only env 1's window starting at position 2 keeps a priority.
+        >>> sampler.update_window_priority([0, 0, 0, 1, 1], [0, 1, 2, 0, 1], 0.0)
+        >>> batch = rb.sample(3)
+        >>> batch["env_ids"][:, 0].tolist(), batch["positions"][:, 0].tolist()
+        ([1, 1, 1], [2, 2, 2])
+    """
+
+    def __init__(
+        self,
+        batch_length: int = 1,
+        *,
+        alpha: float = 1.0,
+        beta: float = 0.0,
+        eps: float = 0.0,
+        initial_priority: float = 1.0,
+        weights: str = "alf",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(batch_length, **kwargs)
+        for name, value in (("alpha", alpha), ("eps", eps), ("initial_priority", initial_priority)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise ValueError(f"{name} must be a number >= 0, got {name}={value!r}.")
+        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0 <= beta <= 1:
+            raise ValueError(f"beta must be a number in [0, 1], got beta={beta!r}.")
+        if weights not in ("alf", "per"):
+            raise ValueError(f"weights must be 'alf' or 'per', got weights={weights!r}.")
+        self.alpha, self.beta, self.eps = float(alpha), float(beta), float(eps)
+        self.initial_priority, self.weights = float(initial_priority), weights
+        self._tree: PrioritySegmentTree | None = None
+        self._stored: torch.Tensor | None = None  # transformed priority per slot, or _UNSET
+        self._seen: torch.Tensor | None = None  # [3, E] pos, size, resets at the last sync
+        self._seen_geometry: tuple[int, int] | None = None
+
+    # ------------------------------------------------------------------
+    # Keeping the leaves in step with the storage
+    def _sync(self, storage: EnvRingStorage) -> None:
+        num_leaves = storage.num_envs * storage.max_length
+        if self._tree is None or self._tree.capacity != num_leaves:
+            self._tree = PrioritySegmentTree(num_leaves, track_max=True)
+            self._stored = torch.full((num_leaves,), _UNSET)
+            self._seen = torch.zeros(3, storage.num_envs, dtype=torch.long)
+            self._seen_geometry = None
+        now = torch.stack([storage._current_pos, storage._current_size, storage._resets])
+        geometry = (self._batch_length, self.num_earliest_frames_ignored)
+        if geometry != self._seen_geometry or not torch.equal(now[2], self._seen[2]):
+            cleared = (now[2] != self._seen[2]).nonzero().squeeze(1)
+            self._stored.view(storage.num_envs, -1)[cleared] = _UNSET
+            self._rebuild(storage)
+        else:
+            changed = (now != self._seen).any(0).nonzero().squeeze(1)
+            if changed.numel():
+                self._advance(storage, changed)
+        self._seen, self._seen_geometry = now, geometry
+
+    def _valid_bounds(self, pos: torch.Tensor, size: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return pos - size + self.num_earliest_frames_ignored, pos - self._batch_length
+
+    def _advance(self, storage: EnvRingStorage, env: torch.Tensor) -> None:
+        length = storage.max_length
+        p0, s0 = self._seen[0, env], self._seen[1, env]
+        p1, s1 = storage._current_pos[env], storage._current_size[env]
+        a0, b0 = self._valid_bounds(p0, s0)
+        a1, b1 = self._valid_bounds(p1, s1)
+        # Slots of positions written since the last sync now hold new steps.
+        written = _leaves_of(env, torch.maximum(p0, p1 - length), p1 - 1, length)
+        self._stored[written] = _UNSET
+        # Starts that left the valid range and whose slot still holds them.
+        left = _leaves_of(env, torch.maximum(a0, p1 - length), torch.minimum(a1, b0 + 1) - 1, length)
+        zeros = torch.cat([written, left])
+        if zeros.numel():
+            self._tree._write(zeros, torch.zeros(zeros.numel(), dtype=self._tree.dtype))
+        new = _leaves_of(env, torch.maximum(b0 + 1, a1), b1, length)
+        if new.numel():
+            self._enable(new)
+
+    def _enable(self, leaves: torch.Tensor) -> None:
+        """Starts that became valid: their own priority if they had one, else a new one."""
+        stored = self._stored[leaves]
+        known = stored != _UNSET
+        if bool(known.any()):
+            self._tree._write(leaves[known], stored[known].to(self._tree.dtype))
+        if not bool(known.all()):
+            self._set_new(leaves[~known])
+
+    def _rebuild(self, storage: EnvRingStorage) -> None:
+        """All leaves from scratch (after a clear or a new batch_length)."""
+        length = storage.max_length
+        pos = storage._current_pos.unsqueeze(1)
+        a, b = self._valid_bounds(pos, storage._current_size.unsqueeze(1))
+        slot = torch.arange(length)
+        latest = pos - 1 - (pos - 1 - slot) % length  # newest position held by each slot
+        valid = ((latest >= a) & (latest <= b)).reshape(-1)
+        self._tree.clear()
+        self._enable(valid.nonzero().squeeze(1))
+
+    def _set_new(self, leaves: torch.Tensor) -> None:
+        value = max(float(self._tree.max()), (self.initial_priority + self.eps) ** self.alpha)
+        values = torch.full((leaves.numel(),), value, dtype=self._tree.dtype)
+        self._tree._write(leaves, values)
+        self._stored[leaves] = value
+
+    # ------------------------------------------------------------------
+    def sample(self, storage: EnvRingStorage, batch_size: int) -> tuple[Any, dict[str, torch.Tensor]]:
+        if not isinstance(storage, EnvRingStorage):
+            raise TypeError(
+                f"{type(self).__name__} samples windows from an EnvRingStorage, got "
+                f"{type(storage).__name__}."
+            )
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got batch_size={batch_size!r}.")
+        self._storage_ref = storage
+        if len(storage) == 0:
+            raise RuntimeError("Cannot sample from an empty storage.")
+        self._sync(storage)
+        count, latest = self.valid_starts(storage)
+        eligible = count.nonzero().squeeze(1)
+        if eligible.numel() == 0:
+            raise ValueError(
+                f"no env holds a window of batch_length={self._batch_length} after ignoring "
+                f"{self.num_earliest_frames_ignored} earliest steps (steps per env: "
+                f"{storage._current_size.tolist()}); sample shorter windows or add more data."
+            )
+        recent = self._recent_batch_size(storage, batch_size)
+        env_r, start_r = self._draw(recent, eligible, count, latest, cap=self.recent_data_steps)
+        env_p, start_p, weight_p = self._prioritized(storage, batch_size - recent)
+        env, start = torch.cat([env_r, env_p]), torch.cat([start_r, start_p])
+        weight = torch.cat([torch.ones(recent, dtype=weight_p.dtype), weight_p])
+        steps = start.unsqueeze(1) + torch.arange(self._batch_length)
+        index = (env.unsqueeze(1).expand_as(steps), steps)
+        return index, {"env_ids": env, "positions": start, "priority_weight": weight}
+
+    def _prioritized(
+        self, storage: EnvRingStorage, n: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        tree, length = self._tree, storage.max_length
+        if n == 0:
+            empty = torch.empty(0, dtype=torch.long)
+            return empty, empty, torch.empty(0, dtype=tree.dtype)
+        prefix = tree._top_prefix()
+        total = float(prefix[-1])
+        if not total > 0:
+            raise ValueError(
+                "every valid window has priority 0, so none can be drawn; give some windows a "
+                "positive priority (or use eps > 0)."
+            )
+        draw = torch.rand(n, dtype=torch.float64, generator=self._rng)
+        if not self.with_replacement:
+            draw = draw.add_(torch.arange(n, dtype=torch.float64)).div_(n)
+        leaf, value = tree._sample_walk(draw.mul_(math.nextafter(total, 0.0)), prefix)
+        env, slot = leaf // length, leaf % length
+        pos = storage._current_pos[env]
+        start = pos - 1 - (pos - 1 - slot) % length
+        if self.weights == "alf":
+            weight = value * tree.nnz / total
+        else:
+            weight = (value / tree.min_nonzero()).pow_(-self.beta)
+        return env, start, weight
+
+    # ------------------------------------------------------------------
+    @torch.no_grad()
+    def update_window_priority(self, env_ids: Any, positions: Any, priorities: Any) -> None:
+        """Sets the priority of the windows starting at ``positions`` of ``env_ids``.
+
+        Entries whose position is no longer a valid start are skipped.
+
+        Raises:
+            ValueError: on NaN, infinite or negative priorities, or env ids out
+                of range (nothing is written then).
+        """
+        storage = self._require_storage()
+        env_ids = torch.as_tensor(env_ids, dtype=torch.long).reshape(-1).cpu()
+        positions = torch.as_tensor(positions, dtype=torch.long).reshape(-1).cpu()
+        priorities = torch.as_tensor(priorities, dtype=torch.float64).detach().cpu()
+        env_ids, positions, priorities = torch.broadcast_tensors(
+            env_ids, positions, priorities.reshape(-1)
+        )
+        if env_ids.numel() == 0:
+            return
+        storage._check_env_ids(env_ids)
+        pmin, pmax = (float(x) for x in torch.aminmax(priorities))
+        if not (math.isfinite(pmin) and math.isfinite(pmax)) or pmin < 0:
+            raise ValueError(
+                f"priorities must be finite and >= 0, got values in [{pmin}, {pmax}]; "
+                "use e.g. td_error.abs() and replace NaN/inf before updating."
+            )
+        self._sync(storage)
+        a, b = self._valid_bounds(storage._current_pos[env_ids], storage._current_size[env_ids])
+        keep = (positions >= a) & (positions <= b)
+        if not bool(keep.any()):
+            return
+        leaves = env_ids[keep] * storage.max_length + positions[keep] % storage.max_length
+        values = (priorities[keep] + self.eps).pow_(self.alpha).to(self._tree.dtype)
+        self._tree._write(leaves, values)
+        self._stored[leaves] = values.to(self._stored.dtype)
+
+    def update_priority(
+        self, index: Any, priority: Any, *, storage: EnvRingStorage | None = None
+    ) -> None:
+        """TorchRL's hook: ``index`` is a sample's ``index`` (``[B, T, 2]`` or ``[B, 2]``).
+
+        The window is named by its first step; a ``[B, T]`` priority is
+        reduced with ``max`` over time.
+        """
+        if storage is not None:
+            self._storage_ref = storage
+        index = torch.as_tensor(index)
+        if index.ndim == 3:
+            index = index[:, 0]
+        priority = torch.as_tensor(priority)
+        if priority.ndim > 1:
+            priority = priority.reshape(priority.shape[0], -1).amax(1)
+        self.update_window_priority(index[:, 0], index[:, 1], priority)
+
+    def mark_update(self, index: Any, *, storage: EnvRingStorage | None = None) -> None:
+        # Called by the buffer on every write: remember where the data lives.
+        if storage is not None:
+            self._storage_ref = storage
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state.pop("_storage_ref", None)  # the buffer holds the storage
+        return state
+
+    def _require_storage(self) -> EnvRingStorage:
+        storage = getattr(self, "_storage_ref", None)
+        if storage is None:
+            raise RuntimeError(
+                f"{type(self).__name__} is not attached to a buffer yet; build the buffer "
+                "with this sampler (or sample once) before updating priorities."
+            )
+        return storage
+
+    # ------------------------------------------------------------------
+    def _empty(self) -> None:
+        self._tree = self._stored = self._seen = self._seen_geometry = None
+
+    def state_dict(self) -> dict[str, Any]:
+        if self._tree is None:
+            return {"initialized": False}
+        return {
+            "initialized": True,
+            "tree": self._tree.state_dict(),
+            "stored": [self._stored.clone()],
+            "seen": [self._seen.clone()],
+            "seen_geometry": list(self._seen_geometry or ()),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if not state_dict["initialized"]:
+            self._empty()
+            return
+        tree_state = state_dict["tree"]
+        self._tree = PrioritySegmentTree(tree_state["capacity"], track_max=True)
+        self._tree.load_state_dict(tree_state)
+        self._stored = state_dict["stored"][0].clone()
+        self._seen = state_dict["seen"][0].clone()
+        geometry = state_dict["seen_geometry"]
+        self._seen_geometry = tuple(geometry) if geometry else None
+
+    def dumps(self, path: str | Path) -> None:
+        save_state(path, self.state_dict(), tensors_file=_TENSORS, metadata_file=_METADATA)
+
+    def loads(self, path: str | Path) -> None:
+        self.load_state_dict(load_state(path, tensors_file=_TENSORS, metadata_file=_METADATA))
+
+
+def _leaves_of(env: torch.Tensor, low: torch.Tensor, high: torch.Tensor, length: int) -> torch.Tensor:
+    """Leaves of positions ``low[i] ... high[i]`` of ``env[i]`` (empty where ``high < low``)."""
+    span = (high - low + 1).clamp_(min=0, max=length)
+    width = int(span.max()) if span.numel() else 0
+    if width == 0:
+        return torch.empty(0, dtype=torch.long)
+    offsets = torch.arange(width)
+    mask = offsets < span.unsqueeze(1)
+    positions = low.unsqueeze(1) + offsets
+    leaves = env.unsqueeze(1) * length + positions % length
+    return leaves[mask]
