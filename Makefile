@@ -46,6 +46,7 @@ bench: $(VENV)/.installed-test+examples+bench
 	$(VENV)/bin/python benchmarks/bench_value.py
 	$(VENV)/bin/python benchmarks/bench_prioritized.py
 	$(VENV)/bin/python benchmarks/bench_storage.py
+	$(VENV)/bin/python benchmarks/bench_ring.py
 
 clean:
 	rm -rf $(VENV) $(NIGHTLY_VENV) outputs .pytest_cache

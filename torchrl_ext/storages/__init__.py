@@ -1,10 +1,12 @@
 """Storages: they hold the data and gather it by index; they never decide order."""
+from torchrl_ext.storages.episodes import EpisodicEnvRingStorage
 from torchrl_ext.storages.fast import FastMemmapStorage, FastTensorStorage, gather_rows
 from torchrl_ext.storages.ring import EnvRingStorage, EnvRingStorageCheckpointer
 
 __all__ = [
     "EnvRingStorage",
     "EnvRingStorageCheckpointer",
+    "EpisodicEnvRingStorage",
     "FastMemmapStorage",
     "FastTensorStorage",
     "gather_rows",

@@ -170,6 +170,8 @@ class EnvRingWriter(Writer):
                 f"cannot dequeue n={n} steps: env {int(env_ids[size.argmin()])} holds only "
                 f"{int(size.min())}; dequeue fewer, or wait for more data."
             )
+        if env_ids.numel() == 0:
+            return storage._empty_result((0, n))
         earliest = storage.earliest_position(env_ids)
         positions = earliest.unsqueeze(1) + torch.arange(n)
         out = storage.get((env_ids.unsqueeze(1).expand(-1, n), positions))

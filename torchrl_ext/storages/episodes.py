@@ -1,0 +1,304 @@
+"""Per-env rings with an episode index and recorded discounted returns (ALF's ``keep_episodic_info``).
+
+For every stored step the storage knows where its episode began and where
+it ends (or the newest step so far), even after the episode's first step
+has been overwritten, and, with ``record_episodic_return``, each step's
+discounted return once its episode has ended.
+
+Bookkeeping per slot (``[E, L]``, beside the data):
+
+* ``is_first``: the step begins an episode;
+* ``indexed``: for a first step, the newest position of its episode written
+  so far; for any other step, its episode's first position;
+* ``headless`` (``[E]``): the newest position of the episode whose first
+  step was overwritten last (only one such episode can still be stored);
+* with returns: ``disc0`` (the latest position <= this one that begins an
+  episode or has discount 0) and ``returns``.
+
+Returns follow ALF: when a step ``T`` with discount 0 arrives, every stored
+step ``j`` from the previous discount-0 step (or the episode start) gets
+``G_j = sum_{k=j}^{T-1} gamma^(k-j) discount[k] clip(reward[k+1])``, computed
+by the backward recursion ``G_j = discount[j] clip(reward[j+1]) + gamma G_{j+1}``
+(no ``gamma ** k`` factors, so it stays finite for episodes of any length;
+ALF overflows to NaN past about 10,000 steps, Q11). Steps of unfinished or
+time-limited episodes keep ``default_return``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+
+from torchrl_ext.storages.ring import EnvRingStorage
+from torchrl_ext.value.functional import discounted_cumsum
+
+__all__ = ["EpisodicEnvRingStorage"]
+
+RETURN_KEY = "discounted_return"
+
+
+class EpisodicEnvRingStorage(EnvRingStorage):
+    """:class:`EnvRingStorage` that indexes episodes and can record discounted returns.
+
+    Args:
+        num_envs, max_length: ring geometry.
+
+    Keyword Args:
+        step_type_key: key marking episode starts: ALF's ``step_type``
+            (``0`` = FIRST) or a bool such as TorchRL's ``"is_init"``.
+        record_episodic_return: compute returns when episodes end (needs
+            ``discount_key`` and ``reward_key`` in the data).
+        gamma: discount of the recorded returns.
+        reward_clip: ``(low, high)`` applied to rewards first, or ``None``.
+        default_return: return of steps whose episode has not ended.
+        discount_key, reward_key: ALF's per-step ``discount`` (0 at a terminal
+            step) and ``reward`` (received on arriving at the step).
+        device: see :class:`EnvRingStorage`.
+
+    Shape contract:
+        Queries take positions and env ids of one shape and return int64 of
+        that shape; ``get`` adds ``"discounted_return"`` (float32) when
+        returns are recorded.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl_ext.replay_buffers import EnvRingReplayBuffer
+        >>> from torchrl_ext.storages import EpisodicEnvRingStorage
+        >>> storage = EpisodicEnvRingStorage(1, 8, record_episodic_return=True, gamma=0.5)
+        >>> rb = EnvRingReplayBuffer(storage=storage)
+        >>> for step_type, discount, reward in [(0, 1.0, 0.0), (1, 1.0, 1.0), (2, 0.0, 2.0)]:
+        ...     _ = rb.extend(TensorDict({"step_type": torch.tensor([step_type]),
+        ...         "discount": torch.tensor([discount]), "reward": torch.tensor([reward])}, [1]))
+        >>> storage.get((torch.tensor([0, 0, 0]), torch.arange(3)))["discounted_return"].tolist()
+        [2.0, 2.0, -1000.0]
+        >>> storage.steps_to_episode_end(torch.tensor([0]), torch.tensor([0])).tolist()
+        [2]
+    """
+
+    def __init__(
+        self,
+        num_envs: int,
+        max_length: int,
+        *,
+        step_type_key: Any = "step_type",
+        record_episodic_return: bool = False,
+        gamma: float = 0.99,
+        reward_clip: tuple[float, float] | None = None,
+        default_return: float = -1000.0,
+        discount_key: Any = "discount",
+        reward_key: Any = "reward",
+        device: torch.device | str = "cpu",
+    ) -> None:
+        super().__init__(num_envs, max_length, device=device)
+        if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0 <= gamma <= 1:
+            raise ValueError(f"gamma must be a number in [0, 1], got gamma={gamma!r}.")
+        if reward_clip is not None and (len(reward_clip) != 2 or reward_clip[0] > reward_clip[1]):
+            raise ValueError(
+                f"reward_clip must be (low, high) with low <= high, got reward_clip={reward_clip!r}."
+            )
+        self.step_type_key, self.discount_key, self.reward_key = step_type_key, discount_key, reward_key
+        self.record_episodic_return = bool(record_episodic_return)
+        self.gamma, self.reward_clip, self.default_return = float(gamma), reward_clip, float(default_return)
+        shape = (num_envs, max_length)
+        self._is_first = torch.zeros(shape, dtype=torch.bool)
+        self._indexed = torch.zeros(shape, dtype=torch.long)
+        self._headless = torch.zeros(num_envs, dtype=torch.long)
+        self._disc0 = torch.zeros(shape, dtype=torch.long)
+        self._returns = torch.full(shape, self.default_return)
+
+    # ------------------------------------------------------------------
+    def _write(
+        self, env: torch.Tensor, position: torch.Tensor, data: TensorDictBase, *, set_cursor: bool
+    ) -> None:
+        first = self._field(data, self.step_type_key)
+        if self.record_episodic_return:
+            discount = self._field(data, self.discount_key)
+        super()._write(env, position, data, set_cursor=set_cursor)
+        if first.dtype is not torch.bool:
+            first = first == 0  # ALF's StepType.FIRST
+        if env.ndim == 1:
+            env, position, first = env.unsqueeze(1), position.unsqueeze(1), first.unsqueeze(1)
+            if self.record_episodic_return:
+                discount = discount.unsqueeze(1)
+        size0 = self._current_size[env[:, 0]]  # the cursors move after the write
+        if env.shape[1] > 1 and self._continues_quietly(env, position, first, size0,
+                                                        discount if self.record_episodic_return else None):
+            self._continue_block(env, position)
+            return
+        for t in range(env.shape[1]):  # steps of one env must be indexed in order
+            size = (size0 + t).clamp_(max=self._max_length)  # stored before step t
+            self._index_step(env[:, t], position[:, t], first[:, t].reshape(-1).cpu(), size)
+            if self.record_episodic_return:
+                self._record_step(env[:, t], position[:, t], discount[:, t].reshape(-1).cpu(), size)
+
+    def _continues_quietly(
+        self, env: torch.Tensor, pos: torch.Tensor, first: torch.Tensor, size0: torch.Tensor,
+        discount: torch.Tensor | None,
+    ) -> bool:
+        """Whether a ``[N, T]`` block only extends open episodes: no start, no discount 0,
+        no episode head overwritten. Long episodes then cost a few kernels per block."""
+        first = first.reshape(env.shape).cpu()
+        if bool(first.any()) or bool((size0 == 0).any()):
+            return False
+        if discount is not None and bool((discount.reshape(env.shape) == 0).any()):
+            return False
+        slots = pos % self._max_length
+        overwritten = (pos >= self._max_length) & self._is_first[env, slots]
+        return not bool(overwritten.any())
+
+    def _continue_block(self, env: torch.Tensor, pos: torch.Tensor) -> None:
+        length = self._max_length
+        slots = pos % length
+        rows = env[:, 0]
+        begin = self._indexed[rows, (pos[:, 0] - 1) % length]
+        self._is_first[env, slots] = False
+        self._indexed[env, slots] = begin.unsqueeze(1).expand_as(pos)
+        last = pos[:, -1]
+        # Same outcome as indexing the steps one by one: the head keeps the newest
+        # position while it is stored, the headless record takes it otherwise.
+        head_stored = begin > last - length
+        self._indexed[rows[head_stored], begin[head_stored] % length] = last[head_stored]
+        self._headless[rows[~head_stored]] = last[~head_stored]
+        if self.record_episodic_return:
+            prev = self._disc0[rows, (pos[:, 0] - 1) % length]
+            self._disc0[env, slots] = prev.unsqueeze(1).expand_as(pos)
+            self._returns[env, slots] = self.default_return
+
+    def _field(self, data: TensorDictBase, key: Any) -> torch.Tensor:
+        value = data.get(key, None)
+        if value is None:
+            raise ValueError(
+                f"{type(self).__name__} needs {key!r} in every written batch (episode "
+                "bookkeeping); add it, or pass the key that holds it to the constructor."
+            )
+        return value
+
+    def _index_step(
+        self, env: torch.Tensor, pos: torch.Tensor, first: torch.Tensor, size: torch.Tensor
+    ) -> None:
+        length = self._max_length
+        slot = pos % length
+        # The slot is about to lose position pos - L. If that step began an
+        # episode, the episode's newest position moves to the headless record.
+        losing_head = (pos >= length) & self._is_first[env, slot]
+        self._headless[env[losing_head]] = self._indexed[env[losing_head], slot[losing_head]]
+        # A step with nothing stored before it also opens an episode as far as
+        # the ring can tell (the first write, or the first after a clear).
+        opens = first | (size == 0)
+        self._is_first[env, slot] = opens
+        prev = self._indexed[env, (pos - 1) % length]  # begin of the previous step's episode
+        begin = torch.where(opens, pos, prev)
+        self._indexed[env, slot] = begin
+        cont = ~opens
+        head_stored = begin > pos - length
+        upd = cont & head_stored
+        self._indexed[env[upd], begin[upd] % length] = pos[upd]
+        self._headless[env[cont & ~head_stored]] = pos[cont & ~head_stored]
+
+    def _record_step(
+        self, env: torch.Tensor, pos: torch.Tensor, discount: torch.Tensor, size: torch.Tensor
+    ) -> None:
+        length = self._max_length
+        slot = pos % length
+        f0 = self._is_first[env, slot] | (discount == 0)
+        prev = self._disc0[env, (pos - 1) % length]
+        self._disc0[env, slot] = torch.where(f0, pos, prev)
+        self._returns[env, slot] = self.default_return
+        ends = (discount == 0) & (size > 0)
+        if bool(ends.any()):
+            # Oldest step still stored once pos is written.
+            earliest = pos + 1 - (size + 1).clamp(max=length)
+            start = torch.maximum(prev, earliest)
+            self._store_returns(env[ends], start[ends], pos[ends])
+
+    def _store_returns(self, env: torch.Tensor, start: torch.Tensor, end: torch.Tensor) -> None:
+        """``G_j`` for ``j`` in ``[start, end - 1]`` of each env (windows right-aligned at ``end``)."""
+        length = self._max_length
+        width = int((end - start).max())
+        if width <= 0:
+            return
+        j = end.unsqueeze(1) - width + torch.arange(width)  # [n, width], last column end - 1
+        valid = j >= start.unsqueeze(1)
+        j = torch.where(valid, j, end.unsqueeze(1))  # padding reads a harmless stored step
+        flat = self._flat_index(env.unsqueeze(1), j)
+        flat_next = self._flat_index(env.unsqueeze(1), j + 1)
+        discount = self._flat_leaf(self.discount_key).index_select(0, flat.reshape(-1))
+        reward = self._flat_leaf(self.reward_key).index_select(0, flat_next.reshape(-1))
+        reward = reward.reshape(j.shape).double()
+        if self.reward_clip is not None:
+            reward = reward.clamp(*self.reward_clip)
+        x = torch.where(valid, discount.reshape(j.shape).double() * reward, 0.0)
+        g = discounted_cumsum(x.unsqueeze(-1), self.gamma, torch.zeros_like(x, dtype=torch.bool).unsqueeze(-1))
+        g = g.squeeze(-1).float().cpu()
+        rows, slots = env.unsqueeze(1).expand_as(j)[valid], (j % length)[valid]
+        self._returns[rows, slots] = g[valid]
+
+    def _flat_leaf(self, key: Any) -> torch.Tensor:
+        for leaf_key, leaf in self._flat:
+            if leaf_key == key:
+                return leaf.reshape(leaf.shape[0])
+        raise ValueError(f"{key!r} is not stored; returns need it in every written batch.")
+
+    # ------------------------------------------------------------------
+    def get(self, index: Any) -> TensorDictBase:
+        out = super().get(index)
+        if self.record_episodic_return and isinstance(index, tuple) and len(index) == 2:
+            env, position = self._as_coordinates(index)
+            out.set(RETURN_KEY, self._returns[env.cpu(), (position % self._max_length).cpu()].to(out.device))
+        return out
+
+    def get_episode_begin_position(self, positions: Any, env_ids: Any) -> torch.Tensor:
+        """First position of the episode of each ``(env, position)`` (maybe no longer stored)."""
+        env, pos = self._stored_query(env_ids, positions)
+        slot = pos % self._max_length
+        return torch.where(self._is_first[env, slot], pos, self._indexed[env, slot])
+
+    def get_disc_0_begin_position(self, positions: Any, env_ids: Any) -> torch.Tensor:
+        """Latest position <= each position that begins an episode or has discount 0."""
+        if not self.record_episodic_return:
+            raise RuntimeError("build the storage with record_episodic_return=True for this query.")
+        env, pos = self._stored_query(env_ids, positions)
+        return self._disc0[env, pos % self._max_length]
+
+    def steps_to_episode_end(self, positions: Any, env_ids: Any) -> torch.Tensor:
+        """Steps from each position to the newest stored step of its episode."""
+        env, pos = self._stored_query(env_ids, positions)
+        begin = self.get_episode_begin_position(pos, env)
+        headless = self._current_pos[env] > begin + self._max_length
+        end = torch.where(headless, self._headless[env], self._indexed[env, begin % self._max_length])
+        return end - pos
+
+    def _stored_query(self, env_ids: Any, positions: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        env = torch.as_tensor(env_ids, dtype=torch.long).cpu()
+        pos = torch.as_tensor(positions, dtype=torch.long).cpu()
+        env, pos = torch.broadcast_tensors(env, pos)
+        self._check_env_ids(env)
+        stored = (pos >= self.earliest_position()[env]) & (pos < self._current_pos[env])
+        if not bool(stored.all()):
+            bad = stored.logical_not().nonzero()[0]
+            e, p = int(env[tuple(bad)]), int(pos[tuple(bad)])
+            raise ValueError(f"position {p} of env {e} is not stored; query stored positions only.")
+        return env, pos
+
+    # ------------------------------------------------------------------
+    def reset(self, env_ids: torch.Tensor | None = None) -> None:
+        super().reset(env_ids)
+        rows = slice(None) if env_ids is None else torch.as_tensor(env_ids).cpu()
+        self._is_first[rows] = False
+        self._returns[rows] = self.default_return
+
+    def state_dict(self) -> dict[str, Any]:
+        return super().state_dict() | {
+            "episodes": [self._is_first.clone(), self._indexed.clone(), self._headless.clone(),
+                         self._disc0.clone(), self._returns.clone()],
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        for dest, src in zip(
+            (self._is_first, self._indexed, self._headless, self._disc0, self._returns),
+            state_dict["episodes"],
+        ):
+            dest.copy_(src)
