@@ -110,22 +110,20 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
 
         Returns:
             The ``[N * T, 2]`` ``(env, position)`` coordinates written, or ``None``
-            if the buffer was stopped (:meth:`stop`) while waiting.
+            if the buffer was stopped (:meth:`stop`) while waiting. Unlike
+            TorchRL's ``TensorDictReplayBuffer``, ``data`` is not given an
+            ``"index"`` entry, so the same batch object can be written again.
         """
         writer: EnvRingWriter = self._writer
-        if env_ids is not None:
-            data = data.copy()
-            ids = torch.as_tensor(env_ids)
-            if data.batch_dims == 2 and ids.ndim == 1:
-                ids = ids.unsqueeze(1).expand(data.shape)
-            data.set(writer.env_id_key, ids)
+        if not isinstance(data, TensorDictBase):
+            raise TypeError(f"data must be a TensorDict, got {type(data).__name__}.")
         if not blocking:
-            return super().extend(data, update_priority=update_priority)
+            return self._write(data, env_ids, update_priority)
         if data.batch_dims not in (1, 2):
             raise ValueError(
                 f"data must have batch size [N] or [N, T], got {list(data.batch_size)}."
             )
-        ids, _ = writer.split_env_ids(data)
+        ids = writer.split_env_ids(data)[0] if env_ids is None else writer.check_env_ids(env_ids)
         steps = 1 if data.batch_dims == 1 else data.shape[1]
         while True:
             if not writer.wait_for_room(ids, steps, timeout):
@@ -138,12 +136,67 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
             with self._replay_lock:
                 # Another producer may have taken the room between the wait and the lock.
                 if writer.has_room(ids, steps):
-                    return super().extend(data, update_priority=update_priority)
+                    return self._write(data, env_ids, update_priority)
+
+    def _write(self, data: TensorDictBase, env_ids: Any, update_priority: bool | None) -> torch.Tensor:
+        if (self._transform is not None and len(self._transform)) or self._is_consuming():
+            if env_ids is not None:
+                data = data.copy()
+                ids = torch.as_tensor(env_ids)
+                if data.batch_dims == 2 and ids.ndim == 1:
+                    ids = ids.unsqueeze(1).expand(data.shape)
+                data.set(self._writer.env_id_key, ids)
+            return super().extend(data, update_priority=update_priority)
+        # TorchRL's extend without the transform, transpose and consumption
+        # branches that cannot apply here; same locks, same calls, same result.
+        with self._replay_lock, self._write_lock:
+            index = self._writer.write(data, env_ids)
+            self._sampler.extend(index)
+        if update_priority is None or update_priority:
+            priority = data.get(self.priority_key, None)
+            if priority is not None:
+                self.update_priority(index, priority)
+        return index
+
+    def sample(
+        self,
+        batch_size: int | None = None,
+        return_info: bool = False,
+        include_info: bool | None = None,
+    ) -> Any:
+        """Samples like ``TensorDictReplayBuffer.sample``: ``[B, batch_length]`` windows with
+        ``index`` (per step ``(env, position)``) and the sampler's info, broadcast over time."""
+        if self._delayed_init and not self.initialized:
+            self._init()
+        simple = (
+            include_info is None and not self._prefetch and not self._pin_memory
+            and self._sample_unit is None and not self._writer.tracks_generations
+            and not self._service_shutdown
+        )
+        if batch_size is None:
+            batch_size = self._batch_size
+        elif self._batch_size is not None and batch_size != self._batch_size:
+            simple = False  # TorchRL's path warns about the conflict
+        if not simple or batch_size is None:
+            return super().sample(batch_size, return_info=return_info, include_info=include_info)
+        with self._replay_lock, self._write_lock:
+            index, info = self._sampler.sample(self._storage, batch_size)
+            info["index"] = index
+            env, position = index
+            extra = {"index": torch.stack([env, position], -1).to(self._storage.device)}
+            for key, value in info.items():
+                if key != "index":
+                    extra[key] = _broadcast(torch.as_tensor(value), env.shape).to(self._storage.device)
+            data = self._storage._gather(env, position, extra)
+        if self._transform is not None and len(self._transform):
+            with data.unlock_():
+                data = self._transform(data)
+        return (data, info) if return_info else data
 
     def _set_index_in_td(self, tensordict: TensorDictBase, index: torch.Tensor | None) -> None:
-        # (env, position) per written step, shaped like the batch: [N, 2] or [N, T, 2].
-        if index is not None:
-            tensordict.set("index", index.reshape(*tensordict.shape, 2))
+        # TorchRL writes "index" into the caller's batch; writing that batch again
+        # would then carry an extra key into the strict storage. extend returns it.
+        return
 
     def dequeue(self, n: int = 1, env_ids: Any = None) -> TensorDictBase:
         """Removes and returns the ``n`` oldest steps of each env, ``[len(env_ids), n]``."""
@@ -185,3 +238,10 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
 def _identity(data: Any) -> Any:
     """The storage already returns one TensorDict: nothing to collate."""
     return data
+
+
+def _broadcast(value: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """Per-window info ``[B]`` as ``[B, T]`` (a view), like TorchRL's ``expand_as_right``."""
+    if value.ndim >= len(shape):
+        return value
+    return value.reshape(*value.shape, *(1,) * (len(shape) - value.ndim)).expand(*shape)

@@ -197,10 +197,12 @@ class PrioritizedTrajectorySampler(TrajectorySampler):
                 f"{storage._current_size.tolist()}); sample shorter windows or add more data."
             )
         recent = self._recent_batch_size(storage, batch_size)
-        env_r, start_r = self._draw(recent, eligible, count, latest, cap=self.recent_data_steps)
-        env_p, start_p, weight_p = self._prioritized(storage, batch_size - recent)
-        env, start = torch.cat([env_r, env_p]), torch.cat([start_r, start_p])
-        weight = torch.cat([torch.ones(recent, dtype=weight_p.dtype), weight_p])
+        env, start, weight = self._prioritized(storage, batch_size - recent)
+        if recent:
+            # Recent windows are drawn uniformly: nothing to correct, weight 1.
+            env_r, start_r = self._draw(recent, eligible, count, latest, cap=self.recent_data_steps)
+            env, start = torch.cat([env_r, env]), torch.cat([start_r, start])
+            weight = torch.cat([torch.ones(recent, dtype=weight.dtype), weight])
         steps = start.unsqueeze(1) + torch.arange(self._batch_length)
         index = (env.unsqueeze(1).expand_as(steps), steps)
         return index, {"env_ids": env, "positions": start, "priority_weight": weight}

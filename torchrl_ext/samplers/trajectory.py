@@ -123,20 +123,21 @@ class TrajectorySampler(Sampler):
             )
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got batch_size={batch_size!r}.")
-        if len(storage) == 0:
-            raise RuntimeError("Cannot sample from an empty storage.")
         count, latest = self.valid_starts(storage)
         eligible = count.nonzero().squeeze(1)
         if eligible.numel() == 0:
+            if len(storage) == 0:
+                raise RuntimeError("Cannot sample from an empty storage.")
             raise ValueError(
                 f"no env holds a window of batch_length={self._batch_length} after ignoring "
                 f"{self.num_earliest_frames_ignored} earliest steps (steps per env: "
                 f"{storage._current_size.tolist()}); sample shorter windows or add more data."
             )
         recent = self._recent_batch_size(storage, batch_size)
-        env_r, start_r = self._draw(recent, eligible, count, latest, cap=self.recent_data_steps)
-        env_n, start_n = self._draw(batch_size - recent, eligible, count, latest, cap=None)
-        env, start = torch.cat([env_r, env_n]), torch.cat([start_r, start_n])
+        env, start = self._draw(batch_size - recent, eligible, count, latest, cap=None)
+        if recent:
+            env_r, start_r = self._draw(recent, eligible, count, latest, cap=self.recent_data_steps)
+            env, start = torch.cat([env_r, env]), torch.cat([start_r, start])
         steps = start.unsqueeze(1) + torch.arange(self._batch_length)
         index = (env.unsqueeze(1).expand_as(steps), steps)
         return index, {"env_ids": env, "positions": start}
@@ -161,6 +162,15 @@ class TrajectorySampler(Sampler):
         """``n`` (env, start) pairs, envs balanced over ``eligible``."""
         k = eligible.numel()
         rounds, extra = divmod(n, k)
+        if extra == 0 and k == count.numel():
+            # Every env eligible, equal shares (the usual case): the env and
+            # stratum layout only depends on (n, k), so it is built once.
+            env, stratum = self._even_layout(n, k)
+            r = torch.rand(n, dtype=torch.float64, generator=self._rng)
+            if not self.with_replacement:
+                r = r.add_(stratum).div_(rounds)
+            # A copy: the caller gets the env ids and may change them.
+            return self._starts(r, env.clone(), count, latest, cap)
         env = eligible.repeat(rounds)
         stratum = torch.arange(rounds).repeat_interleave(k)
         strata = torch.full((k,), rounds, dtype=torch.long)
@@ -176,9 +186,25 @@ class TrajectorySampler(Sampler):
             per_env = torch.zeros(count.numel(), dtype=torch.long)
             per_env[eligible] = strata
             r = (r + stratum) / per_env[env]
+        return self._starts(r, env, count, latest, cap)
+
+    @staticmethod
+    def _starts(
+        r: torch.Tensor, env: torch.Tensor, count: torch.Tensor, latest: torch.Tensor, cap: int | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Start ``floor(r * starts)`` among each env's last ``starts`` valid starts."""
         starts = count[env] if cap is None else count[env].clamp(max=cap)
-        offset = torch.minimum((r * starts).floor_().long(), starts - 1)
-        return env, latest[env] - starts + 1 + offset
+        offset = torch.minimum(r.mul_(starts).long(), starts - 1)  # r >= 0: long() floors
+        return env, offset.add_(latest[env]).sub_(starts - 1)
+
+    def _even_layout(self, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        cache = getattr(self, "_layout_cache", None)
+        if cache is None or cache[0] != (n, k):
+            rounds = n // k
+            env = torch.arange(k).repeat(rounds)
+            stratum = torch.arange(rounds, dtype=torch.float64).repeat_interleave(k)
+            cache = self._layout_cache = ((n, k), env, stratum)
+        return cache[1], cache[2]
 
     # ------------------------------------------------------------------
     def _empty(self) -> None:

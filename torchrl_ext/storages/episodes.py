@@ -242,12 +242,13 @@ class EpisodicEnvRingStorage(EnvRingStorage):
         raise ValueError(f"{key!r} is not stored; returns need it in every written batch.")
 
     # ------------------------------------------------------------------
-    def get(self, index: Any) -> TensorDictBase:
-        out = super().get(index)
-        if self.record_episodic_return and isinstance(index, tuple) and len(index) == 2:
-            env, position = self._as_coordinates(index)
-            out.set(RETURN_KEY, self._returns[env.cpu(), (position % self._max_length).cpu()].to(out.device))
-        return out
+    def _gather(
+        self, env: torch.Tensor, position: torch.Tensor, extra: dict[Any, torch.Tensor] | None = None
+    ) -> TensorDictBase:
+        if self.record_episodic_return:
+            returns = self._returns[env.cpu(), (position % self._max_length).cpu()]
+            extra = {**(extra or {}), RETURN_KEY: returns.to(self._device)}
+        return super()._gather(env, position, extra)
 
     def get_episode_begin_position(self, positions: Any, env_ids: Any) -> torch.Tensor:
         """First position of the episode of each ``(env, position)`` (maybe no longer stored)."""

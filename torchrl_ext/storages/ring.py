@@ -19,6 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import TensorDictReplayBuffer as _TorchRLTensorDictReplayBuffer
@@ -100,8 +101,12 @@ class EnvRingStorage(Storage):
         self._storage: TensorDictBase | None = None
         self._flat: list[tuple[Any, torch.Tensor]] = []  # (key, leaf viewed as [E*L, ...])
         self._layout_cache: dict | None = None
-        self._current_pos = torch.zeros(num_envs, dtype=torch.long)
-        self._current_size = torch.zeros(num_envs, dtype=torch.long)
+        # The counters live in numpy arrays with torch views on them (same
+        # memory): samplers do tensor math on the views, while the per-write
+        # bookkeeping of a few dozen envs runs on numpy, about 5x cheaper per call.
+        self._pos_np = np.zeros(num_envs, dtype=np.int64)
+        self._size_np = np.zeros(num_envs, dtype=np.int64)
+        self._counter_views()
         # Clears per env: lets samplers that keep per-position state notice a
         # clear even when the env has since been written past its old position.
         self._resets = torch.zeros(num_envs, dtype=torch.long)
@@ -212,18 +217,22 @@ class EnvRingStorage(Storage):
         n = flat.numel()
         for key, leaf in self._flat:
             value = data.get(key)
-            leaf.index_copy_(0, flat, value.reshape(n, *leaf.shape[1:]).to(self._device))
+            if value.dim() != leaf.dim():  # [N, T, ...] batches: one row per step
+                value = value.reshape(n, *leaf.shape[1:])
+            if value.device != leaf.device:
+                value = value.to(leaf.device)
+            leaf.index_copy_(0, flat, value)
         if set_cursor:
-            self._set_last_cursor(flat)
+            # TorchRL's shared last-cursor index describes a 1-D ring and has no
+            # meaning for per-env rings; the attribute is kept for inspection.
+            self._last_cursor = flat
         self._bump_mutation_revision()
 
     def advance(self, env_ids: torch.Tensor, steps: int) -> None:
         """Moves the cursors of ``env_ids`` (distinct) on by ``steps`` written steps."""
-        env_ids = torch.as_tensor(env_ids, dtype=torch.long).cpu()
-        self._current_pos[env_ids] += steps
-        self._current_size[env_ids] = (self._current_size[env_ids] + steps).clamp_(
-            max=self._max_length
-        )
+        ids = torch.as_tensor(env_ids, dtype=torch.long).cpu().numpy()
+        self._pos_np[ids] += steps
+        self._size_np[ids] = np.minimum(self._size_np[ids] + steps, self._max_length)
 
     def shrink(self, env_ids: torch.Tensor, n: torch.Tensor | int) -> None:
         """Forgets the ``n`` oldest steps of each env in ``env_ids`` (at most what it holds)."""
@@ -272,15 +281,23 @@ class EnvRingStorage(Storage):
         if isinstance(index, tuple) and len(index) == 2 and all(
             isinstance(i, torch.Tensor) and not i.dtype.is_floating_point for i in index
         ):
-            flat = self._flat_index(*self._as_coordinates(index))
-            shape = flat.shape
-            flat = flat.reshape(-1)
-            entries = {
-                key: leaf.index_select(0, flat).reshape(*shape, *leaf.shape[1:])
-                for key, leaf in self._flat
-            }
-            return TensorDict(entries, batch_size=shape, device=self._device)
+            return self._gather(*self._as_coordinates(index))
         return self._storage[index]
+
+    def _gather(
+        self, env: torch.Tensor, position: torch.Tensor, extra: dict[Any, torch.Tensor] | None = None
+    ) -> TensorDictBase:
+        """:meth:`get` for coordinates known to be valid, plus ``extra`` entries of the same batch shape."""
+        flat = self._flat_index(env, position)
+        shape = flat.shape
+        flat = flat.reshape(-1)
+        entries = {
+            key: leaf.index_select(0, flat).reshape(*shape, *leaf.shape[1:])
+            for key, leaf in self._flat
+        }
+        if extra:
+            entries.update(extra)
+        return TensorDict(entries, batch_size=shape, device=self._device)
 
     def read(self, env_ids: torch.Tensor, positions: torch.Tensor) -> TensorDictBase:
         """Steps at absolute ``positions`` of ``env_ids`` (ALF's ``get_field``), checked.
@@ -432,7 +449,25 @@ class EnvRingStorage(Storage):
 
     def _flat_index(self, env: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         """Row of ``(env, position)`` in the leaves viewed as ``[E * L, ...]``."""
+        if env.device.type == "cpu" and position.device.type == "cpu":
+            flat = env.numpy() * self._max_length + position.numpy() % self._max_length
+            return torch.from_numpy(flat).to(self._device)
         return (env * self._max_length + position % self._max_length).to(self._device)
+
+    def _counter_views(self) -> None:
+        self._current_pos = torch.from_numpy(self._pos_np)
+        self._current_size = torch.from_numpy(self._size_np)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        # Views are rebuilt on unpickling so that they share the arrays again.
+        state.pop("_current_pos", None)
+        state.pop("_current_size", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._counter_views()
 
     def _check_env_ids(self, env_ids: torch.Tensor) -> None:
         if env_ids.numel() and (int(env_ids.min()) < 0 or int(env_ids.max()) >= self._num_envs):

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import TensorDictBase
 from torchrl.data.replay_buffers.writers import Writer
@@ -76,6 +77,10 @@ class EnvRingWriter(Writer):
 
     def extend(self, data: TensorDictBase) -> torch.Tensor:
         """Writes ``[N]`` or ``[N, T]`` steps; returns their ``[N * T, 2]`` ``(env, position)`` coordinates."""
+        return self.write(data)
+
+    def write(self, data: TensorDictBase, env_ids: Any = None) -> torch.Tensor:
+        """:meth:`extend` with the env ids given apart (then ``data`` needs no env id entry)."""
         storage = self.storage
         if not isinstance(data, TensorDictBase):
             raise TypeError(
@@ -87,17 +92,29 @@ class EnvRingWriter(Writer):
                 f"env), got {list(data.batch_size)}. With a TorchRL ReplayBuffer pass "
                 "dim_extend=0, or use torchrl_ext.replay_buffers.EnvRingReplayBuffer."
             )
-        env_ids, data = self.split_env_ids(data)
+        if env_ids is None:
+            env_ids, data = self.split_env_ids(data)
+        else:
+            env_ids = self.check_env_ids(env_ids)
+            if env_ids.numel() != data.shape[0]:
+                raise ValueError(
+                    f"env_ids has {env_ids.numel()} entries but data has {data.shape[0]} rows; "
+                    "give one env id per row."
+                )
+            if self.env_id_key in data.keys(include_nested=isinstance(self.env_id_key, tuple)):
+                data = data.exclude(self.env_id_key)
         steps = 1 if data.batch_dims == 1 else data.shape[1]
         if steps > storage.max_length:
             raise ValueError(
                 f"data holds {steps} steps per env but each ring keeps max_length="
                 f"{storage.max_length}; write at most max_length steps at a time."
             )
-        offsets = torch.arange(steps) if data.batch_dims == 2 else torch.zeros((), dtype=torch.long)
-        pos = storage._current_pos[env_ids]
-        env = env_ids if data.batch_dims == 1 else env_ids.unsqueeze(1).expand(-1, steps)
-        position = pos.unsqueeze(-1) + offsets if data.batch_dims == 2 else pos
+        pos = storage._pos_np[env_ids.numpy()]
+        if data.batch_dims == 1:
+            env, position = env_ids, torch.from_numpy(pos)
+        else:
+            env = env_ids.unsqueeze(1).expand(-1, steps)
+            position = torch.from_numpy(pos[:, None] + np.arange(steps))
         storage._write(env, position, data, set_cursor=True)
         storage.advance(env_ids, steps)
         self._write_count += env.numel()
