@@ -3,6 +3,8 @@
 Importing the package registers its value estimators in TorchRL's
 value-estimator registry (``ext_gae``, ``ext_vtrace``) and routes
 ``PrioritizedSampler(..., replacement=False)`` to the stratified sampler.
+It also registers its Hydra configs in TorchRL's ConfigStore groups (see
+:mod:`torchrl_ext.configs`).
 """
 from torchrl_ext.replay_buffers import (
     EnvRingReplayBuffer,
@@ -16,7 +18,12 @@ from torchrl_ext.samplers import (
     TrajectorySampler,
 )
 from torchrl_ext.segment_tree import MaxSegmentTree, MinSegmentTree, SumSegmentTree
-from torchrl_ext.storages import EnvRingStorage, FastMemmapStorage, FastTensorStorage
+from torchrl_ext.storages import (
+    EnvRingStorage,
+    EpisodicEnvRingStorage,
+    FastMemmapStorage,
+    FastTensorStorage,
+)
 from torchrl_ext.writers import EnvRingWriter
 from torchrl_ext.value import (
     GAE,
@@ -27,12 +34,16 @@ from torchrl_ext.value import (
     VTrace,
 )
 
+from torchrl_ext import configs  # noqa: E402  (registers the Hydra configs)
+from torchrl_ext.presets import alf_replay_buffer  # noqa: E402
+
 __version__ = "0.1.0.dev0"
 
 __all__ = [
     "EnvRingReplayBuffer",
     "EnvRingStorage",
     "EnvRingWriter",
+    "EpisodicEnvRingStorage",
     "ExtValueEstimators",
     "FastMemmapStorage",
     "FastTensorStorage",
@@ -51,4 +62,6 @@ __all__ = [
     "VTrace",
     "ValueNorm",
     "__version__",
+    "alf_replay_buffer",
+    "configs",
 ]

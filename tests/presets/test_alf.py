@@ -1,0 +1,41 @@
+"""alf_replay_buffer: ALF's constructor arguments mapped onto torchrl_ext components."""
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from torchrl_ext.presets import alf_replay_buffer
+from torchrl_ext.samplers import PrioritizedTrajectorySampler, TrajectorySampler
+from torchrl_ext.storages import EnvRingStorage, EpisodicEnvRingStorage
+
+
+def test_keep_episodic_info_defaults_to_ignored_frames():
+    assert type(alf_replay_buffer(2, 8).storage) is EnvRingStorage
+    rb = alf_replay_buffer(2, 8, num_earliest_frames_ignored=2)
+    assert type(rb.storage) is EpisodicEnvRingStorage
+    assert rb.sampler.num_earliest_frames_ignored == 2
+
+
+def test_returns_need_episodic_info():
+    with pytest.raises(ValueError, match="record_episodic_return=True needs keep_episodic_info=True"):
+        alf_replay_buffer(2, 8, record_episodic_return=True, keep_episodic_info=False)
+    rb = alf_replay_buffer(1, 8, record_episodic_return=True, keep_episodic_info=True, gamma=0.5,
+                           batch_size=2, batch_length=1)
+    for st, d, r in [(0, 1.0, 0.0), (1, 1.0, 1.0), (2, 0.0, 2.0)]:
+        rb.extend(TensorDict({"step_type": torch.tensor([st]), "discount": torch.tensor([d]),
+                              "reward": torch.tensor([r])}, [1]))
+    batch = rb.sample()
+    expected = {0: 2.0, 1: 2.0, 2: -1000.0}
+    for pos, ret in zip(batch["positions"][:, 0].tolist(), batch["discounted_return"][:, 0].tolist()):
+        assert ret == expected[pos]
+
+
+def test_sampler_choice_and_arguments():
+    rb = alf_replay_buffer(2, 8, prioritized_sampling=True, initial_priority=3.0, batch_length=2,
+                           recent_data_ratio=0.5, recent_data_steps=2, with_replacement=True)
+    sampler = rb.sampler
+    assert isinstance(sampler, PrioritizedTrajectorySampler)
+    assert (sampler.initial_priority, sampler.batch_length, sampler.with_replacement) == (3.0, 2, True)
+    assert (sampler.recent_data_ratio, sampler.recent_data_steps) == (0.5, 2)
+    assert type(alf_replay_buffer(2, 8).sampler) is TrajectorySampler

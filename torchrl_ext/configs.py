@@ -1,0 +1,154 @@
+"""Hydra structured configs, registered in TorchRL's ConfigStore groups on import.
+
+Each dataclass has ``_target_`` and the constructor's arguments, and derives
+from TorchRL's config base of its group, so it composes with TorchRL's own
+configs::
+
+    defaults:
+      - replay_buffer@replay_buffer: ext_alf          # the ALF preset, or:
+      - storage@replay_buffer.storage: ext_env_ring
+      - sampler@replay_buffer.sampler: ext_trajectory
+
+==================  ==========================  ==============================================
+group               name                        target
+==================  ==========================  ==============================================
+``storage``         ``ext_env_ring``            :class:`~torchrl_ext.storages.EnvRingStorage`
+``storage``         ``ext_episodic_env_ring``   :class:`~torchrl_ext.storages.EpisodicEnvRingStorage`
+``writer``          ``ext_env_ring``            :class:`~torchrl_ext.writers.EnvRingWriter`
+``sampler``         ``ext_trajectory``          :class:`~torchrl_ext.samplers.TrajectorySampler`
+``sampler``         ``ext_prioritized_trajectory``  :class:`~torchrl_ext.samplers.PrioritizedTrajectorySampler`
+``replay_buffer``   ``ext_env_ring``            :class:`~torchrl_ext.replay_buffers.EnvRingReplayBuffer`
+``replay_buffer``   ``ext_alf``                 :func:`~torchrl_ext.presets.alf_replay_buffer`
+==================  ==========================  ==============================================
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from torchrl.trainers.algorithms.configs.common import ConfigBase
+from torchrl.trainers.algorithms.configs.data import SamplerConfig, StorageConfig, WriterConfig
+
+__all__ = [
+    "AlfReplayBufferConfig",
+    "EnvRingReplayBufferConfig",
+    "EnvRingStorageConfig",
+    "EnvRingWriterConfig",
+    "EpisodicEnvRingStorageConfig",
+    "PrioritizedTrajectorySamplerConfig",
+    "TrajectorySamplerConfig",
+]
+
+
+@dataclass
+class EnvRingStorageConfig(StorageConfig):
+    num_envs: int = 1
+    max_length: int = 1024
+    device: str = "cpu"
+    _target_: str = "torchrl_ext.storages.EnvRingStorage"
+
+    def __post_init__(self) -> None:
+        return
+
+
+@dataclass
+class EpisodicEnvRingStorageConfig(EnvRingStorageConfig):
+    step_type_key: Any = "step_type"
+    record_episodic_return: bool = False
+    gamma: float = 0.99
+    reward_clip: Optional[Any] = None
+    default_return: float = -1000.0
+    discount_key: Any = "discount"
+    reward_key: Any = "reward"
+    _target_: str = "torchrl_ext.storages.EpisodicEnvRingStorage"
+
+
+@dataclass
+class EnvRingWriterConfig(WriterConfig):
+    env_id_key: Any = "env_id"
+    _target_: str = "torchrl_ext.writers.EnvRingWriter"
+
+    def __post_init__(self) -> None:
+        return
+
+
+@dataclass
+class TrajectorySamplerConfig(SamplerConfig):
+    batch_length: int = 1
+    num_earliest_frames_ignored: int = 0
+    with_replacement: bool = False
+    recent_data_steps: int = 1
+    recent_data_ratio: float = 0.0
+    _target_: str = "torchrl_ext.samplers.TrajectorySampler"
+
+    def __post_init__(self) -> None:
+        return
+
+
+@dataclass
+class PrioritizedTrajectorySamplerConfig(TrajectorySamplerConfig):
+    alpha: float = 1.0
+    beta: float = 0.0
+    eps: float = 0.0
+    initial_priority: float = 1.0
+    weights: str = "alf"
+    _target_: str = "torchrl_ext.samplers.PrioritizedTrajectorySampler"
+
+
+@dataclass
+class EnvRingReplayBufferConfig(ConfigBase):
+    storage: Any = None
+    sampler: Any = None
+    writer: Any = None
+    batch_size: Optional[int] = None
+    _target_: str = "torchrl_ext.replay_buffers.EnvRingReplayBuffer"
+
+    def __post_init__(self) -> None:
+        return
+
+
+@dataclass
+class AlfReplayBufferConfig(ConfigBase):
+    num_environments: int = 1
+    max_length: int = 1024
+    batch_length: int = 1
+    batch_size: Optional[int] = None
+    num_earliest_frames_ignored: int = 0
+    prioritized_sampling: bool = False
+    initial_priority: float = 1.0
+    recent_data_steps: int = 1
+    recent_data_ratio: float = 0.0
+    with_replacement: bool = False
+    device: str = "cpu"
+    keep_episodic_info: Optional[bool] = None
+    record_episodic_return: bool = False
+    default_return: float = -1000.0
+    gamma: float = 0.99
+    reward_clip: Optional[Any] = None
+    step_type_key: Any = "step_type"
+    _target_: str = "torchrl_ext.presets.alf_replay_buffer"
+
+    def __post_init__(self) -> None:
+        return
+
+
+_REGISTRY = {
+    ("storage", "ext_env_ring"): EnvRingStorageConfig,
+    ("storage", "ext_episodic_env_ring"): EpisodicEnvRingStorageConfig,
+    ("writer", "ext_env_ring"): EnvRingWriterConfig,
+    ("sampler", "ext_trajectory"): TrajectorySamplerConfig,
+    ("sampler", "ext_prioritized_trajectory"): PrioritizedTrajectorySamplerConfig,
+    ("replay_buffer", "ext_env_ring"): EnvRingReplayBufferConfig,
+    ("replay_buffer", "ext_alf"): AlfReplayBufferConfig,
+}
+
+
+def register_configs() -> None:
+    """Stores every config above in TorchRL's ConfigStore groups (idempotent)."""
+    store = ConfigStore.instance()
+    for (group, name), node in _REGISTRY.items():
+        store.store(group=group, name=name, node=node)
+
+
+register_configs()

@@ -1,0 +1,4 @@
+"""Presets: factories that compose torchrl_ext components into an original library's buffer."""
+from torchrl_ext.presets.alf import alf_replay_buffer
+
+__all__ = ["alf_replay_buffer"]
