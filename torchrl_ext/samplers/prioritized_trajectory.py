@@ -106,6 +106,7 @@ class PrioritizedTrajectorySampler(TrajectorySampler):
         self._stored: torch.Tensor | None = None  # transformed priority per slot, or _UNSET
         self._seen: torch.Tensor | None = None  # [3, E] pos, size, resets at the last sync
         self._seen_geometry: tuple[int, int] | None = None
+        self._ignored = self.num_earliest_frames_ignored  # the storage may need more
 
     # ------------------------------------------------------------------
     # Keeping the leaves in step with the storage
@@ -117,7 +118,8 @@ class PrioritizedTrajectorySampler(TrajectorySampler):
             self._seen = torch.zeros(3, storage.num_envs, dtype=torch.long)
             self._seen_geometry = None
         now = torch.stack([storage._current_pos, storage._current_size, storage._resets])
-        geometry = (self._batch_length, self.num_earliest_frames_ignored)
+        self._ignored = self.ignored_frames(storage)
+        geometry = (self._batch_length, self._ignored)
         if geometry != self._seen_geometry or not torch.equal(now[2], self._seen[2]):
             cleared = (now[2] != self._seen[2]).nonzero().squeeze(1)
             self._stored.view(storage.num_envs, -1)[cleared] = _UNSET
@@ -129,7 +131,7 @@ class PrioritizedTrajectorySampler(TrajectorySampler):
         self._seen, self._seen_geometry = now, geometry
 
     def _valid_bounds(self, pos: torch.Tensor, size: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return pos - size + self.num_earliest_frames_ignored, pos - self._batch_length
+        return pos - size + self._ignored, pos - self._batch_length
 
     def _advance(self, storage: EnvRingStorage, env: torch.Tensor) -> None:
         length = storage.max_length
@@ -193,7 +195,7 @@ class PrioritizedTrajectorySampler(TrajectorySampler):
         if eligible.numel() == 0:
             raise ValueError(
                 f"no env holds a window of batch_length={self._batch_length} after ignoring "
-                f"{self.num_earliest_frames_ignored} earliest steps (steps per env: "
+                f"{self._ignored} earliest steps (steps per env: "
                 f"{storage._current_size.tolist()}); sample shorter windows or add more data."
             )
         recent = self._recent_batch_size(storage, batch_size)

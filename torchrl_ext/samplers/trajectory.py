@@ -35,7 +35,7 @@ class TrajectorySampler(Sampler):
     Envs take turns: with ``k`` eligible envs each gets ``batch_size // k``
     windows and ``batch_size % k`` distinct random envs one more. Without
     replacement (the default, as in ALF) the windows of one env come from
-    disjoint equal strata of its valid starts, so they are distinct whenever
+    disjoint integer strata of its valid starts, so they are distinct whenever
     the env has at least as many valid starts as windows.
 
     Args:
@@ -109,9 +109,14 @@ class TrajectorySampler(Sampler):
         )
 
     # ------------------------------------------------------------------
+    def ignored_frames(self, storage: EnvRingStorage) -> int:
+        """Oldest steps that never start a window: this sampler's own setting, or more if
+        the storage needs them (a frame-stacking storage needs ``num_stack - 1``)."""
+        return max(self.num_earliest_frames_ignored, storage.required_lookback)
+
     def valid_starts(self, storage: EnvRingStorage) -> tuple[torch.Tensor, torch.Tensor]:
         """Per env: the number of valid window starts and the latest one (``[E]`` each)."""
-        lookback = self._batch_length - 1 + self.num_earliest_frames_ignored
+        lookback = self._batch_length - 1 + self.ignored_frames(storage)
         count = (storage._current_size - lookback).clamp_(min=0)
         return count, storage._current_pos - self._batch_length
 
@@ -130,7 +135,7 @@ class TrajectorySampler(Sampler):
                 raise RuntimeError("Cannot sample from an empty storage.")
             raise ValueError(
                 f"no env holds a window of batch_length={self._batch_length} after ignoring "
-                f"{self.num_earliest_frames_ignored} earliest steps (steps per env: "
+                f"{self.ignored_frames(storage)} earliest steps (steps per env: "
                 f"{storage._current_size.tolist()}); sample shorter windows or add more data."
             )
         recent = self._recent_batch_size(storage, batch_size)
@@ -145,7 +150,7 @@ class TrajectorySampler(Sampler):
     def _recent_batch_size(self, storage: EnvRingStorage, batch_size: int) -> int:
         if self.recent_data_ratio <= 0:
             return 0
-        lookback = self._batch_length - 1 + self.num_earliest_frames_ignored
+        lookback = self._batch_length - 1 + self.ignored_frames(storage)
         average_starts = len(storage) / storage.num_envs - lookback
         if average_starts * self.recent_data_ratio <= self.recent_data_steps:
             return 0  # plain sampling already reaches the recent starts often enough
@@ -167,10 +172,8 @@ class TrajectorySampler(Sampler):
             # stratum layout only depends on (n, k), so it is built once.
             env, stratum = self._even_layout(n, k)
             r = torch.rand(n, dtype=torch.float64, generator=self._rng)
-            if not self.with_replacement:
-                r = r.add_(stratum).div_(rounds)
             # A copy: the caller gets the env ids and may change them.
-            return self._starts(r, env.clone(), count, latest, cap)
+            return self._starts(r, env.clone(), count, latest, cap, stratum, rounds)
         env = eligible.repeat(rounds)
         stratum = torch.arange(rounds).repeat_interleave(k)
         strata = torch.full((k,), rounds, dtype=torch.long)
@@ -180,21 +183,38 @@ class TrajectorySampler(Sampler):
             stratum = torch.cat([stratum, torch.full((extra,), rounds, dtype=torch.long)])
             strata[chosen] += 1
         r = torch.rand(env.numel(), dtype=torch.float64, generator=self._rng)
-        if not self.with_replacement:
-            # Env e's j-th window lies in stratum j of [0, 1) cut into as many
-            # strata as e has windows in this batch.
-            per_env = torch.zeros(count.numel(), dtype=torch.long)
-            per_env[eligible] = strata
-            r = (r + stratum) / per_env[env]
-        return self._starts(r, env, count, latest, cap)
+        per_env = torch.zeros(count.numel(), dtype=torch.long)
+        per_env[eligible] = strata
+        return self._starts(r, env, count, latest, cap, stratum, per_env[env])
 
-    @staticmethod
     def _starts(
-        r: torch.Tensor, env: torch.Tensor, count: torch.Tensor, latest: torch.Tensor, cap: int | None
+        self,
+        r: torch.Tensor,
+        env: torch.Tensor,
+        count: torch.Tensor,
+        latest: torch.Tensor,
+        cap: int | None,
+        stratum: torch.Tensor,
+        windows: torch.Tensor | int,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Start ``floor(r * starts)`` among each env's last ``starts`` valid starts."""
+        """A start among each env's last ``starts`` valid ones.
+
+        With replacement: ``floor(r * starts)``. Without: env ``e``'s ``j``-th of
+        ``m`` windows lies in the integer stratum ``[j * starts // m, (j + 1) *
+        starts // m)``, so the starts of one env are distinct whenever
+        ``starts >= m`` (ALF cuts ``[0, 1)`` into real strata, and neighbouring
+        strata can then share a start). With fewer starts than windows the
+        strata are real-valued as in ALF.
+        """
         starts = count[env] if cap is None else count[env].clamp(max=cap)
-        offset = torch.minimum(r.mul_(starts).long(), starts - 1)  # r >= 0: long() floors
+        if self.with_replacement:
+            offset = torch.minimum(r.mul(starts).long(), starts - 1)  # r >= 0: long() floors
+        else:
+            low = stratum * starts // windows
+            width = (stratum + 1) * starts // windows - low
+            spread = low + (r * width).long()
+            shared = torch.minimum(((r + stratum) * starts / windows).long(), starts - 1)
+            offset = torch.where(width > 0, spread, shared)
         return env, offset.add_(latest[env]).sub_(starts - 1)
 
     def _even_layout(self, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -202,7 +222,7 @@ class TrajectorySampler(Sampler):
         if cache is None or cache[0] != (n, k):
             rounds = n // k
             env = torch.arange(k).repeat(rounds)
-            stratum = torch.arange(rounds, dtype=torch.float64).repeat_interleave(k)
+            stratum = torch.arange(rounds).repeat_interleave(k)
             cache = self._layout_cache = ((n, k), env, stratum)
         return cache[1], cache[2]
 

@@ -112,12 +112,10 @@ class EpisodicEnvRingStorage(EnvRingStorage):
     def _write(
         self, env: torch.Tensor, position: torch.Tensor, data: TensorDictBase, *, set_cursor: bool
     ) -> None:
-        first = self._field(data, self.step_type_key)
+        first = self._first_flags(data, env)
         if self.record_episodic_return:
             discount = self._field(data, self.discount_key)
         super()._write(env, position, data, set_cursor=set_cursor)
-        if first.dtype is not torch.bool:
-            first = first == 0  # ALF's StepType.FIRST
         if env.ndim == 1:
             env, position, first = env.unsqueeze(1), position.unsqueeze(1), first.unsqueeze(1)
             if self.record_episodic_return:
@@ -165,6 +163,13 @@ class EpisodicEnvRingStorage(EnvRingStorage):
             prev = self._disc0[rows, (pos[:, 0] - 1) % length]
             self._disc0[env, slots] = prev.unsqueeze(1).expand_as(pos)
             self._returns[env, slots] = self.default_return
+
+    def _first_flags(self, data: TensorDictBase, env: torch.Tensor) -> torch.Tensor:
+        """Bool ``[N]`` / ``[N, T]``: which written steps begin an episode."""
+        first = self._field(data, self.step_type_key)
+        if first.dtype is not torch.bool:
+            first = first == 0  # ALF's StepType.FIRST
+        return first.reshape(env.shape)
 
     def _field(self, data: TensorDictBase, key: Any) -> torch.Tensor:
         value = data.get(key, None)

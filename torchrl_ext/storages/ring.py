@@ -83,6 +83,9 @@ class EnvRingStorage(Storage):
 
     _default_checkpointer = EnvRingStorageCheckpointer
     ndim = 2
+    #: Oldest stored steps of each env that cannot be read whole (a frame-stacking
+    #: storage needs the ``num_stack - 1`` steps before a step); samplers skip them.
+    required_lookback = 0
 
     def __init__(
         self,
@@ -364,14 +367,15 @@ class EnvRingStorage(Storage):
 
     def _rand_given_ndim(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Uniform draws over the stored steps (``RandomSampler`` support), as ``(env, position)``."""
-        total = len(self)
+        readable = (self._current_size - self.required_lookback).clamp_(min=0)
+        total = int(readable.sum())
         if total == 0:
             raise RuntimeError("Cannot sample from an empty storage.")
         flat = torch.randint(total, (batch_size,), generator=self._rng)
-        ends = self._current_size.cumsum(0)
+        ends = readable.cumsum(0)
         env = torch.searchsorted(ends, flat, right=True)
-        offset = flat - (ends - self._current_size)[env]
-        position = self.earliest_position()[env] + offset
+        offset = flat - (ends - readable)[env]
+        position = self.earliest_position()[env] + self.required_lookback + offset
         return env, position
 
     def contains(self, item: Any) -> bool:
