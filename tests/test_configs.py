@@ -14,7 +14,7 @@ from tensordict import TensorDict
 import torchrl_ext.configs as configs
 from torchrl_ext.replay_buffers import EnvRingReplayBuffer
 from torchrl_ext.samplers import PrioritizedTrajectorySampler, TrajectorySampler
-from torchrl_ext.storages import EnvRingStorage, EpisodicEnvRingStorage
+from torchrl_ext.storages import DedupEnvRingStorage, EnvRingStorage, EpisodicEnvRingStorage
 from torchrl_ext.writers import EnvRingWriter
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -25,6 +25,7 @@ CONF = Path(__file__).resolve().parents[1] / "conf"
     [
         ("storage", "ext_env_ring", EnvRingStorage),
         ("storage", "ext_episodic_env_ring", EpisodicEnvRingStorage),
+        ("storage", "ext_dedup_env_ring", DedupEnvRingStorage),
         ("writer", "ext_env_ring", EnvRingWriter),
         ("sampler", "ext_trajectory", TrajectorySampler),
         ("sampler", "ext_prioritized_trajectory", PrioritizedTrajectorySampler),

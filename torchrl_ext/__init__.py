@@ -19,6 +19,7 @@ from torchrl_ext.samplers import (
 )
 from torchrl_ext.segment_tree import MaxSegmentTree, MinSegmentTree, SumSegmentTree
 from torchrl_ext.storages import (
+    DedupEnvRingStorage,
     EnvRingStorage,
     EpisodicEnvRingStorage,
     FastMemmapStorage,
@@ -40,6 +41,7 @@ from torchrl_ext.presets import alf_replay_buffer  # noqa: E402
 __version__ = "0.1.0.dev0"
 
 __all__ = [
+    "DedupEnvRingStorage",
     "EnvRingReplayBuffer",
     "EnvRingStorage",
     "EnvRingWriter",

@@ -14,6 +14,7 @@ group               name                        target
 ==================  ==========================  ==============================================
 ``storage``         ``ext_env_ring``            :class:`~torchrl_ext.storages.EnvRingStorage`
 ``storage``         ``ext_episodic_env_ring``   :class:`~torchrl_ext.storages.EpisodicEnvRingStorage`
+``storage``         ``ext_dedup_env_ring``      :class:`~torchrl_ext.storages.DedupEnvRingStorage`
 ``writer``          ``ext_env_ring``            :class:`~torchrl_ext.writers.EnvRingWriter`
 ``sampler``         ``ext_trajectory``          :class:`~torchrl_ext.samplers.TrajectorySampler`
 ``sampler``         ``ext_prioritized_trajectory``  :class:`~torchrl_ext.samplers.PrioritizedTrajectorySampler`
@@ -32,6 +33,7 @@ from torchrl.trainers.algorithms.configs.data import SamplerConfig, StorageConfi
 
 __all__ = [
     "AlfReplayBufferConfig",
+    "DedupEnvRingStorageConfig",
     "EnvRingReplayBufferConfig",
     "EnvRingStorageConfig",
     "EnvRingWriterConfig",
@@ -62,6 +64,23 @@ class EpisodicEnvRingStorageConfig(EnvRingStorageConfig):
     discount_key: Any = "discount"
     reward_key: Any = "reward"
     _target_: str = "torchrl_ext.storages.EpisodicEnvRingStorage"
+
+
+@dataclass
+class DedupEnvRingStorageConfig(EnvRingStorageConfig):
+    obs_key: Any = "observation"
+    num_stack: int = 1
+    stack_dim: int = 0
+    padding: str = "reset"
+    done_key: Any = ("next", "done")
+    check_next: bool = True
+    record_episodic_return: bool = False
+    gamma: float = 0.99
+    reward_clip: Optional[Any] = None
+    default_return: float = -1000.0
+    discount_key: Any = "discount"
+    reward_key: Any = "reward"
+    _target_: str = "torchrl_ext.storages.DedupEnvRingStorage"
 
 
 @dataclass
@@ -136,6 +155,7 @@ class AlfReplayBufferConfig(ConfigBase):
 _REGISTRY = {
     ("storage", "ext_env_ring"): EnvRingStorageConfig,
     ("storage", "ext_episodic_env_ring"): EpisodicEnvRingStorageConfig,
+    ("storage", "ext_dedup_env_ring"): DedupEnvRingStorageConfig,
     ("writer", "ext_env_ring"): EnvRingWriterConfig,
     ("sampler", "ext_trajectory"): TrajectorySamplerConfig,
     ("sampler", "ext_prioritized_trajectory"): PrioritizedTrajectorySamplerConfig,

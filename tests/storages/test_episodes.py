@@ -23,14 +23,13 @@ class Model:
         self.ret = [{} for _ in range(num_envs)]
 
     def add(self, e, step_type, discount, reward):
-        opens = step_type == FIRST or self.size[e] == 0
+        opens = step_type == FIRST or not self.hist[e]  # first step since creation or clear
         h = self.hist[e]
         pos = len(h)
         h.append((step_type, discount, reward, opens))
-        size_before = self.size[e]
         self.size[e] = min(self.size[e] + 1, self.L)
         self.ret[e][pos] = self.default
-        if discount == 0 and size_before > 0:
+        if discount == 0 and pos > 0:
             prev0 = self.disc0(e, pos - 1)
             start = max(prev0, pos + 1 - self.size[e])
             for j in range(start, pos):

@@ -138,7 +138,7 @@ class EpisodicEnvRingStorage(EnvRingStorage):
         """Whether a ``[N, T]`` block only extends open episodes: no start, no discount 0,
         no episode head overwritten. Long episodes then cost a few kernels per block."""
         first = first.reshape(env.shape).cpu()
-        if bool(first.any()) or bool((size0 == 0).any()):
+        if bool(first.any()) or bool((pos[:, 0] == 0).any()):
             return False
         if discount is not None and bool((discount.reshape(env.shape) == 0).any()):
             return False
@@ -189,9 +189,10 @@ class EpisodicEnvRingStorage(EnvRingStorage):
         # episode, the episode's newest position moves to the headless record.
         losing_head = (pos >= length) & self._is_first[env, slot]
         self._headless[env[losing_head]] = self._indexed[env[losing_head], slot[losing_head]]
-        # A step with nothing stored before it also opens an episode as far as
-        # the ring can tell (the first write, or the first after a clear).
-        opens = first | (size == 0)
+        # The first step written (ever, or since a clear) also opens an episode
+        # as far as the ring can tell. A dequeue does not: the steps it removed
+        # keep their slots, and their episode goes on.
+        opens = first | (pos == 0)
         self._is_first[env, slot] = opens
         prev = self._indexed[env, (pos - 1) % length]  # begin of the previous step's episode
         begin = torch.where(opens, pos, prev)
@@ -211,7 +212,7 @@ class EpisodicEnvRingStorage(EnvRingStorage):
         prev = self._disc0[env, (pos - 1) % length]
         self._disc0[env, slot] = torch.where(f0, pos, prev)
         self._returns[env, slot] = self.default_return
-        ends = (discount == 0) & (size > 0)
+        ends = (discount == 0) & (pos > 0)
         if bool(ends.any()):
             # Oldest step still stored once pos is written.
             earliest = pos + 1 - (size + 1).clamp(max=length)

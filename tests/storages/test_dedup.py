@@ -1,0 +1,236 @@
+"""DedupEnvRingStorage: reads equal a plain ring holding the full stream; memory; bad input."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tensordict import TensorDict
+
+from torchrl_ext.replay_buffers import EnvRingReplayBuffer
+from torchrl_ext.samplers import TrajectorySampler
+from torchrl_ext.storages import DedupEnvRingStorage, EnvRingStorage
+
+
+class Streams:
+    """Per-env episodes of unique frames, stacked the way gymnasium's FrameStackObservation does."""
+
+    def __init__(self, num_envs, num_stack, stack_dim, padding, rng, frame_shape=(2, 2)):
+        self.S, self.dim, self.padding, self.rng = num_stack, stack_dim, padding, rng
+        self.frame_shape, self.counter = frame_shape, 0
+        self.window = [self._reset() for _ in range(num_envs)]
+
+    def _frame(self):
+        self.counter += 1
+        return torch.full(self.frame_shape, float(self.counter))
+
+    def _reset(self):
+        first = self._frame()
+        pad = first if self.padding == "reset" else torch.zeros(self.frame_shape)
+        return [pad] * (self.S - 1) + [first]
+
+    def _stack(self, frames):
+        return torch.stack(frames, self.dim % (len(self.frame_shape) + 1))
+
+    def step(self, e, p_done=0.15):
+        obs = self._stack(self.window[e])
+        nxt = self.window[e][1:] + [self._frame()]
+        done = self.rng.random() < p_done
+        step = (obs, self._stack(nxt), done, float(self.counter))
+        self.window[e] = self._reset() if done else nxt
+        return step
+
+    def restart(self, e):
+        self.window[e] = self._reset()
+
+
+def to_td(env_ids, rows, blocks):
+    """rows[i] = list of steps of env_ids[i]; [N] if not blocks else [N, T]."""
+    def field(k):
+        vals = [[torch.as_tensor(s[k]) for s in row] for row in rows]
+        out = torch.stack([torch.stack(v) for v in vals])
+        return out if blocks else out[:, 0]
+    td = TensorDict({"observation": field(0), "reward": field(3),
+                     "next": {"observation": field(1), "done": field(2).unsqueeze(-1)}},
+                    batch_size=[len(rows), len(rows[0])] if blocks else [len(rows)])
+    return td, torch.tensor(env_ids)
+
+
+def assert_same_reads(plain, dedup, num_stack):
+    storage = dedup.storage
+    envs, positions = [], []
+    for e in range(storage.num_envs):
+        first = int(storage.earliest_position()[e]) + num_stack - 1
+        for p in range(first, int(storage.current_pos[e])):
+            envs.append(e)
+            positions.append(p)
+    if not envs:
+        return
+    index = (torch.tensor(envs), torch.tensor(positions))
+    want, got = plain.storage.get(index), storage.get(index)
+    assert set(want.keys(True, True)) == set(got.keys(True, True))
+    for key in want.keys(True, True):
+        assert torch.equal(want[key], got[key]), (key, envs, positions)
+
+
+CONFIGS = [(1, 0, "reset"), (4, 0, "reset"), (3, -1, "zero"), (2, 1, "reset")]
+
+
+@pytest.mark.parametrize("num_stack, stack_dim, padding", CONFIGS)
+@settings(max_examples=12, deadline=None)
+@given(seed=st.integers(0, 10_000), num_envs=st.integers(1, 3), max_length=st.integers(4, 9))
+def test_reads_equal_the_full_stream(num_stack, stack_dim, padding, seed, num_envs, max_length):
+    rng = random.Random(seed)
+    streams = Streams(num_envs, num_stack, stack_dim, padding, rng)
+    plain = EnvRingReplayBuffer(num_envs=num_envs, max_length=max_length)
+    dedup = EnvRingReplayBuffer(storage=DedupEnvRingStorage(
+        num_envs, max_length, num_stack=num_stack, stack_dim=stack_dim, padding=padding))
+    for _ in range(30):
+        u = rng.random()
+        envs = sorted(rng.sample(range(num_envs), rng.randint(1, num_envs)))
+        if u < 0.55:
+            td, ids = to_td(envs, [[streams.step(e)] for e in envs], blocks=False)
+        elif u < 0.8:
+            length = rng.randint(2, max_length)
+            td, ids = to_td(envs, [[streams.step(e) for _ in range(length)] for e in envs], blocks=True)
+        elif u < 0.9:
+            e = rng.randrange(num_envs)
+            plain.clear(env_ids=[e])
+            dedup.clear(env_ids=[e])
+            streams.restart(e)  # a cleared env starts a new episode
+            continue
+        else:
+            e = rng.randrange(num_envs)
+            n = int(plain.storage.current_size[e])
+            if n:
+                k = rng.randint(1, n)
+                try:
+                    got = dedup.dequeue(k, env_ids=[e])
+                except ValueError as error:  # stacks of the oldest steps already overwritten
+                    assert "overwritten frames" in str(error)
+                    assert int(dedup.storage.current_size[e]) == n  # nothing removed
+                    continue
+                want = plain.dequeue(k, env_ids=[e])
+                for key in want.keys(True, True):
+                    assert torch.equal(want[key], got[key]), key
+            continue
+        plain.extend(td, env_ids=ids)
+        dedup.extend(td, env_ids=ids)
+        assert_same_reads(plain, dedup, num_stack)
+
+
+def test_sampled_windows_equal_the_plain_storage_and_skip_overwritten_frames():
+    rng = random.Random(0)
+    streams = Streams(2, 4, 0, "reset", rng)
+    dedup = EnvRingReplayBuffer(storage=DedupEnvRingStorage(2, 12, num_stack=4),
+                                sampler=TrajectorySampler(2))
+    plain = EnvRingReplayBuffer(num_envs=2, max_length=12)
+    for _ in range(40):
+        td, ids = to_td([0, 1], [[streams.step(0)], [streams.step(1)]], blocks=False)
+        dedup.extend(td, env_ids=ids)
+        plain.extend(td, env_ids=ids)
+    batch = dedup.sample(64)
+    earliest = dedup.storage.earliest_position()[batch["env_ids"][:, 0]]
+    assert bool((batch["positions"][:, 0] >= earliest + 3).all())  # stacks fully stored
+    env, pos = batch["index"][..., 0], batch["index"][..., 1]
+    want = plain.storage.get((env, pos))
+    for key in want.keys(True, True):
+        assert torch.equal(batch[key], want[key]), key
+
+
+def test_a_step_whose_stack_was_overwritten_cannot_be_read():
+    rng = random.Random(1)
+    streams = Streams(1, 4, 0, "reset", rng)
+    rb = EnvRingReplayBuffer(storage=DedupEnvRingStorage(1, 5, num_stack=4))
+    for _ in range(9):
+        td, ids = to_td([0], [[streams.step(0, p_done=0.0)]], blocks=False)
+        rb.extend(td, env_ids=ids)
+    # Positions 4..8 stored; the episode began at 0, so the stack of 5 needs frame 2 (gone).
+    with pytest.raises(ValueError, match="reaches back to overwritten frames cannot be read"):
+        rb.storage.get((torch.tensor([0]), torch.tensor([5])))
+    assert rb.storage.get((torch.tensor([0]), torch.tensor([7])))["observation"].shape == (1, 4, 2, 2)
+
+
+def test_bytes_per_transition_for_4_stacked_84x84_frames():
+    rng = random.Random(2)
+    num_envs, max_length = 2, 2000
+    streams = Streams(num_envs, 4, 0, "reset", rng, frame_shape=(84, 84))
+    storage = DedupEnvRingStorage(num_envs, max_length, num_stack=4)
+    rb = EnvRingReplayBuffer(storage=storage)
+    for _ in range(max_length + 500):  # wraps; episodes of about 100 steps
+        rows = [[streams.step(e, p_done=0.01)] for e in range(num_envs)]
+        td, ids = to_td(list(range(num_envs)), rows, blocks=False)
+        td["observation"] = td["observation"].to(torch.uint8)
+        td["next", "observation"] = td["next", "observation"].to(torch.uint8)
+        rb.extend(td, env_ids=ids)
+    tensors = [leaf for _, leaf in storage._flat] + [
+        storage._is_first, storage._indexed, storage._headless, storage._disc0, storage._returns,
+        storage._terminal_row, storage._last_done, storage._pending_next, storage._terminal,
+        storage._current_pos, storage._current_size, storage._resets,
+    ]
+    per_transition = sum(t.numel() * t.element_size() for t in tensors) / (num_envs * max_length)
+    assert per_transition <= 1.1 * 84 * 84, per_transition
+    # A plain ring stores obs and next obs in full: 8 frames per transition.
+    assert 8 * 84 * 84 / per_transition > 7
+
+
+def test_next_observation_that_breaks_the_stream_is_refused():
+    rng = random.Random(3)
+    streams = Streams(1, 2, 0, "reset", rng)
+    rb = EnvRingReplayBuffer(storage=DedupEnvRingStorage(1, 6, num_stack=2))
+    td, ids = to_td([0], [[streams.step(0, p_done=0.0)]], blocks=False)
+    rb.extend(td, env_ids=ids)
+    td, ids = to_td([0], [[streams.step(0, p_done=0.0)]], blocks=False)
+    td["observation"][0, -1] += 1000  # not the previous step's next frame
+    before = rb.storage.state_dict()
+    with pytest.raises(ValueError, match=r"\('next', 'observation'\) of a step differs from 'observation'"):
+        rb.extend(td, env_ids=ids)
+    after = rb.storage.state_dict()
+    assert all(torch.equal(a, b) for a, b in zip(before["leaves"], after["leaves"]))
+    assert rb.storage.current_pos.tolist() == [1]
+
+
+def test_bad_arguments_and_shapes():
+    with pytest.raises(ValueError, match="num_stack must be an int >= 1"):
+        DedupEnvRingStorage(1, 4, num_stack=0)
+    with pytest.raises(ValueError, match="padding must be 'reset' or 'zero'"):
+        DedupEnvRingStorage(1, 4, padding="edge")
+    rb = EnvRingReplayBuffer(storage=DedupEnvRingStorage(1, 4, num_stack=4))
+    td = TensorDict({"observation": torch.zeros(1, 3, 2, 2),
+                     "next": {"observation": torch.zeros(1, 3, 2, 2), "done": torch.zeros(1, 1, dtype=torch.bool)}}, [1])
+    with pytest.raises(ValueError, match="has 3 frames along stack_dim=0, expected num_stack=4"):
+        rb.extend(td)
+    good_shape = TensorDict({"observation": torch.zeros(1, 4, 2, 2),
+                             "next": {"observation": torch.zeros(1, 4, 2, 2)}}, [1])
+    with pytest.raises(ValueError, match=r"needs \('next', 'done'\) in every written batch"):
+        rb.extend(good_shape)
+    assert len(rb) == 0
+
+
+def test_checkpoint_round_trip(tmp_path):
+    rng = random.Random(4)
+    streams = Streams(2, 3, 0, "reset", rng)
+    storage = DedupEnvRingStorage(2, 6, num_stack=3)
+    rb = EnvRingReplayBuffer(storage=storage)
+    for _ in range(15):
+        td, ids = to_td([0, 1], [[streams.step(0)], [streams.step(1)]], blocks=False)
+        rb.extend(td, env_ids=ids)
+    rb.dumps(tmp_path / "rb")
+    fresh = EnvRingReplayBuffer(storage=DedupEnvRingStorage(2, 6, num_stack=3))
+    fresh.loads(tmp_path / "rb")
+    index = (torch.tensor([0, 0, 1, 1]), torch.tensor([11, 14, 12, 14]))
+    want, got = storage.get(index), fresh.storage.get(index)
+    for key in want.keys(True, True):
+        assert torch.equal(want[key], got[key]), key
+    # Writing continues identically.
+    td, ids = to_td([0, 1], [[streams.step(0)], [streams.step(1)]], blocks=False)
+    rb.extend(td, env_ids=ids)
+    fresh.extend(td, env_ids=ids)
+    index = (torch.tensor([0, 1]), torch.tensor([15, 15]))
+    assert torch.equal(storage.get(index)["next", "observation"], fresh.storage.get(index)["next", "observation"])
+
+
+def test_plain_ring_is_not_affected():
+    assert EnvRingStorage.required_lookback == 0

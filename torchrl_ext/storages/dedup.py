@@ -1,0 +1,304 @@
+"""Per-env rings that store each observation frame once.
+
+A transition stream of pixel observations repeats itself: ``("next", obs)``
+of step ``t`` is ``obs`` of step ``t + 1`` within an episode, and a
+``num_stack``-frame observation shares ``num_stack - 1`` frames with the
+previous one. TorchRL's storages keep all of it: with a 4-frame 84x84 stack,
+8 copies of every frame. This storage keeps one:
+
+* ``obs``: only its newest frame (the last along ``stack_dim``) is stored;
+  the stack is rebuilt at read time from the previous steps of the same env,
+  padded at episode starts with the episode's first frame (gymnasium's
+  ``FrameStackObservation`` with ``padding_type="reset"``) or zeros;
+* ``("next", obs)``: rebuilt from the following step of the same env; at an
+  episode end (``done``) its newest frame goes to a side table, which grows
+  on demand and frees a row when the step's slot is overwritten; the newest
+  step of each env keeps its next frame in a per-env table until the
+  following step arrives.
+
+Reads return the same keys and shapes as a plain
+:class:`~torchrl_ext.storages.EnvRingStorage` holding the full stream.
+Steps whose stack reaches back into overwritten frames are not readable:
+:attr:`required_lookback` is ``num_stack - 1``, and the torchrl_ext samplers
+and ``RandomSampler`` skip them.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+
+from torchrl_ext.storages.episodes import EpisodicEnvRingStorage
+
+__all__ = ["DedupEnvRingStorage"]
+
+
+class DedupEnvRingStorage(EpisodicEnvRingStorage):
+    """:class:`EnvRingStorage` that stores each frame of ``obs_key`` once.
+
+    Args:
+        num_envs, max_length: ring geometry.
+
+    Keyword Args:
+        obs_key: the (pixel) observation; ``("next", obs_key)`` must be written too.
+        num_stack: frames per observation (1: no stacking, only ``next`` is shared).
+        stack_dim: dim of the stack within one observation (e.g. 0 for ``[4, 84, 84]``).
+        padding: ``"reset"`` (repeat the episode's first frame) or ``"zero"``.
+        done_key: the step ends its episode (the next step begins a new one).
+        check_next: verify on write that ``("next", obs)`` of a step equals
+            ``obs`` of the following step of its env (a stream that breaks this
+            cannot be deduplicated); a mismatch raises before anything is written.
+        record_episodic_return, gamma, reward_clip, default_return,
+        discount_key, reward_key, device: see :class:`EpisodicEnvRingStorage`.
+
+    Shape contract:
+        Writes ``[N]`` or ``[N, T]`` steps with ``obs`` ``[..., *stack_shape]``;
+        reads give ``obs`` and ``("next", obs)`` at full stacked shape.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl_ext.replay_buffers import EnvRingReplayBuffer
+        >>> from torchrl_ext.storages import DedupEnvRingStorage
+        >>> storage = DedupEnvRingStorage(1, 8, obs_key="pixels", num_stack=2)
+        >>> rb = EnvRingReplayBuffer(storage=storage)
+        >>> frames = [torch.full((1, 3), float(k)) for k in range(4)]
+        >>> stack = lambda a, b: torch.stack([frames[a], frames[b]])  # [2, 1, 3]
+        >>> for t, (prev, cur) in enumerate([(0, 0), (0, 1), (1, 2)]):
+        ...     _ = rb.extend(TensorDict({"pixels": stack(prev, cur)[None],
+        ...         "next": {"pixels": stack(cur, cur + 1)[None], "done": torch.tensor([[False]])}}, [1]))
+        >>> step = storage.get((torch.tensor([0]), torch.tensor([1])))
+        >>> step["pixels"][0, :, 0, 0].tolist(), step["next", "pixels"][0, :, 0, 0].tolist()
+        ([0.0, 1.0], [1.0, 2.0])
+        >>> storage._storage["pixels"].shape  # one frame per step
+        torch.Size([1, 8, 1, 3])
+    """
+
+    def __init__(
+        self,
+        num_envs: int,
+        max_length: int,
+        *,
+        obs_key: Any = "observation",
+        num_stack: int = 1,
+        stack_dim: int = 0,
+        padding: str = "reset",
+        done_key: Any = ("next", "done"),
+        check_next: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(num_envs, max_length, step_type_key=None, **kwargs)
+        if isinstance(num_stack, bool) or not isinstance(num_stack, int) or num_stack < 1:
+            raise ValueError(f"num_stack must be an int >= 1, got num_stack={num_stack!r}.")
+        if padding not in ("reset", "zero"):
+            raise ValueError(f"padding must be 'reset' or 'zero', got padding={padding!r}.")
+        self.obs_key = obs_key
+        self.next_key = ("next", *obs_key) if isinstance(obs_key, tuple) else ("next", obs_key)
+        self.num_stack, self.stack_dim, self.padding = num_stack, stack_dim, padding
+        self.done_key, self.check_next = done_key, bool(check_next)
+        self.required_lookback = num_stack - 1
+        self._last_done = torch.zeros(num_envs, dtype=torch.bool)
+        self._pending_next: torch.Tensor | None = None  # [E, *frame]: newest step's next frame
+        self._terminal: torch.Tensor | None = None  # [C, *frame]: next frames at episode ends
+        self._terminal_row = torch.full((num_envs * max_length,), -1, dtype=torch.long)
+        self._free_rows: list[int] = []
+
+    # ------------------------------------------------------------------
+    # Writes
+    def _frames(self, obs: torch.Tensor, batch_dims: int) -> torch.Tensor:
+        """Newest frame of each stacked observation."""
+        if self.num_stack == 1:
+            return obs
+        dim = batch_dims + (self.stack_dim % (obs.dim() - batch_dims))
+        if obs.shape[dim] != self.num_stack:
+            raise ValueError(
+                f"{self.obs_key!r} has {obs.shape[dim]} frames along stack_dim={self.stack_dim}, "
+                f"expected num_stack={self.num_stack}; set num_stack/stack_dim to the stacking "
+                "your env applies."
+            )
+        return obs.select(dim, -1)
+
+    def _first_flags(self, data: TensorDictBase, env: torch.Tensor) -> torch.Tensor:
+        # A step begins an episode when the previous step of its env was done.
+        done = self._done(data, env)
+        if env.ndim == 1:
+            return self._last_done[env.cpu()]
+        return torch.cat([self._last_done[env[:, 0].cpu()].unsqueeze(1), done[:, :-1]], 1)
+
+    def _done(self, data: TensorDictBase, env: torch.Tensor) -> torch.Tensor:
+        return self._field(data, self.done_key).reshape(env.shape).cpu().bool()
+
+    def _write(
+        self, env: torch.Tensor, position: torch.Tensor, data: TensorDictBase, *, set_cursor: bool
+    ) -> None:
+        batch_dims = env.ndim
+        frames = self._frames(self._field(data, self.obs_key), batch_dims)
+        next_frames = self._frames(self._field(data, self.next_key), batch_dims)
+        done = self._done(data, env)
+        first = self._first_flags(data, env)
+        if self.check_next:
+            self._check_continuity(env, frames, next_frames, done, first)
+        stored = data.exclude(self.next_key).set(self.obs_key, frames)
+        flat = self._flat_index(env, position).reshape(-1).cpu()
+        super()._write(env, position, stored, set_cursor=set_cursor)  # checks the layout first
+        self._store_next_frames(env, flat, next_frames, done)
+
+    def _check_continuity(self, env, frames, next_frames, done, first) -> None:
+        rows = env if env.ndim == 1 else env[:, 0]
+        pairs = []
+        if self._pending_next is not None:
+            # The newest stored step's next frame must be this step's frame.
+            cont = (~first.reshape(env.shape[0], -1)[:, 0]) & (self._current_pos[rows.cpu()] > 0)
+            if bool(cont.any()):
+                head = frames if env.ndim == 1 else frames[:, 0]
+                pairs.append((self._pending_next[rows[cont]], head[cont.to(head.device)]))
+        if env.ndim == 2 and env.shape[1] > 1:
+            cont = ~done[:, :-1]
+            if bool(cont.any()):
+                pairs.append((next_frames[:, :-1][cont.to(frames.device)],
+                              frames[:, 1:][cont.to(frames.device)]))
+        for expected, got in pairs:
+            if not torch.equal(expected.to(got.device), got):
+                raise ValueError(
+                    f"('next', {self.obs_key!r}) of a step differs from {self.obs_key!r} of the "
+                    "following step of the same env, so the stream cannot be deduplicated; write "
+                    f"steps of each env in order with {self.done_key!r} set at episode ends, or "
+                    "use EnvRingStorage."
+                )
+
+    def _store_next_frames(self, env, flat, next_frames, done) -> None:
+        frame_shape = next_frames.shape[env.ndim:]
+        if self._pending_next is None:
+            self._pending_next = torch.zeros(self._num_envs, *frame_shape, dtype=next_frames.dtype,
+                                             device=self._device)
+            self._terminal = torch.zeros(0, *frame_shape, dtype=next_frames.dtype, device=self._device)
+        # Overwritten slots give their terminal rows back.
+        old = self._terminal_row[flat]
+        self._free_rows.extend(old[old >= 0].tolist())
+        self._terminal_row[flat] = -1
+        done_flat = done.reshape(-1)
+        if bool(done_flat.any()):
+            picked = done_flat.nonzero().squeeze(1)
+            rows = torch.tensor(self._take_rows(picked.numel()), dtype=torch.long)
+            values = next_frames.reshape(-1, *frame_shape)[picked.to(next_frames.device)]
+            self._terminal.index_copy_(0, rows.to(self._device), values.to(self._device))
+            self._terminal_row[flat[picked]] = rows
+        rows = env if env.ndim == 1 else env[:, 0]
+        newest = next_frames if env.ndim == 1 else next_frames[:, -1]
+        self._pending_next[rows.to(self._device)] = newest.to(self._device)
+        self._last_done[rows.cpu()] = done if env.ndim == 1 else done[:, -1]
+
+    def _take_rows(self, n: int) -> list[int]:
+        if len(self._free_rows) < n:
+            have = self._terminal.shape[0]
+            grow = max(n - len(self._free_rows), have, 16)
+            extra = torch.zeros(grow, *self._terminal.shape[1:], dtype=self._terminal.dtype,
+                                device=self._device)
+            self._terminal = torch.cat([self._terminal, extra])
+            self._free_rows.extend(range(have, have + grow))
+        taken, self._free_rows = self._free_rows[-n:], self._free_rows[:-n]
+        return taken
+
+    # ------------------------------------------------------------------
+    # Reads
+    def get(self, index: Any) -> TensorDictBase:
+        if isinstance(index, tuple) and len(index) == 2 and self.required_lookback:
+            env, position = (i.cpu() for i in self._as_coordinates(index))
+            # The oldest frame of each stack must still be in its slot (a dequeued
+            # step's frame stays there until overwritten).
+            oldest = torch.maximum(position - self.required_lookback, self._begin(env, position))
+            if env.numel() and not bool((oldest >= self._current_pos[env] - self._max_length).all()):
+                raise ValueError(
+                    "a step whose stack reaches back to overwritten frames cannot be read "
+                    f"(its episode began more than {self.required_lookback} steps before the "
+                    "oldest stored step); sample with a torchrl_ext sampler, which skips them."
+                )
+        return super().get(index)
+
+    def _gather(
+        self, env: torch.Tensor, position: torch.Tensor, extra: dict[Any, torch.Tensor] | None = None
+    ) -> TensorDictBase:
+        out = super()._gather(env, position, extra)
+        env_c, pos_c = env.cpu(), position.cpu()
+        begin = self._begin(env_c, pos_c)
+        obs = self._stack(env_c, pos_c, begin, self.num_stack - 1, out.get(self.obs_key))
+        newest_next = self._next_frame(env_c, pos_c)
+        next_obs = self._stack(env_c, pos_c, begin, self.num_stack - 1, newest_next, shift=1)
+        out.set(self.obs_key, obs)
+        out.set(self.next_key, next_obs)
+        return out
+
+    def _begin(self, env: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        slot = pos % self._max_length
+        return torch.where(self._is_first[env, slot], pos, self._indexed[env, slot])
+
+    def _stack(self, env, pos, begin, older: int, newest: torch.Tensor, shift: int = 0) -> torch.Tensor:
+        """``older`` frames before ``pos + shift`` (clamped to the episode) + ``newest``, stacked."""
+        if self.num_stack == 1:
+            return newest
+        offsets = torch.arange(-older, 0) + shift  # e.g. -3, -2, -1 (+1 for next)
+        wanted = pos.unsqueeze(-1) + offsets
+        q = torch.maximum(wanted, begin.unsqueeze(-1))
+        leaf = self._frame_leaf()
+        flat = self._flat_index(env.unsqueeze(-1).expand_as(q), q).reshape(-1)
+        frames = leaf.index_select(0, flat).reshape(*q.shape, *leaf.shape[1:])
+        if self.padding == "zero":
+            frames = frames * (wanted >= begin.unsqueeze(-1)).to(self._device).reshape(
+                *q.shape, *(1,) * (leaf.dim() - 1)).to(frames.dtype)
+        stack = torch.cat([frames, newest.unsqueeze(pos.dim())], pos.dim())
+        return stack.movedim(pos.dim(), pos.dim() + self.stack_dim % (leaf.dim()))
+
+    def _frame_leaf(self) -> torch.Tensor:
+        for key, leaf in self._flat:
+            if key == self.obs_key:
+                return leaf
+        raise RuntimeError("the observation leaf is missing")
+
+    def _next_frame(self, env: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Newest frame of ``("next", obs)`` at each ``(env, pos)``."""
+        leaf = self._frame_leaf()
+        flat = self._flat_index(env, pos + 1).reshape(-1)
+        out = leaf.index_select(0, flat).reshape(*pos.shape, *leaf.shape[1:])
+        row = self._terminal_row[self._flat_index(env, pos).cpu()]
+        terminal = row >= 0
+        if bool(terminal.any()):
+            out[terminal.to(self._device)] = self._terminal[row[terminal].to(self._device)]
+        newest = (pos == self._current_pos[env] - 1) & ~terminal
+        if bool(newest.any()):
+            out[newest.to(self._device)] = self._pending_next[env[newest].to(self._device)]
+        return out
+
+    # ------------------------------------------------------------------
+    def reset(self, env_ids: torch.Tensor | None = None) -> None:
+        rows = torch.arange(self._num_envs) if env_ids is None else torch.as_tensor(env_ids).cpu().reshape(-1)
+        slots = (rows.unsqueeze(1) * self._max_length + torch.arange(self._max_length)).reshape(-1)
+        old = self._terminal_row[slots]
+        self._free_rows.extend(old[old >= 0].tolist())
+        self._terminal_row[slots] = -1
+        self._last_done[rows] = False
+        super().reset(env_ids)
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        tables = [] if self._pending_next is None else [self._pending_next.clone(), self._terminal.clone()]
+        state["dedup"] = {
+            "tables": tables,
+            "bookkeeping": [self._terminal_row.clone(), self._last_done.clone(),
+                            torch.tensor(self._free_rows, dtype=torch.long)],
+        }
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        dedup = state_dict["dedup"]
+        tables = dedup["tables"] or []
+        if tables:
+            self._pending_next = tables[0].to(self._device).clone()
+            self._terminal = tables[1].to(self._device).clone()
+        else:
+            self._pending_next = self._terminal = None
+        row, last_done, free = dedup["bookkeeping"]
+        self._terminal_row.copy_(row)
+        self._last_done.copy_(last_done)
+        self._free_rows = free.tolist()
