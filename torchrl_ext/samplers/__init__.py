@@ -1,4 +1,9 @@
 """Samplers: they pick indices (and attach info such as importance weights)."""
+from torchrl_ext.samplers.minibatch import (
+    ChunkedRecurrentMinibatchSampler,
+    FeedForwardMinibatchSampler,
+    NaiveRecurrentMinibatchSampler,
+)
 from torchrl_ext.samplers.prioritized import (
     PrioritizedSampler,
     PrioritizedSamplerWithoutReplacement,
@@ -7,6 +12,9 @@ from torchrl_ext.samplers.prioritized_trajectory import PrioritizedTrajectorySam
 from torchrl_ext.samplers.trajectory import TrajectorySampler
 
 __all__ = [
+    "ChunkedRecurrentMinibatchSampler",
+    "FeedForwardMinibatchSampler",
+    "NaiveRecurrentMinibatchSampler",
     "PrioritizedSampler",
     "PrioritizedSamplerWithoutReplacement",
     "PrioritizedTrajectorySampler",

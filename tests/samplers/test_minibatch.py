@@ -1,0 +1,188 @@
+"""On-policy minibatch samplers: HARL's generators (vectors), epochs, coverage, errors."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from tensordict import TensorDict
+from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+
+from tests._vectors import vectors_path
+from torchrl_ext.samplers import (
+    ChunkedRecurrentMinibatchSampler,
+    FeedForwardMinibatchSampler,
+    NaiveRecurrentMinibatchSampler,
+)
+
+T, N, A, CHUNK, NUM_MB = 8, 4, 2, 4, 3
+
+ACTOR_FIELDS = {  # HARL's yield name -> stored array name (first T slots)
+    "obs": "obs", "rnn_states": "rnn_states", "actions": "actions", "masks": "masks",
+    "active_masks": "active_masks", "old_action_log_probs": "action_log_probs",
+    "adv_targ": "advantages", "available_actions": "available_actions", "factor": "factor",
+}
+CRITIC_FIELDS = {name: name for name in
+                 ("share_obs", "rnn_states_critic", "value_preds", "returns", "masks")}
+
+
+@pytest.fixture(scope="module")
+def vectors():
+    return np.load(vectors_path("harl_generators.npz"))
+
+
+def rollout(vectors, prefix, fields, batch):
+    data = {name: torch.from_numpy(vectors[f"{prefix}_{stored}"][:T]) for name, stored in fields.items()}
+    return TensorDict(data, batch)
+
+
+def make_buffer(data, sampler):
+    storage = LazyTensorStorage(data.numel(), ndim=data.ndim)
+    rb = TensorDictReplayBuffer(storage=storage, sampler=sampler, batch_size=1, dim_extend=0)
+    rb.extend(data)
+    return rb
+
+
+def harl_order(batch, kind):
+    """Our minibatch in HARL's row order: ff [B]; naive/rec [k, L] -> time-major [L * k]."""
+    if kind == "ff":
+        return batch
+    return batch.transpose(0, 1).reshape(-1)
+
+
+CASES = [
+    ("actor", ACTOR_FIELDS, (T, N), "rnn_states"),
+    ("critic_ep", CRITIC_FIELDS, (T, N), "rnn_states_critic"),
+    ("critic_fp", CRITIC_FIELDS, (T, N, A), "rnn_states_critic"),
+]
+
+
+@pytest.mark.parametrize("prefix, fields, batch, rnn_key", CASES)
+@pytest.mark.parametrize("kind", ["ff", "naive", "rec"])
+def test_minibatches_equal_harl_with_the_same_permutation(vectors, prefix, fields, batch, rnn_key, kind):
+    if kind == "ff":
+        sampler = FeedForwardMinibatchSampler(NUM_MB, drop_last=True)
+    elif kind == "naive":
+        sampler = NaiveRecurrentMinibatchSampler(NUM_MB, drop_last=True)
+    else:
+        sampler = ChunkedRecurrentMinibatchSampler(NUM_MB, data_chunk_length=CHUNK, drop_last=True)
+    rb = make_buffer(rollout(vectors, prefix, fields, batch), sampler)
+    sampler.set_permutation(torch.from_numpy(vectors[f"{prefix}_{kind}_perm"]))
+    batches = list(rb)
+    assert len(batches) == NUM_MB
+    for i, out in enumerate(batches):
+        for name in fields:
+            want = torch.from_numpy(vectors[f"{prefix}_{kind}_mb{i}_{name}"])
+            if name == rnn_key and kind != "ff":
+                got = out[name][:, 0]  # the state a sequence or chunk starts from
+            else:
+                got = harl_order(out, kind)[name]
+            assert torch.equal(got.reshape(want.shape), want), (kind, i, name)
+
+
+def numbered(batch_shape):
+    """Every step carries its own coordinates, to check coverage."""
+    total = int(np.prod(batch_shape))
+    return TensorDict({"id": torch.arange(total).view(batch_shape)}, batch_shape)
+
+
+@pytest.mark.parametrize("batch_shape", [(10, 3), (6, 5, 2)])
+@pytest.mark.parametrize("num_mb", [1, 4, 7])
+def test_every_step_appears_exactly_once_per_epoch(batch_shape, num_mb):
+    for sampler in (FeedForwardMinibatchSampler(num_mb), NaiveRecurrentMinibatchSampler(min(num_mb, 3)),
+                    ChunkedRecurrentMinibatchSampler(num_mb, data_chunk_length=2)):
+        rb = make_buffer(numbered(batch_shape), sampler)
+        rb.set_rng(torch.Generator().manual_seed(num_mb))
+        for _epoch in range(2):
+            ids = torch.cat([batch["id"].reshape(-1) for batch in rb])
+            assert sorted(ids.tolist()) == list(range(int(np.prod(batch_shape)))), type(sampler).__name__
+
+
+def test_minibatch_sizes_spread_the_remainder_or_drop_it():
+    rb = make_buffer(numbered((10, 3)), FeedForwardMinibatchSampler(4))
+    assert [b.shape[0] for b in rb] == [8, 8, 7, 7]
+    rb = make_buffer(numbered((10, 3)), FeedForwardMinibatchSampler(4, drop_last=True))
+    assert [b.shape[0] for b in rb] == [7, 7, 7, 7]
+    rb = make_buffer(numbered((10, 3)), FeedForwardMinibatchSampler(mini_batch_size=8))
+    assert [b.shape[0] for b in rb] == [8, 8, 8, 6]
+    rb = make_buffer(numbered((10, 3)), FeedForwardMinibatchSampler(mini_batch_size=8, drop_last=True))
+    assert [b.shape[0] for b in rb] == [8, 8, 8]
+
+
+def test_chunks_stay_within_one_thread_and_are_consecutive():
+    rb = make_buffer(numbered((12, 5)), ChunkedRecurrentMinibatchSampler(4, data_chunk_length=3))
+    for batch in rb:
+        assert batch.shape[1] == 3
+        ids = batch["id"]
+        thread, t = ids % 5, ids // 5
+        assert bool((thread == thread[:, :1]).all())
+        assert bool((t.diff(dim=1) == 1).all()) and bool((t[:, 0] % 3 == 0).all())
+
+
+def test_naive_sequences_cover_the_whole_rollout_batch_first():
+    rb = make_buffer(numbered((6, 4)), NaiveRecurrentMinibatchSampler(2, shuffle=False))
+    first, second = list(rb)
+    assert first["id"].tolist() == [[t * 4 + n for t in range(6)] for n in (0, 1)]
+    assert second["id"].tolist() == [[t * 4 + n for t in range(6)] for n in (2, 3)]
+
+
+def test_each_epoch_draws_a_new_permutation_and_ran_out_marks_its_end():
+    sampler = FeedForwardMinibatchSampler(2)
+    rb = make_buffer(numbered((4, 2)), sampler)
+    rb.set_rng(torch.Generator().manual_seed(0))
+    first = [b["id"].tolist() for b in rb]
+    assert sampler.ran_out
+    second = [b["id"].tolist() for b in rb]
+    assert first != second and len(second) == 2
+
+
+def test_state_dict_resumes_mid_epoch():
+    sampler = ChunkedRecurrentMinibatchSampler(3, data_chunk_length=2)
+    rb = make_buffer(numbered((6, 3)), sampler)
+    rb.set_rng(torch.Generator().manual_seed(1))
+    rb.sample()
+    fresh = ChunkedRecurrentMinibatchSampler(3, data_chunk_length=2)
+    rb2 = make_buffer(numbered((6, 3)), fresh)
+    fresh.load_state_dict(sampler.state_dict())
+    assert torch.equal(rb.sample()["id"], rb2.sample()["id"])
+    assert torch.equal(rb.sample()["id"], rb2.sample()["id"])
+    assert sampler.ran_out and fresh.ran_out
+
+
+def test_dumps_loads(tmp_path):
+    sampler = FeedForwardMinibatchSampler(4)
+    rb = make_buffer(numbered((5, 2)), sampler)
+    rb.sample()
+    sampler.dumps(tmp_path / "s")
+    fresh = FeedForwardMinibatchSampler(4)
+    fresh.loads(tmp_path / "s")
+    assert all(torch.equal(a, b) for a, b in zip(sampler._splits, fresh._splits)) and fresh._next == 1
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="give exactly one of num_mini_batch and mini_batch_size"):
+        FeedForwardMinibatchSampler()
+    with pytest.raises(ValueError, match="give exactly one of num_mini_batch and mini_batch_size"):
+        FeedForwardMinibatchSampler(2, mini_batch_size=4)
+    with pytest.raises(ValueError, match="num_mini_batch must be a positive int, got num_mini_batch=0"):
+        FeedForwardMinibatchSampler(0)
+    with pytest.raises(ValueError, match="data_chunk_length must be a positive int"):
+        ChunkedRecurrentMinibatchSampler(2, data_chunk_length=0)
+    rb = make_buffer(numbered((6, 2)), ChunkedRecurrentMinibatchSampler(2, data_chunk_length=8))
+    with pytest.raises(ValueError, match="data_chunk_length=8 must divide the rollout length T=6"):
+        rb.sample()
+    rb = make_buffer(numbered((6, 2)), ChunkedRecurrentMinibatchSampler(2, data_chunk_length=4))
+    with pytest.raises(ValueError, match="data_chunk_length=4 must divide the rollout length T=6"):
+        rb.sample()
+    rb = make_buffer(numbered((6, 2)), NaiveRecurrentMinibatchSampler(3))
+    with pytest.raises(ValueError, match="num_mini_batch=3 is larger than the 2 threads"):
+        rb.sample()
+    sampler = FeedForwardMinibatchSampler(2)
+    rb = make_buffer(numbered((2, 2)), sampler)
+    sampler.set_permutation(torch.tensor([0, 1, 1, 2]))
+    with pytest.raises(ValueError, match="must hold each of the 4 steps once"):
+        rb.sample()
+    flat = TensorDictReplayBuffer(storage=LazyTensorStorage(4), sampler=FeedForwardMinibatchSampler(2),
+                                  batch_size=1)
+    flat.extend(TensorDict({"x": torch.zeros(4)}, [4]))
+    with pytest.raises(ValueError, match=r"need a storage of shape \[T, \*threads\]"):
+        flat.sample()

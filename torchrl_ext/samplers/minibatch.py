@@ -1,0 +1,287 @@
+"""On-policy minibatch samplers: one epoch of minibatches over a ``[T, *threads]`` rollout.
+
+The storage holds a rollout with time first and any number of "thread" dims
+after it: ``[T, N]`` (one agent, or agents kept inside each step under nested
+keys) or ``[T, N, A]`` (agents as threads, HARL's FP critic). Thread dims are
+flattened row-major (thread ``n * A + a``), so one code path covers EP and FP.
+
+* :class:`FeedForwardMinibatchSampler`: single steps, flat unit ``t * threads + thread``;
+  minibatches ``[B]``.
+* :class:`NaiveRecurrentMinibatchSampler`: whole thread sequences; minibatches
+  ``[k, T]`` (batch first, time second, as TorchRL's recurrent modules expect).
+* :class:`ChunkedRecurrentMinibatchSampler`: chunks of ``data_chunk_length``
+  consecutive steps of one thread, never crossing threads; minibatches ``[k, L]``.
+  The recurrent state to start a chunk from is the stored one at its first step
+  (``batch[:, 0]``); ``masks`` inside the chunk mark resets.
+
+Each ``sample`` returns the next minibatch of the current epoch; after the last
+one ``ran_out`` is set, so ``for batch in rb:`` iterates exactly one epoch
+(TorchRL's convention), and the next call starts a new epoch with a new
+permutation. Unlike HARL, which drops the ``units % num_mini_batch`` leftover
+units of every epoch, every unit appears exactly once per epoch by default
+(minibatch sizes then differ by at most one); ``drop_last=True`` restores
+HARL's equal-size minibatches.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torchrl.data.replay_buffers.samplers import Sampler
+
+from torchrl_ext.io.state_files import load_state, save_state
+
+__all__ = [
+    "ChunkedRecurrentMinibatchSampler",
+    "FeedForwardMinibatchSampler",
+    "NaiveRecurrentMinibatchSampler",
+]
+
+_TENSORS, _METADATA = "minibatch_sampler.safetensors", "minibatch_sampler.json"
+
+
+class _EpochMinibatchSampler(Sampler):
+    """Hands out one epoch's permutation of units, ``num_mini_batch`` pieces at a time."""
+
+    unit_name = "unit"
+
+    def __init__(
+        self,
+        num_mini_batch: int | None = None,
+        *,
+        mini_batch_size: int | None = None,
+        shuffle: bool = True,
+        drop_last: bool = False,
+    ) -> None:
+        super().__init__()
+        if (num_mini_batch is None) == (mini_batch_size is None):
+            raise ValueError(
+                "give exactly one of num_mini_batch and mini_batch_size, got "
+                f"num_mini_batch={num_mini_batch!r}, mini_batch_size={mini_batch_size!r}."
+            )
+        for name, value in (("num_mini_batch", num_mini_batch), ("mini_batch_size", mini_batch_size)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive int, got {name}={value!r}.")
+        self.num_mini_batch, self.mini_batch_size = num_mini_batch, mini_batch_size
+        self.shuffle, self.drop_last = bool(shuffle), bool(drop_last)
+        self._splits: list[torch.Tensor] | None = None
+        self._next = 0
+        self._ran_out = False
+        self._injected: torch.Tensor | None = None
+
+    # ------------------------------------------------------------------
+    @property
+    def ran_out(self) -> bool:
+        return self._ran_out
+
+    @ran_out.setter
+    def ran_out(self, value: bool) -> None:
+        self._ran_out = bool(value)
+
+    def set_permutation(self, permutation: torch.Tensor) -> None:
+        """Uses ``permutation`` (of all units) for the next epoch instead of a random one."""
+        self._injected = torch.as_tensor(permutation, dtype=torch.long)
+        self._splits = None
+
+    @staticmethod
+    def _layout(storage: Any) -> tuple[int, torch.Size]:
+        shape = getattr(storage, "shape", None)
+        if shape is None or len(shape) < 2:
+            raise ValueError(
+                "on-policy minibatch samplers need a storage of shape [T, *threads] "
+                "(e.g. LazyTensorStorage(T * N, ndim=2) extended with a [T, N] rollout, "
+                f"dim_extend=0); got shape {None if shape is None else list(shape)}."
+            )
+        threads = shape[1:]
+        filled = len(storage) // max(threads.numel(), 1)
+        if filled == 0:
+            raise RuntimeError("Cannot sample from an empty storage.")
+        return filled, threads
+
+    def _units(self, steps: int, threads: int) -> int:
+        raise NotImplementedError
+
+    def _index(self, units: torch.Tensor, steps: int, threads: torch.Size) -> tuple[torch.Tensor, ...]:
+        raise NotImplementedError
+
+    def _new_epoch(self, count: int) -> None:
+        if self._injected is not None:
+            order = self._injected
+            self._injected = None
+            if order.numel() != count or not torch.equal(order.sort().values, torch.arange(count)):
+                raise ValueError(
+                    f"the injected permutation must hold each of the {count} {self.unit_name}s "
+                    "once."
+                )
+        elif self.shuffle:
+            order = torch.randperm(count, generator=self._rng)
+        else:
+            order = torch.arange(count)
+        if self.num_mini_batch is not None:
+            if self.num_mini_batch > count:
+                raise ValueError(
+                    f"num_mini_batch={self.num_mini_batch} is larger than the {count} "
+                    f"{self.unit_name}s of the rollout; use at most {count} minibatches."
+                )
+            if self.drop_last:  # HARL: equal sizes, the leftover units unused this epoch
+                size = count // self.num_mini_batch
+                splits = [order[i * size:(i + 1) * size] for i in range(self.num_mini_batch)]
+            else:
+                splits = list(torch.tensor_split(order, self.num_mini_batch))
+        else:
+            size = self.mini_batch_size
+            if size > count and self.drop_last:
+                raise ValueError(
+                    f"mini_batch_size={size} is larger than the {count} {self.unit_name}s of the "
+                    "rollout and drop_last=True leaves no minibatch."
+                )
+            splits = list(torch.split(order, size))
+            if self.drop_last and splits[-1].numel() < size:
+                splits = splits[:-1]
+        self._splits, self._next = splits, 0
+        self._remaining_batches = len(splits)
+
+    def sample(self, storage: Any, batch_size: int) -> tuple[tuple[torch.Tensor, ...], dict]:
+        """The next minibatch of the epoch (``batch_size`` is ignored: the split decides)."""
+        steps, threads = self._layout(storage)
+        count = self._units(steps, threads.numel())
+        if self._splits is None or self._next >= len(self._splits) or self._epoch_units != count:
+            self._epoch_units = count
+            self._new_epoch(count)
+        units = self._splits[self._next]
+        self._next += 1
+        self._remaining_batches = len(self._splits) - self._next
+        if self._next == len(self._splits):
+            self.ran_out = True  # TorchRL: set with the last batch of the epoch
+        return self._index(units, steps, threads), {}
+
+    @staticmethod
+    def _thread_coordinates(thread: torch.Tensor, threads: torch.Size) -> tuple[torch.Tensor, ...]:
+        return tuple(torch.unravel_index(thread, threads)) if len(threads) > 1 else (thread,)
+
+    # ------------------------------------------------------------------
+    def _empty(self) -> None:
+        self._splits, self._next, self._ran_out = None, 0, False
+
+    def state_dict(self) -> dict[str, Any]:
+        splits = self._splits or []
+        return {
+            "next": self._next,
+            "ran_out": self._ran_out,
+            "units": getattr(self, "_epoch_units", 0),
+            "splits": [s.clone() for s in splits] if splits else [],
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        splits = state_dict["splits"]
+        self._splits = [s.clone() for s in splits] if splits else None
+        self._next, self._ran_out = int(state_dict["next"]), bool(state_dict["ran_out"])
+        self._epoch_units = int(state_dict["units"])
+
+    def dumps(self, path: str | Path) -> None:
+        save_state(path, self.state_dict(), tensors_file=_TENSORS, metadata_file=_METADATA)
+
+    def loads(self, path: str | Path) -> None:
+        self.load_state_dict(load_state(path, tensors_file=_TENSORS, metadata_file=_METADATA))
+
+    def __repr__(self) -> str:
+        split = (f"num_mini_batch={self.num_mini_batch}" if self.num_mini_batch is not None
+                 else f"mini_batch_size={self.mini_batch_size}")
+        return f"{type(self).__name__}({split}, shuffle={self.shuffle}, drop_last={self.drop_last})"
+
+
+class FeedForwardMinibatchSampler(_EpochMinibatchSampler):
+    """Minibatches of single steps; unit ``t * threads + thread`` (HARL's time-major order).
+
+    Args:
+        num_mini_batch: minibatches per epoch (or give ``mini_batch_size``).
+
+    Keyword Args:
+        mini_batch_size: steps per minibatch instead.
+        shuffle: a new random permutation every epoch (else in order).
+        drop_last: drop the remainder (HARL) instead of spreading it.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+        >>> from torchrl_ext.samplers import FeedForwardMinibatchSampler
+        >>> T, N = 5, 2
+        >>> rb = TensorDictReplayBuffer(storage=LazyTensorStorage(T * N, ndim=2), dim_extend=0,
+        ...     sampler=FeedForwardMinibatchSampler(3), batch_size=1)
+        >>> _ = rb.extend(TensorDict({"t": torch.arange(T).repeat_interleave(N).view(T, N)}, [T, N]))
+        >>> [batch.shape[0] for batch in rb]  # one epoch: 10 steps in 3 minibatches
+        [4, 3, 3]
+    """
+
+    unit_name = "step"
+
+    def _units(self, steps: int, threads: int) -> int:
+        return steps * threads
+
+    def _index(self, units, steps, threads):
+        n = threads.numel()
+        return (units // n, *self._thread_coordinates(units % n, threads))
+
+
+class NaiveRecurrentMinibatchSampler(_EpochMinibatchSampler):
+    """Minibatches of whole thread sequences, ``[k, T]``; start recurrent states from ``batch[:, 0]``.
+
+    Args:
+        num_mini_batch: minibatches per epoch (or ``mini_batch_size`` threads each).
+    """
+
+    unit_name = "thread"
+
+    def _units(self, steps: int, threads: int) -> int:
+        return threads
+
+    def _index(self, units, steps, threads):
+        time = torch.arange(steps).expand(units.numel(), steps)
+        thread = units.unsqueeze(1).expand_as(time)
+        return (time, *self._thread_coordinates(thread, threads))
+
+
+class ChunkedRecurrentMinibatchSampler(_EpochMinibatchSampler):
+    """Minibatches of ``data_chunk_length``-step chunks of one thread, ``[k, L]``.
+
+    Chunk ``c`` is thread ``c // (T / L)``, steps ``t0 ... t0 + L - 1`` with
+    ``t0 = (c % (T / L)) * L`` (HARL's order). Chunks may span an episode end;
+    the ``masks`` inside them mark where a recurrent state must reset.
+
+    Args:
+        num_mini_batch: minibatches per epoch (or ``mini_batch_size`` chunks each).
+
+    Keyword Args:
+        data_chunk_length: steps per chunk ``L``; must divide the rollout length.
+    """
+
+    unit_name = "chunk"
+
+    def __init__(self, num_mini_batch: int | None = None, *, data_chunk_length: int, **kwargs: Any) -> None:
+        super().__init__(num_mini_batch, **kwargs)
+        if isinstance(data_chunk_length, bool) or not isinstance(data_chunk_length, int) or data_chunk_length < 1:
+            raise ValueError(
+                f"data_chunk_length must be a positive int, got data_chunk_length={data_chunk_length!r}."
+            )
+        self.data_chunk_length = data_chunk_length
+
+    def _units(self, steps: int, threads: int) -> int:
+        length = self.data_chunk_length
+        if length > steps or steps % length:
+            raise ValueError(
+                f"data_chunk_length={length} must divide the rollout length T={steps} "
+                f"(chunks never cross threads); use a divisor of {steps}."
+            )
+        return threads * (steps // length)
+
+    def _index(self, units, steps, threads):
+        per_thread = steps // self.data_chunk_length
+        thread = units // per_thread
+        t0 = (units % per_thread) * self.data_chunk_length
+        time = t0.unsqueeze(1) + torch.arange(self.data_chunk_length)
+        return (time, *self._thread_coordinates(thread.unsqueeze(1).expand_as(time), threads))
+
+    def __repr__(self) -> str:
+        return super().__repr__()[:-1] + f", data_chunk_length={self.data_chunk_length})"
