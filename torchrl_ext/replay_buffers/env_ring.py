@@ -77,7 +77,6 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
         if not isinstance(writer, EnvRingWriter):
             raise TypeError(f"writer must be an EnvRingWriter, got {type(writer).__name__}.")
         kwargs.setdefault("dim_extend", 0)
-        kwargs.setdefault("collate_fn", _identity)
         super().__init__(
             storage=storage,
             writer=writer,
@@ -233,11 +232,6 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
     def empty(self, empty_write_count: bool = True) -> None:
         super().empty(empty_write_count=empty_write_count)
         self._writer.notify_room()
-
-
-def _identity(data: Any) -> Any:
-    """The storage already returns one TensorDict: nothing to collate."""
-    return data
 
 
 def _broadcast(value: torch.Tensor, shape: torch.Size) -> torch.Tensor:

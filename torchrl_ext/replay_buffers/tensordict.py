@@ -35,6 +35,11 @@ from torchrl_ext.samplers.prioritized import (
 __all__ = ["PrioritizedReplayBuffer", "TensorDictReplayBuffer"]
 
 
+def identity_collate(data: Any) -> Any:
+    """Collate function of storages that already return one TensorDict."""
+    return data
+
+
 def _info_entries(info: dict[Any, Any], batch: int) -> dict[Any, torch.Tensor]:
     """Sampler info as TorchRL's ``TensorDictReplayBuffer.sample`` writes it.
 
@@ -75,6 +80,10 @@ class TensorDictReplayBuffer(_TorchRLTensorDictReplayBuffer):
     """
 
     def __init__(self, **kwargs: Any) -> None:
+        # torchrl_ext storages that return one TensorDict per read need no
+        # collate function; TorchRL only knows its own storage classes.
+        if kwargs.get("collate_fn") is None and getattr(kwargs.get("storage"), "returns_tensordicts", False):
+            kwargs["collate_fn"] = identity_collate
         super().__init__(**kwargs)
         self._gather_cache: tuple[Any, list[tuple[Any, torch.Tensor]]] | None = None
 

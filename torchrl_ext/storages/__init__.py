@@ -2,6 +2,7 @@
 from torchrl_ext.storages.dedup import DedupEnvRingStorage
 from torchrl_ext.storages.episodes import EpisodicEnvRingStorage
 from torchrl_ext.storages.fast import FastMemmapStorage, FastTensorStorage, gather_rows
+from torchrl_ext.storages.rollout import RolloutStorage
 from torchrl_ext.storages.ring import EnvRingStorage, EnvRingStorageCheckpointer
 
 __all__ = [
@@ -11,5 +12,6 @@ __all__ = [
     "EpisodicEnvRingStorage",
     "FastMemmapStorage",
     "FastTensorStorage",
+    "RolloutStorage",
     "gather_rows",
 ]

@@ -83,6 +83,7 @@ class EnvRingStorage(Storage):
 
     _default_checkpointer = EnvRingStorageCheckpointer
     ndim = 2
+    returns_tensordicts = True  # reads give one TensorDict: no collate function needed
     #: Oldest stored steps of each env that cannot be read whole (a frame-stacking
     #: storage needs the ``num_stack - 1`` steps before a step); samplers skip them.
     required_lookback = 0

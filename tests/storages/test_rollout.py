@@ -1,0 +1,126 @@
+"""RolloutStorage: HARL's [T + 1, N] insert / after_update convention, sampling, checkpoints."""
+from __future__ import annotations
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+from torchrl_ext.replay_buffers import TensorDictReplayBuffer
+from torchrl_ext.samplers import ChunkedRecurrentMinibatchSampler, FeedForwardMinibatchSampler
+from torchrl_ext.storages import RolloutStorage
+
+T, N, A = 4, 3, 2
+
+
+def step(t, n_envs=N):
+    """Step t of a multi-agent rollout: per-agent obs/actions, shared state, team reward."""
+    obs = lambda k: torch.full((n_envs, A, 2), float(k))  # noqa: E731
+    return TensorDict(
+        {
+            "agents": {"observation": obs(t), "action": torch.full((n_envs, A, 1), 10.0 + t)},
+            "state": torch.full((n_envs, 5), 100.0 + t),
+            "next": {
+                "agents": {"observation": obs(t + 1)},
+                "state": torch.full((n_envs, 5), 101.0 + t),
+                "reward": torch.full((n_envs, 1), 0.5 * t),
+                "done": torch.zeros(n_envs, 1, dtype=torch.bool),
+            },
+        },
+        [n_envs],
+    )
+
+
+def harl_reference():
+    """HARL's OnPolicyActorBuffer / critic buffer bookkeeping, written as its docs describe."""
+    obs = torch.zeros(T + 1, N, A, 2)
+    share = torch.zeros(T + 1, N, 5)
+    actions = torch.zeros(T, N, A, 1)
+    for t in range(T):
+        s = step(t)
+        obs[t + 1] = s["next", "agents", "observation"]  # insert: obs go to [step + 1]
+        share[t + 1] = s["next", "state"]
+        actions[t] = s["agents", "action"]  # actions go to [step]
+    return obs, share, actions
+
+
+def filled(t0=0):
+    rollout = RolloutStorage(T)
+    for t in range(t0, t0 + T):
+        rollout.insert(step(t))
+    return rollout
+
+
+def test_slots_follow_harl_after_one_rollout():
+    rollout = filled()
+    obs, share, actions = harl_reference()
+    data = rollout.data
+    assert data.batch_size == torch.Size([T + 1, N])
+    # HARL leaves slot 0 at its initial value (zeros) before the first after_update;
+    # here slot 0 holds the first step's own observation, and slots 1..T equal HARL's.
+    assert torch.equal(data["agents", "observation"][1:], obs[1:])
+    assert torch.equal(data["state"][1:], share[1:])
+    assert torch.equal(data["agents", "action"][:T], actions)
+    assert sorted(map(str, rollout.carry_keys)) == ["('agents', 'observation')", "state"]
+
+
+def test_after_update_moves_the_last_slot_to_the_first():
+    rollout = filled()
+    rollout.after_update()
+    assert rollout.step == 0
+    assert torch.equal(rollout.data["agents", "observation"][0], torch.full((N, A, 2), float(T)))
+    assert torch.equal(rollout.data["state"][0], torch.full((N, 5), 100.0 + T))
+    # The next rollout continues from there.
+    for t in range(T, 2 * T):
+        rollout.insert(step(t))
+    assert rollout.data["state"][:, 0, 0].tolist() == [100.0 + t for t in range(T, 2 * T + 1)]
+
+
+def test_minibatch_samplers_see_the_t_filled_steps():
+    rollout = filled()
+    rb = TensorDictReplayBuffer(storage=rollout, sampler=FeedForwardMinibatchSampler(2), batch_size=1)
+    batches = list(rb)
+    assert sum(b.shape[0] for b in batches) == T * N
+    assert bool((torch.cat([b["agents", "action"] for b in batches]) < 10.0 + T).all())
+    rb = TensorDictReplayBuffer(storage=rollout,
+                                sampler=ChunkedRecurrentMinibatchSampler(3, data_chunk_length=2), batch_size=1)
+    for batch in rb:
+        assert batch.shape[1] == 2 and batch["agents", "observation"].shape[2:] == (A, 2)
+
+
+def test_fill_next_gives_the_bootstrap_values():
+    rollout = filled()
+    rollout.data.set("state_value", torch.arange(T + 1, dtype=torch.float32).view(T + 1, 1, 1).expand(T + 1, N, 1).clone())
+    rollout.fill_next("state_value")
+    assert rollout.data["next", "state_value"][:T, 0, 0].tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
+def test_bad_input():
+    rollout = filled()
+    with pytest.raises(RuntimeError, match="already holds num_steps=4 steps; call after_update"):
+        rollout.insert(step(9))
+    rollout.after_update()
+    with pytest.raises(ValueError, match=r"step keys differ from the rollout's \(missing: \[\"\('next', 'reward'\)\"\]"):
+        rollout.insert(step(0).exclude(("next", "reward")))
+    with pytest.raises(ValueError, match=r"step has batch size \[2\] but the rollout holds \[3\]"):
+        rollout.insert(step(0, n_envs=2))
+    assert rollout.step == 0
+    with pytest.raises(ValueError, match="num_steps must be a positive int"):
+        RolloutStorage(0)
+    with pytest.raises(ValueError, match="carry key 'hidden' is missing under 'next'"):
+        RolloutStorage(2, carry_keys=["hidden"]).insert(step(0))
+    with pytest.raises(RuntimeError, match="written with insert"):
+        rollout.set(0, step(0))
+
+
+def test_checkpoint_round_trip(tmp_path):
+    rollout = RolloutStorage(T)
+    rollout.insert(step(0))
+    rollout.insert(step(1))
+    rollout.dumps(tmp_path / "r")
+    fresh = RolloutStorage(T)
+    fresh.loads(tmp_path / "r")
+    assert fresh.step == 2 and fresh.carry_keys == rollout.carry_keys
+    for key in rollout.data.keys(True, True):
+        assert torch.equal(fresh.data[key], rollout.data[key]), key
+    fresh.insert(step(2))
+    assert fresh.data["state"][3, 0, 0] == 103.0

@@ -1,0 +1,249 @@
+"""On-policy rollout storage with the ``[T + 1, N]`` convention (HARL, pytorchrl).
+
+Slot ``t`` holds what is known *before* acting at step ``t``: the observation,
+the recurrent state, the value. Step ``t``'s own results (action, log-prob,
+``("next", ...)`` reward and done flags) sit in slot ``t`` too. Slot ``T``
+holds the observation (and any other carried entry) after the last step: it
+bootstraps the returns and becomes slot 0 of the next rollout
+(:meth:`RolloutStorage.after_update`).
+
+It is written step by step with TorchRL step TensorDicts (``[N]`` with a
+``"next"`` sub-TensorDict, as collectors produce them): :meth:`insert` puts
+the step in slot ``t`` and copies the *carried* entries of its ``"next"``
+(by default every key present both at the root and under ``"next"``, such as
+``"observation"`` or ``("agents", "observation")``) into slot ``t + 1``.
+Samplers see the ``T`` filled steps as a ``[T, N]`` storage, so the on-policy
+minibatch samplers work on it directly.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+from torchrl.data.replay_buffers.checkpointers import StorageCheckpointerBase
+from torchrl.data.replay_buffers.storages import Storage
+
+from torchrl_ext.io.state_files import load_state, save_state
+
+__all__ = ["RolloutStorage"]
+
+_TENSORS, _METADATA = "rollout.safetensors", "rollout.json"
+
+
+class _RolloutCheckpointer(StorageCheckpointerBase):
+    def dumps(self, storage: RolloutStorage, path: str | Path) -> None:
+        save_state(path, storage.state_dict(), tensors_file=_TENSORS, metadata_file=_METADATA)
+
+    def loads(self, storage: RolloutStorage, path: str | Path) -> None:
+        storage.load_state_dict(load_state(path, tensors_file=_TENSORS, metadata_file=_METADATA))
+
+
+class RolloutStorage(Storage):
+    """``[T + 1, N]`` rollout, filled by :meth:`insert`, sampled as ``[T, N]``.
+
+    Args:
+        num_steps: rollout length ``T``.
+
+    Keyword Args:
+        carry_keys: entries copied from ``("next", key)`` of step ``t`` into
+            slot ``t + 1`` (default: every key found both at the root and
+            under ``"next"`` of the first step).
+        device: where the rollout lives.
+
+    Shape contract:
+        :attr:`data` is ``[T + 1, N]``; ``shape`` and ``get`` address the
+        first ``T`` slots (``[T, N]``), with nested per-agent entries kept
+        inside each step.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl_ext.storages import RolloutStorage
+        >>> rollout = RolloutStorage(num_steps=2)
+        >>> for t in range(2):
+        ...     rollout.insert(TensorDict({"observation": torch.full((3, 1), float(t)),
+        ...         "next": {"observation": torch.full((3, 1), t + 1.0),
+        ...                  "reward": torch.ones(3, 1)}}, [3]))
+        >>> rollout.data["observation"][:, 0, 0].tolist()  # slots 0, 1 and the bootstrap slot 2
+        [0.0, 1.0, 2.0]
+        >>> rollout.after_update()
+        >>> rollout.data["observation"][0, 0, 0].item()
+        2.0
+    """
+
+    _default_checkpointer = _RolloutCheckpointer
+    ndim = 2
+    returns_tensordicts = True  # reads give one TensorDict: no collate function needed
+
+    def __init__(
+        self,
+        num_steps: int,
+        *,
+        carry_keys: Sequence[Any] | None = None,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
+            raise ValueError(f"num_steps must be a positive int, got num_steps={num_steps!r}.")
+        super().__init__(num_steps)
+        self._num_steps = num_steps
+        self._device = torch.device(device)
+        self._carry_keys = None if carry_keys is None else list(carry_keys)
+        self._storage: TensorDictBase | None = None
+        self._step = 0
+
+    # ------------------------------------------------------------------
+    @property
+    def num_steps(self) -> int:
+        return self._num_steps
+
+    @property
+    def step(self) -> int:
+        """Steps inserted since the last :meth:`after_update`."""
+        return self._step
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def data(self) -> TensorDictBase:
+        """The whole ``[T + 1, N]`` rollout."""
+        if self._storage is None:
+            raise RuntimeError("the rollout is empty: insert a step first.")
+        return self._storage
+
+    @property
+    def shape(self) -> torch.Size:
+        if self._storage is None:
+            return torch.Size([self._num_steps, 0])
+        return torch.Size([self._num_steps, *self._storage.batch_size[1:]])
+
+    @property
+    def carry_keys(self) -> list[Any]:
+        return list(self._carry_keys or [])
+
+    def __len__(self) -> int:
+        if self._storage is None:
+            return 0
+        return self._step * self._storage.batch_size[1:].numel()
+
+    # ------------------------------------------------------------------
+    def insert(self, step: TensorDictBase) -> None:
+        """Writes one step ``[N]`` into slot ``t`` and its carried next entries into ``t + 1``.
+
+        Raises:
+            RuntimeError: when ``T`` steps were inserted since :meth:`after_update`.
+            ValueError: when the step's keys or shapes differ from the first step's.
+        """
+        if not isinstance(step, TensorDictBase):
+            raise TypeError(f"step must be a TensorDict, got {type(step).__name__}.")
+        if self._step >= self._num_steps:
+            raise RuntimeError(
+                f"the rollout already holds num_steps={self._num_steps} steps; call "
+                "after_update() (or empty()) before inserting more."
+            )
+        if self._storage is None:
+            self._allocate(step)
+        stored = self._storage[self._step]
+        if set(step.keys(True, True)) != set(stored.keys(True, True)):
+            missing = sorted(map(str, set(stored.keys(True, True)) - set(step.keys(True, True))))
+            extra = sorted(map(str, set(step.keys(True, True)) - set(stored.keys(True, True))))
+            raise ValueError(
+                f"step keys differ from the rollout's (missing: {missing}, extra: {extra}); "
+                "insert the same entries at every step."
+            )
+        if step.batch_size != stored.batch_size:
+            raise ValueError(
+                f"step has batch size {list(step.batch_size)} but the rollout holds "
+                f"{list(stored.batch_size)} envs per step."
+            )
+        self._storage[self._step] = step.to(self._device)
+        for key in self._carry_keys:
+            self._storage[self._step + 1].set_(key, step.get(_next(key)).to(self._device))
+        self._step += 1
+        self._bump_mutation_revision()
+
+    def _allocate(self, step: TensorDictBase) -> None:
+        if self._carry_keys is None:
+            nested_next = step.get("next", None)
+            self._carry_keys = [] if nested_next is None else [
+                key for key in nested_next.keys(True, True)
+                if key in step.keys(True, True) and key != "next"
+            ]
+        for key in self._carry_keys:
+            if step.get(_next(key), None) is None:
+                raise ValueError(f"carry key {key!r} is missing under 'next' of the step.")
+        batch = (self._num_steps + 1, *step.batch_size)
+        self._storage = step.to(self._device).unsqueeze(0).expand(batch).clone().zero_()
+
+    def after_update(self) -> None:
+        """Copies the carried entries of slot ``T`` into slot 0 and restarts at step 0."""
+        if self._storage is not None:
+            last, first = self._storage[self._num_steps], self._storage[0]
+            for key in self._carry_keys:
+                first.set_(key, last.get(key))
+        self._step = 0
+        self._bump_mutation_revision()
+
+    def fill_next(self, key: Any = "state_value") -> None:
+        """Sets ``("next", key)`` of steps ``0 ... T - 1`` to ``key`` of slots ``1 ... T``.
+
+        Run it after the critic has evaluated all ``T + 1`` slots, so that a
+        TorchRL value estimator finds the bootstrap values where it looks.
+        """
+        data = self.data
+        value = data.get(key)
+        data.set(_next(key), torch.cat([value[1:], value[-1:]]))
+
+    # ------------------------------------------------------------------
+    def get(self, index: Any) -> TensorDictBase:
+        if self._storage is None:
+            raise RuntimeError("the rollout is empty: insert a step first.")
+        return self._storage[: self._num_steps][index]
+
+    def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
+        raise RuntimeError(
+            f"{type(self).__name__} is written with insert(step), one step at a time; a "
+            "ReplayBuffer over it is for sampling minibatches."
+        )
+
+    def contains(self, item: Any) -> bool:
+        t = item[0] if isinstance(item, tuple) else item
+        return 0 <= int(t) < self._step
+
+    def state_dict(self) -> dict[str, Any]:
+        keys = [] if self._storage is None else list(self._storage.keys(True, True))
+        return {
+            "num_steps": self._num_steps,
+            "step": self._step,
+            "carry_keys": [list(k) if isinstance(k, tuple) else [k] for k in self.carry_keys],
+            "batch": [] if self._storage is None else list(self._storage.batch_size),
+            "keys": [list(k) if isinstance(k, tuple) else [k] for k in keys],
+            "leaves": [self._storage.get(k).clone() for k in keys] if keys else [],
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if state_dict["num_steps"] != self._num_steps:
+            raise ValueError(
+                f"the checkpoint has num_steps={state_dict['num_steps']} but this rollout has "
+                f"num_steps={self._num_steps}."
+            )
+        unkey = lambda k: tuple(k) if len(k) > 1 else k[0]  # noqa: E731
+        keys = [unkey(k) for k in state_dict["keys"]]
+        if keys:
+            leaves = state_dict["leaves"]
+            batch = torch.Size(state_dict["batch"])
+            self._storage = TensorDict({k: v.to(self._device) for k, v in zip(keys, leaves)}, batch)
+        else:
+            self._storage = None
+        self._carry_keys = [unkey(k) for k in state_dict["carry_keys"]] or None
+        self._step = int(state_dict["step"])
+
+    def _empty(self) -> None:
+        self._step = 0
+
+
+def _next(key: Any) -> tuple:
+    return ("next", *key) if isinstance(key, tuple) else ("next", key)
