@@ -13,8 +13,19 @@ from tensordict import TensorDict
 
 import torchrl_ext.configs as configs
 from torchrl_ext.replay_buffers import EnvRingReplayBuffer
-from torchrl_ext.samplers import PrioritizedTrajectorySampler, TrajectorySampler
-from torchrl_ext.storages import DedupEnvRingStorage, EnvRingStorage, EpisodicEnvRingStorage
+from torchrl_ext.samplers import (
+    ChunkedRecurrentMinibatchSampler,
+    FeedForwardMinibatchSampler,
+    NaiveRecurrentMinibatchSampler,
+    PrioritizedTrajectorySampler,
+    TrajectorySampler,
+)
+from torchrl_ext.storages import (
+    DedupEnvRingStorage,
+    EnvRingStorage,
+    EpisodicEnvRingStorage,
+    RolloutStorage,
+)
 from torchrl_ext.writers import EnvRingWriter
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
@@ -29,6 +40,10 @@ CONF = Path(__file__).resolve().parents[1] / "conf"
         ("writer", "ext_env_ring", EnvRingWriter),
         ("sampler", "ext_trajectory", TrajectorySampler),
         ("sampler", "ext_prioritized_trajectory", PrioritizedTrajectorySampler),
+        ("storage", "ext_rollout", RolloutStorage),
+        ("sampler", "ext_feed_forward", FeedForwardMinibatchSampler),
+        ("sampler", "ext_naive_recurrent", NaiveRecurrentMinibatchSampler),
+        ("sampler", "ext_chunked_recurrent", ChunkedRecurrentMinibatchSampler),
     ],
 )
 def test_component_configs_are_registered_and_instantiate(group, name, cls):
@@ -78,3 +93,14 @@ def test_alf_preset_is_registered():
     node = ConfigStore.instance().repo["replay_buffer"]["ext_alf.yaml"].node
     rb = instantiate(node, num_environments=2, max_length=4)
     assert isinstance(rb, EnvRingReplayBuffer) and rb.storage.max_length == 4
+
+
+def test_harl_preset_is_registered_and_iterates_an_epoch():
+    node = ConfigStore.instance().repo["replay_buffer"]["ext_harl.yaml"].node
+    rb = instantiate(node, episode_length=4, num_mini_batch=2, use_recurrent_policy=True,
+                     data_chunk_length=2)
+    assert isinstance(rb.sampler, ChunkedRecurrentMinibatchSampler)
+    for t in range(4):
+        rb.storage.insert(TensorDict({"x": torch.full((3,), float(t)),
+                                      "next": {"x": torch.full((3,), t + 1.0)}}, [3]))
+    assert sum(batch.numel() for batch in rb) == 12

@@ -12,6 +12,9 @@ from torchrl_ext.replay_buffers import (
     TensorDictReplayBuffer,
 )
 from torchrl_ext.samplers import (
+    ChunkedRecurrentMinibatchSampler,
+    FeedForwardMinibatchSampler,
+    NaiveRecurrentMinibatchSampler,
     PrioritizedSampler,
     PrioritizedSamplerWithoutReplacement,
     PrioritizedTrajectorySampler,
@@ -24,6 +27,7 @@ from torchrl_ext.storages import (
     EpisodicEnvRingStorage,
     FastMemmapStorage,
     FastTensorStorage,
+    RolloutStorage,
 )
 from torchrl_ext.writers import EnvRingWriter
 from torchrl_ext.value import (
@@ -36,11 +40,15 @@ from torchrl_ext.value import (
 )
 
 from torchrl_ext import configs  # noqa: E402  (registers the Hydra configs)
-from torchrl_ext.presets import alf_replay_buffer  # noqa: E402
+from torchrl_ext.presets import alf_replay_buffer, harl_rollout_buffer  # noqa: E402
 
 __version__ = "0.1.0.dev0"
 
 __all__ = [
+    "ChunkedRecurrentMinibatchSampler",
+    "FeedForwardMinibatchSampler",
+    "NaiveRecurrentMinibatchSampler",
+    "RolloutStorage",
     "DedupEnvRingStorage",
     "EnvRingReplayBuffer",
     "EnvRingStorage",
@@ -65,5 +73,6 @@ __all__ = [
     "ValueNorm",
     "__version__",
     "alf_replay_buffer",
+    "harl_rollout_buffer",
     "configs",
 ]

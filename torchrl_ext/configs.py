@@ -20,6 +20,11 @@ group               name                        target
 ``sampler``         ``ext_prioritized_trajectory``  :class:`~torchrl_ext.samplers.PrioritizedTrajectorySampler`
 ``replay_buffer``   ``ext_env_ring``            :class:`~torchrl_ext.replay_buffers.EnvRingReplayBuffer`
 ``replay_buffer``   ``ext_alf``                 :func:`~torchrl_ext.presets.alf_replay_buffer`
+``storage``         ``ext_rollout``             :class:`~torchrl_ext.storages.RolloutStorage`
+``sampler``         ``ext_feed_forward``        :class:`~torchrl_ext.samplers.FeedForwardMinibatchSampler`
+``sampler``         ``ext_naive_recurrent``     :class:`~torchrl_ext.samplers.NaiveRecurrentMinibatchSampler`
+``sampler``         ``ext_chunked_recurrent``   :class:`~torchrl_ext.samplers.ChunkedRecurrentMinibatchSampler`
+``replay_buffer``   ``ext_harl``                :func:`~torchrl_ext.presets.harl_rollout_buffer`
 ==================  ==========================  ==============================================
 """
 from __future__ import annotations
@@ -33,12 +38,17 @@ from torchrl.trainers.algorithms.configs.data import SamplerConfig, StorageConfi
 
 __all__ = [
     "AlfReplayBufferConfig",
+    "ChunkedRecurrentMinibatchSamplerConfig",
     "DedupEnvRingStorageConfig",
     "EnvRingReplayBufferConfig",
     "EnvRingStorageConfig",
     "EnvRingWriterConfig",
     "EpisodicEnvRingStorageConfig",
+    "FeedForwardMinibatchSamplerConfig",
+    "HarlRolloutBufferConfig",
+    "NaiveRecurrentMinibatchSamplerConfig",
     "PrioritizedTrajectorySamplerConfig",
+    "RolloutStorageConfig",
     "TrajectorySamplerConfig",
 ]
 
@@ -152,6 +162,58 @@ class AlfReplayBufferConfig(ConfigBase):
         return
 
 
+@dataclass
+class RolloutStorageConfig(StorageConfig):
+    num_steps: int = 128
+    carry_keys: Optional[Any] = None
+    device: str = "cpu"
+    _target_: str = "torchrl_ext.storages.RolloutStorage"
+
+    def __post_init__(self) -> None:
+        return
+
+
+@dataclass
+class FeedForwardMinibatchSamplerConfig(SamplerConfig):
+    num_mini_batch: Optional[int] = 1
+    mini_batch_size: Optional[int] = None
+    shuffle: bool = True
+    drop_last: bool = False
+    _target_: str = "torchrl_ext.samplers.FeedForwardMinibatchSampler"
+
+    def __post_init__(self) -> None:
+        return
+
+
+@dataclass
+class NaiveRecurrentMinibatchSamplerConfig(FeedForwardMinibatchSamplerConfig):
+    _target_: str = "torchrl_ext.samplers.NaiveRecurrentMinibatchSampler"
+
+
+@dataclass
+class ChunkedRecurrentMinibatchSamplerConfig(FeedForwardMinibatchSamplerConfig):
+    data_chunk_length: int = 10
+    _target_: str = "torchrl_ext.samplers.ChunkedRecurrentMinibatchSampler"
+
+
+@dataclass
+class HarlRolloutBufferConfig(ConfigBase):
+    episode_length: int = 200
+    num_mini_batch: Optional[int] = 1
+    mini_batch_size: Optional[int] = None
+    use_recurrent_policy: bool = False
+    use_naive_recurrent_policy: bool = False
+    data_chunk_length: int = 10
+    shuffle: bool = True
+    drop_last: bool = False
+    carry_keys: Optional[Any] = None
+    device: str = "cpu"
+    _target_: str = "torchrl_ext.presets.harl_rollout_buffer"
+
+    def __post_init__(self) -> None:
+        return
+
+
 _REGISTRY = {
     ("storage", "ext_env_ring"): EnvRingStorageConfig,
     ("storage", "ext_episodic_env_ring"): EpisodicEnvRingStorageConfig,
@@ -161,6 +223,11 @@ _REGISTRY = {
     ("sampler", "ext_prioritized_trajectory"): PrioritizedTrajectorySamplerConfig,
     ("replay_buffer", "ext_env_ring"): EnvRingReplayBufferConfig,
     ("replay_buffer", "ext_alf"): AlfReplayBufferConfig,
+    ("storage", "ext_rollout"): RolloutStorageConfig,
+    ("sampler", "ext_feed_forward"): FeedForwardMinibatchSamplerConfig,
+    ("sampler", "ext_naive_recurrent"): NaiveRecurrentMinibatchSamplerConfig,
+    ("sampler", "ext_chunked_recurrent"): ChunkedRecurrentMinibatchSamplerConfig,
+    ("replay_buffer", "ext_harl"): HarlRolloutBufferConfig,
 }
 
 

@@ -1,0 +1,68 @@
+"""harl_rollout_buffer: HARL's buffers end to end (rollout, returns through GAE, minibatches)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from tensordict import TensorDict
+
+from tests._vectors import load_npz
+from torchrl_ext.presets import harl_rollout_buffer
+from torchrl_ext.samplers import (
+    ChunkedRecurrentMinibatchSampler,
+    FeedForwardMinibatchSampler,
+    NaiveRecurrentMinibatchSampler,
+)
+from torchrl_ext.value import GAE, ValueNorm
+
+GAMMA, LMBDA = 0.95, 0.9
+
+
+def _value_norm(data) -> ValueNorm:
+    vn = ValueNorm(1)
+    vn.load_state_dict({k: torch.from_numpy(np.array(data[f"vn_{k}"]))
+                        for k in ("running_mean", "running_mean_sq", "debiasing_term")})
+    return vn
+
+
+@pytest.mark.parametrize("kind", ["ep", "fp"])
+@pytest.mark.parametrize("use_value_norm", [False, True])
+def test_returns_through_the_rollout_equal_harl(kind, use_value_norm):
+    """HARL compute_returns (GAE, no proper time limits) via RolloutStorage + GAE(time_dim=0)."""
+    data = load_npz("harl_critic_returns.npz")
+    rewards = torch.from_numpy(data[f"{kind}_rewards"])  # [T, N(, A), 1]
+    value_preds = torch.from_numpy(data[f"{kind}_value_preds_in"])
+    next_value = torch.from_numpy(data[f"{kind}_next_value"])
+    ended = torch.from_numpy(data[f"{kind}_masks_in"]) == 0  # row t: masks[t + 1] == 0
+    steps, envs = rewards.shape[:2]
+    vn = _value_norm(data) if use_value_norm else None
+    rb = harl_rollout_buffer(steps, num_mini_batch=2)
+    rollout = rb.storage
+    for t in range(steps):
+        rollout.insert(TensorDict({
+            "state_value": value_preds[t],
+            "next": {"reward": rewards[t], "done": ended[t], "terminated": ended[t]},
+        }, [envs]))
+    rollout.data["state_value"][steps] = next_value  # the critic on the bootstrap slot
+    rollout.fill_next("state_value")
+    gae = GAE(gamma=GAMMA, lmbda=LMBDA, value_network=None, value_normalizer=vn,
+              agent_dim=-2 if kind == "fp" else None)
+    out = gae(rollout.data[:steps], time_dim=0)
+    want = torch.from_numpy(data[f"{kind}_badreal_ptl0_gae1_vn{int(use_value_norm)}_returns"])[:-1]
+    torch.testing.assert_close(out["value_target"], want, rtol=1e-5, atol=1e-5)
+    # Then one epoch of minibatches covers every step once.
+    rollout.data.set("value_target", torch.cat([out["value_target"], out["value_target"][-1:]]))
+    seen = sum(batch.shape[0] for batch in rb)
+    assert seen == steps * envs
+
+
+def test_generator_choice_and_arguments():
+    assert isinstance(harl_rollout_buffer(8).sampler, FeedForwardMinibatchSampler)
+    rb = harl_rollout_buffer(8, use_naive_recurrent_policy=True, num_mini_batch=2, drop_last=True)
+    assert isinstance(rb.sampler, NaiveRecurrentMinibatchSampler) and rb.sampler.drop_last
+    rb = harl_rollout_buffer(8, use_recurrent_policy=True, data_chunk_length=4)
+    assert isinstance(rb.sampler, ChunkedRecurrentMinibatchSampler) and rb.sampler.data_chunk_length == 4
+    rb = harl_rollout_buffer(8, mini_batch_size=5)
+    assert rb.sampler.mini_batch_size == 5 and rb.sampler.num_mini_batch is None
+    with pytest.raises(ValueError, match="use_recurrent_policy and use_naive_recurrent_policy are exclusive"):
+        harl_rollout_buffer(8, use_recurrent_policy=True, use_naive_recurrent_policy=True)
