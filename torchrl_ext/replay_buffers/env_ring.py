@@ -181,12 +181,17 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
         with self._replay_lock, self._write_lock:
             index, info = self._sampler.sample(self._storage, batch_size)
             info["index"] = index
-            env, position = index
-            extra = {"index": torch.stack([env, position], -1).to(self._storage.device)}
+            env, position = index[0], index[1]
+            extra = {"index": torch.stack(list(index), -1).to(self._storage.device)}
             for key, value in info.items():
                 if key != "index":
                     extra[key] = _broadcast(torch.as_tensor(value), env.shape).to(self._storage.device)
-            data = self._storage._gather(env, position, extra)
+            if len(index) == 3:  # n-step: "next" entries from the chain end
+                data = self._storage._gather_chain(env, position, index[2])
+                for key, value in extra.items():
+                    data.set(key, value)
+            else:
+                data = self._storage._gather(env, position, extra)
         if self._transform is not None and len(self._transform):
             with data.unlock_():
                 data = self._transform(data)

@@ -4,6 +4,7 @@ from torchrl_ext.samplers.minibatch import (
     FeedForwardMinibatchSampler,
     NaiveRecurrentMinibatchSampler,
 )
+from torchrl_ext.samplers.nstep import NStepSampler
 from torchrl_ext.samplers.prioritized import (
     PrioritizedSampler,
     PrioritizedSamplerWithoutReplacement,
@@ -15,6 +16,7 @@ __all__ = [
     "ChunkedRecurrentMinibatchSampler",
     "FeedForwardMinibatchSampler",
     "NaiveRecurrentMinibatchSampler",
+    "NStepSampler",
     "PrioritizedSampler",
     "PrioritizedSamplerWithoutReplacement",
     "PrioritizedTrajectorySampler",

@@ -278,6 +278,9 @@ class EnvRingStorage(Storage):
     def get(self, index: Any) -> TensorDictBase:
         """Steps at ``index``: an ``(env, position)`` pair of integer tensors of one shape.
 
+        An ``(env, start, end)`` triple gives n-step transitions: root entries
+        from ``start``, ``"next"`` entries from ``end``.
+
         Other indices (an int env, slices, ...) index the ``[E, L]`` TensorDict.
         """
         if self._storage is None:
@@ -286,7 +289,21 @@ class EnvRingStorage(Storage):
             isinstance(i, torch.Tensor) and not i.dtype.is_floating_point for i in index
         ):
             return self._gather(*self._as_coordinates(index))
+        if isinstance(index, tuple) and len(index) == 3 and all(
+            isinstance(i, torch.Tensor) and not i.dtype.is_floating_point for i in index
+        ):
+            env, start = self._as_coordinates(index[:2])
+            end = self._as_coordinates((env, index[2]))[1]
+            return self._gather_chain(env, start, end)
         return self._storage[index]
+
+    def _gather_chain(self, env: torch.Tensor, start: torch.Tensor, end: torch.Tensor) -> TensorDictBase:
+        """Root entries at ``(env, start)`` and ``"next"`` entries at ``(env, end)``: the
+        transition from ``start`` to the observation after ``end`` (n-step sampling)."""
+        out = self._gather(env, start)
+        if "next" in out.keys():
+            out.set("next", self._gather(env, end).get("next"))
+        return out
 
     def _gather(
         self, env: torch.Tensor, position: torch.Tensor, extra: dict[Any, torch.Tensor] | None = None

@@ -1,0 +1,165 @@
+"""NStepSampler: chains stop at done and at each env's newest step; TorchRL's TD(0) honours them."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tensordict import TensorDict
+from tensordict.nn import TensorDictModule
+from torchrl.objectives.value import TD0Estimator
+
+from torchrl_ext.replay_buffers import EnvRingReplayBuffer
+from torchrl_ext.samplers import NStepSampler
+from torchrl_ext.storages import DedupEnvRingStorage
+
+
+class _Constant(torch.nn.Module):
+    def __init__(self, value: float) -> None:
+        super().__init__()
+        self.value = value
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return torch.full_like(observation, self.value)
+
+
+def constant_value(value: float) -> TensorDictModule:
+    return TensorDictModule(_Constant(value), in_keys=["observation"], out_keys=["state_value"])
+
+
+def transition(obs, next_obs, reward, done, truncated=False):
+    n = len(obs)
+    flags = lambda v: torch.tensor(v).reshape(n, 1)  # noqa: E731
+    return TensorDict({
+        "observation": torch.tensor(obs, dtype=torch.float32).reshape(n, 1),
+        "next": {
+            "observation": torch.tensor(next_obs, dtype=torch.float32).reshape(n, 1),
+            "reward": torch.tensor(reward, dtype=torch.float32).reshape(n, 1),
+            "done": flags(done),
+            "terminated": flags([d and not t for d, t in zip(done, truncated if isinstance(truncated, list) else [truncated] * n)]),
+        },
+    }, [n])
+
+
+def fill(rng, num_envs, max_length, steps):
+    """Random episodes per env; returns the buffer and each env's full history."""
+    rb = EnvRingReplayBuffer(num_envs=num_envs, max_length=max_length,
+                             generator=torch.Generator().manual_seed(rng.randrange(1000)))
+    history = [[] for _ in range(num_envs)]
+    obs = [float(1000 * e) for e in range(num_envs)]
+    for _ in range(steps):
+        envs = sorted(rng.sample(range(num_envs), rng.randint(1, num_envs)))
+        rows = []
+        for e in envs:
+            done = rng.random() < 0.25
+            nxt = obs[e] + 1
+            row = (obs[e], nxt, round(rng.uniform(-1, 1), 3), done)
+            history[e].append(row)
+            rows.append(row)
+            obs[e] = nxt + 100 if done else nxt  # reset observation after an episode end
+        rb.extend(transition(*[list(c) for c in zip(*rows)]), env_ids=envs)
+    return rb, history
+
+
+def reference(history, env, start, n, gamma, newest):
+    """Walk the stored stream: stop at done or at the newest step."""
+    total, k = 0.0, 0
+    while True:
+        obs, nxt, reward, done = history[env][start + k]
+        total += gamma ** k * reward
+        if done or start + k == newest or k == n - 1:
+            return total, nxt, done, k + 1
+        k += 1
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), n_step=st.integers(1, 5), num_envs=st.integers(1, 3),
+       max_length=st.integers(3, 12), steps=st.integers(1, 30))
+def test_chains_equal_a_brute_force_walk(seed, n_step, num_envs, max_length, steps):
+    rng = random.Random(seed)
+    rb, history = fill(rng, num_envs, max_length, steps)
+    gamma = 0.9
+    sampler = NStepSampler(n_step, gamma)
+    rb._sampler = sampler
+    batch = rb.sample(64)
+    storage = rb.storage
+    for i in range(64):
+        env, start, end = batch["index"][i].tolist()
+        assert int(storage.earliest_position()[env]) <= start <= end < int(storage.current_pos[env])
+        want_reward, want_next, want_done, count = reference(
+            history, env, start, n_step, gamma, int(storage.current_pos[env]) - 1)
+        assert batch["observation"][i, 0] == history[env][start][0]
+        assert batch["next", "observation"][i, 0] == want_next
+        assert bool(batch["next", "done"][i, 0]) == want_done
+        assert batch["steps_to_next_obs"][i, 0] == count == end - start + 1
+        assert batch["next", "reward"][i, 0].item() == pytest.approx(want_reward, abs=1e-5)
+        assert batch["nstep_discount"][i, 0].item() == pytest.approx(gamma ** count, rel=1e-6)
+
+
+def test_td0_targets_with_a_constant_value_match_the_closed_form():
+    """TorchRL's TD(0) reads steps_to_next_obs: target = R + gamma^(m+1) * V * (1 - terminated)."""
+    rb = EnvRingReplayBuffer(num_envs=1, max_length=10, sampler=NStepSampler(3, gamma=0.9))
+    # One episode of 3 steps with reward 1 ending in a termination, then 4 open steps.
+    for t in range(7):
+        rb.extend(transition([float(t)], [t + 1.0], [1.0], [t == 2]))
+    batch = rb.storage.get((torch.zeros(4, dtype=torch.long), torch.tensor([0, 1, 3, 5]),
+                            torch.tensor([2, 2, 5, 6])))
+    reward = torch.tensor([[1 + 0.9 + 0.81], [1 + 0.9], [1 + 0.9 + 0.81], [1 + 0.9]])
+    batch["next", "reward"] = reward
+    batch["steps_to_next_obs"] = torch.tensor([[3], [2], [3], [2]])
+    estimator = TD0Estimator(gamma=0.9, value_network=constant_value(100.0))
+    target = estimator.value_estimate(batch)
+    # Terminated chains: no bootstrap; open chains: + gamma^(m+1) * 100.
+    expected = torch.tensor([[2.71], [1.9], [2.71 + 0.9 ** 3 * 100], [1.9 + 0.9 ** 2 * 100]])
+    torch.testing.assert_close(target, expected, rtol=1e-5, atol=1e-4)
+
+
+def test_sampled_batches_feed_torchrl_td0_end_to_end():
+    rb = EnvRingReplayBuffer(num_envs=2, max_length=50, sampler=NStepSampler(4, gamma=0.5),
+                             generator=torch.Generator().manual_seed(0))
+    rng = random.Random(0)
+    for t in range(40):
+        done = [rng.random() < 0.2, rng.random() < 0.2]
+        rb.extend(transition([t, 100.0 + t], [t + 1.0, 101.0 + t], [1.0, 1.0], done))
+    batch = rb.sample(128)
+    target = TD0Estimator(gamma=0.5, value_network=constant_value(8.0)).value_estimate(batch)
+    m1 = batch["steps_to_next_obs"].double()
+    closed = (1 - 0.5 ** m1) / 0.5 + 0.5 ** m1 * 8.0 * (~batch["next", "terminated"]).double()
+    torch.testing.assert_close(target.double(), closed, rtol=1e-5, atol=1e-5)
+
+
+def test_n_step_one_gives_plain_transitions():
+    rb = EnvRingReplayBuffer(num_envs=1, max_length=5, sampler=NStepSampler(1, gamma=0.7))
+    for t in range(5):
+        rb.extend(transition([float(t)], [t + 1.0], [float(t)], [False]))
+    batch = rb.sample(20)
+    assert torch.equal(batch["next", "reward"], batch["observation"])
+    assert bool((batch["steps_to_next_obs"] == 1).all())
+    assert torch.allclose(batch["nstep_discount"], torch.full((20, 1), 0.7))
+
+
+def test_works_on_the_dedup_storage():
+    storage = DedupEnvRingStorage(1, 20, obs_key="observation", num_stack=1)
+    rb = EnvRingReplayBuffer(storage=storage, sampler=NStepSampler(3, gamma=0.9))
+    for t in range(10):
+        rb.extend(transition([float(t)], [t + 1.0], [1.0], [False]))
+    batch = rb.sample(16)
+    start, end = batch["index"][:, 1], batch["index"][:, 2]
+    assert torch.equal(batch["observation"][:, 0], start.float())
+    assert torch.equal(batch["next", "observation"][:, 0], end.float() + 1)
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="n_step must be an int >= 1, got n_step=0"):
+        NStepSampler(0)
+    with pytest.raises(ValueError, match=r"gamma must be a number in \[0, 1\], got gamma=1.5"):
+        NStepSampler(3, gamma=1.5)
+    rb = EnvRingReplayBuffer(num_envs=1, max_length=5, sampler=NStepSampler(2))
+    with pytest.raises(RuntimeError, match="Cannot sample from an empty storage"):
+        rb.sample(4)
+    rb = EnvRingReplayBuffer(num_envs=1, max_length=5, sampler=NStepSampler(2, done_key="finished"))
+    rb.extend(transition([0.0], [1.0], [1.0], [False]))
+    with pytest.raises(ValueError, match="needs 'finished' in the stored data"):
+        rb.sample(4)
