@@ -40,13 +40,15 @@ $(NIGHTLY_VENV)/.installed: pyproject.toml .ci/requirements.py
 test-nightly: $(NIGHTLY_VENV)/.installed
 	TORCHRL_EXT_NIGHTLY=1 $(NIGHTLY_VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
-# The bench extra brings the peers (cpprb, stable-baselines3) that bench_prioritized.py and
-# bench_storage.py compare against. bench_storage.py needs about 18 GB of free RAM.
+# The bench extra brings the peers (cpprb, stable-baselines3) the scripts compare against.
+# bench_storage.py needs about 18 GB of free RAM, bench_dedup.py about 12 GB.
 bench: $(VENV)/.installed-test+examples+bench
 	$(VENV)/bin/python benchmarks/bench_value.py
 	$(VENV)/bin/python benchmarks/bench_prioritized.py
 	$(VENV)/bin/python benchmarks/bench_storage.py
 	$(VENV)/bin/python benchmarks/bench_ring.py
+	$(VENV)/bin/python benchmarks/bench_minibatch.py
+	$(VENV)/bin/python benchmarks/bench_dedup.py
 
 clean:
 	rm -rf $(VENV) $(NIGHTLY_VENV) outputs .pytest_cache

@@ -21,7 +21,7 @@ import math
 import os
 import platform
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Protocol, Sequence
 
@@ -231,3 +231,79 @@ def report_checks(checks: list[Check]) -> None:
     for c in checks:
         print(f"| {c.name} | {'ok' if c.ok else '**FAILED**'} | {c.detail} |")
     print()
+
+
+# ---------------------------------------------------------------- shared pieces
+@dataclass
+class Impl:
+    """One implementation in a timed case: ``fn`` is called ``k`` times per repetition."""
+
+    name: str
+    label: str
+    fn: Callable[[], Any]
+    per_rep: list[float] = field(default_factory=list)  # seconds per call, one per repetition
+    k: int = 1
+
+
+def proc_status(field_name: str) -> int:
+    """A /proc/self/status field (VmRSS, VmHWM) in bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def mem_available() -> int:
+    """MemAvailable from /proc/meminfo, in bytes."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def profile(label: str, fn: Callable[[], Any], calls: int, top: int) -> None:
+    """Prints cProfile's top ``top`` functions (own time) over ``calls`` calls of ``fn``."""
+    import cProfile
+    import pstats
+    import sys
+
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn()
+    prof.disable()
+    print(f"### cProfile: {label}, {calls} calls, top {top} by own time (cProfile adds overhead per Python call)\n")
+    print("```")
+    pstats.Stats(prof, stream=sys.stdout).strip_dirs().sort_stats("tottime").print_stats(top)
+    print("```\n")
+
+
+def diagnose(title: str, pieces: Sequence[tuple[str, Callable[[], Any]]], reps: int, min_rep: float,
+             args: argparse.Namespace | None = None, unit: str = "us") -> list[dict[str, Any]]:
+    """Each piece of a path timed on its own (interleaved, median of ``reps``), as a table.
+
+    With ``args``, waits for a quiet machine first and reports the background load.
+    """
+    import statistics
+
+    scale = {"us": 1e6, "ms": 1e3}[unit]
+    impls = [Impl(label, label, fn) for label, fn in pieces]
+    note = ""
+    if args is not None:
+        waited, pre = quiet_before_case(args)
+        meter = BgLoad()
+    run_interleaved(impls, reps, min_rep)
+    if args is not None:
+        note = bg_note(meter.cores(), waited, pre, args) + ". "
+    print(f"### Diagnostic: {title}\n\n{note}Each piece called on its own (interleaved, median of {reps} "
+          "repetitions). Indented rows are parts of the call above them.\n")
+    print(f"| piece | median {unit}/call | k |\n|---|---:|---:|")
+    rows = []
+    for impl in impls:
+        med = statistics.median(impl.per_rep)
+        rows.append({"piece": impl.label, f"median_{unit}": med * scale, "k": impl.k})
+        print(f"| {impl.label} | {med * scale:,.{1 if unit == 'us' else 3}f} | {impl.k} |")
+    print()
+    return rows

@@ -41,15 +41,13 @@ as not measured.
 from __future__ import annotations
 
 import argparse
-import cProfile
 import gc
 import json
 import logging
-import pstats
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any, Callable
@@ -59,7 +57,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import LazyTensorStorage, SliceSampler, TensorDictReplayBuffer
 
-from _harness import (BgLoad, Check, apply_quick, bg_note, environment_line, environment_meta, loadavg,
+from _harness import (Impl, proc_status, profile, diagnose, BgLoad, Check, apply_quick, bg_note, environment_line, environment_meta, loadavg,
                       make_parser, quiet_before_case, report_checks, run_interleaved, target_row, utc_now)
 from torchrl_ext.replay_buffers import EnvRingReplayBuffer
 from torchrl_ext.samplers import TrajectorySampler
@@ -104,15 +102,6 @@ TARGETS: list[tuple[str, str, tuple[str, ...], float | None]] = [
     (SAMPLE_KEY, EXT, (SLICE_CACHED,), None),
     (SAMPLE_KEY, EXT, (REF_GATHER,), None),
 ]
-
-
-@dataclass
-class Impl:
-    name: str
-    label: str
-    fn: Callable[[], Any]
-    per_rep: list[float] = field(default_factory=list)  # seconds per call, one per repetition
-    k: int = 1
 
 
 # ---------------------------------------------------------------- the 64 streams
@@ -468,44 +457,9 @@ def report_targets(results: dict[str, dict[str, Any]], checks_ok: bool) -> list[
 
 
 # ---------------------------------------------------------------- diagnostics
-def diagnose(title: str, pieces: list[tuple[str, Callable[[], Any]]], reps: int,
-             min_rep: float) -> list[dict[str, Any]]:
-    """Each piece of a path timed with the harness (interleaved, median of ``reps``)."""
-    impls = [Impl(label, label, fn) for label, fn in pieces]
-    run_interleaved(impls, reps, min_rep)
-    print(f"### Diagnostic: {title}\n\nEach piece called on its own (interleaved, median of {reps} repetitions). "
-          "Indented rows are parts of the torchrl_ext call above them.\n")
-    print("| piece | median us/call | k |\n|---|---:|---:|")
-    rows = []
-    for impl in impls:
-        med = statistics.median(impl.per_rep)
-        rows.append({"piece": impl.label, "median_us": med * 1e6, "k": impl.k})
-        print(f"| {impl.label} | {med * 1e6:,.1f} | {impl.k} |")
-    print()
-    return rows
-
-
-def profile(label: str, fn: Callable[[], Any], calls: int, top: int) -> None:
-    prof = cProfile.Profile()
-    prof.enable()
-    for _ in range(calls):
-        fn()
-    prof.disable()
-    print(f"### cProfile: {label}, {calls} calls, top {top} by own time (cProfile adds overhead per Python call)\n")
-    print("```")
-    pstats.Stats(prof, stream=sys.stdout).strip_dirs().sort_stats("tottime").print_stats(top)
-    print("```\n")
 
 
 # ---------------------------------------------------------------- memory
-def proc_status(field_name: str) -> int:
-    """A /proc/self/status field (VmRSS, VmHWM) in bytes."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field_name + ":"):
-                return int(line.split()[1]) * 1024
-    return 0
-
 
 # ---------------------------------------------------------------- main
 def main() -> int:

@@ -44,7 +44,7 @@ import resource
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib.metadata import version
 from typing import Any, Callable
 
@@ -53,7 +53,8 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 
-from _harness import (BgLoad, Check, apply_quick, bg_note, environment_line, environment_meta, loadavg,
+from _harness import Impl as _HarnessImpl
+from _harness import (proc_status, mem_available, BgLoad, Check, apply_quick, bg_note, environment_line, environment_meta, loadavg,
                       make_parser, report_checks, target_row, quiet_before_case, run_interleaved, utc_now)
 from torchrl_ext.replay_buffers import TensorDictReplayBuffer as ExtTensorDictReplayBuffer
 from torchrl_ext.storages import FastTensorStorage
@@ -99,12 +100,7 @@ TARGETS = [
 
 
 @dataclass
-class Impl:
-    name: str
-    label: str
-    fn: Callable[[], Any]
-    per_rep: list[float] = field(default_factory=list)  # seconds per call, one per repetition
-    k: int = 1
+class Impl(_HarnessImpl):
     fill_s: float | None = None  # insert cases: seconds of the cold fill through the same call
     fill_items: int = 0  # insert cases: rows written by that fill
 
@@ -524,21 +520,6 @@ def report_targets(results: dict[str, dict[str, Any]], checks_ok: bool) -> list[
 
 
 # ---------------------------------------------------------------- memory
-def proc_status(field_name: str) -> int:
-    """A /proc/self/status field (VmRSS, VmHWM) in bytes."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field_name + ":"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
-def mem_available() -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def img_bytes_needed(capacity: int, with_cpprb: bool) -> int:

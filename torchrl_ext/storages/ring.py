@@ -225,7 +225,14 @@ class EnvRingStorage(Storage):
                 value = value.reshape(n, *leaf.shape[1:])
             if value.device != leaf.device:
                 value = value.to(leaf.device)
-            leaf.index_copy_(0, flat, value)
+            row_bytes = leaf[0].numel() * leaf.element_size()
+            if leaf.element_size() < 8 and row_bytes % 8 == 0 and row_bytes >= 64:
+                # index_copy_ moves small dtypes (uint8 frames) about 5x slower
+                # than the same bytes seen as int64.
+                leaf.view(leaf.shape[0], -1).view(torch.int64).index_copy_(
+                    0, flat, value.contiguous().view(n, -1).view(torch.int64))
+            else:
+                leaf.index_copy_(0, flat, value)
         if set_cursor:
             # TorchRL's shared last-cursor index describes a 1-D ring and has no
             # meaning for per-env rings; the attribute is kept for inspection.
