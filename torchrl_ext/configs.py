@@ -36,6 +36,15 @@ from hydra.core.config_store import ConfigStore
 from torchrl.trainers.algorithms.configs.common import ConfigBase
 from torchrl.trainers.algorithms.configs.data import SamplerConfig, StorageConfig, WriterConfig
 
+
+class _Validated:
+    """TorchRL's config base declares an abstract ``__post_init__``; the components
+    validate their own arguments when instantiated, so there is nothing to check here."""
+
+    def __post_init__(self) -> None:
+        return
+
+
 __all__ = [
     "AlfReplayBufferConfig",
     "ChunkedRecurrentMinibatchSamplerConfig",
@@ -54,65 +63,56 @@ __all__ = [
 
 
 @dataclass
-class EnvRingStorageConfig(StorageConfig):
+class EnvRingStorageConfig(_Validated, StorageConfig):
     num_envs: int = 1
     max_length: int = 1024
     device: str = "cpu"
     _target_: str = "torchrl_ext.storages.EnvRingStorage"
 
-    def __post_init__(self) -> None:
-        return
-
 
 @dataclass
-class EpisodicEnvRingStorageConfig(EnvRingStorageConfig):
-    step_type_key: Any = "step_type"
+class _RecordedReturns:
+    """Arguments shared by the storages that record episodic returns."""
+
     record_episodic_return: bool = False
     gamma: float = 0.99
     reward_clip: Optional[Any] = None
     default_return: float = -1000.0
     discount_key: Any = "discount"
     reward_key: Any = "reward"
+
+
+@dataclass
+class EpisodicEnvRingStorageConfig(_RecordedReturns, EnvRingStorageConfig):
+    step_type_key: Any = "step_type"
     _target_: str = "torchrl_ext.storages.EpisodicEnvRingStorage"
 
 
 @dataclass
-class DedupEnvRingStorageConfig(EnvRingStorageConfig):
+class DedupEnvRingStorageConfig(_RecordedReturns, EnvRingStorageConfig):
     obs_key: Any = "observation"
     num_stack: int = 1
     stack_dim: int = 0
     padding: str = "reset"
     done_key: Any = ("next", "done")
     check_next: bool = True
-    record_episodic_return: bool = False
-    gamma: float = 0.99
-    reward_clip: Optional[Any] = None
-    default_return: float = -1000.0
-    discount_key: Any = "discount"
-    reward_key: Any = "reward"
     _target_: str = "torchrl_ext.storages.DedupEnvRingStorage"
 
 
 @dataclass
-class EnvRingWriterConfig(WriterConfig):
+class EnvRingWriterConfig(_Validated, WriterConfig):
     env_id_key: Any = "env_id"
     _target_: str = "torchrl_ext.writers.EnvRingWriter"
 
-    def __post_init__(self) -> None:
-        return
-
 
 @dataclass
-class TrajectorySamplerConfig(SamplerConfig):
+class TrajectorySamplerConfig(_Validated, SamplerConfig):
     batch_length: int = 1
     num_earliest_frames_ignored: int = 0
     with_replacement: bool = False
     recent_data_steps: int = 1
     recent_data_ratio: float = 0.0
     _target_: str = "torchrl_ext.samplers.TrajectorySampler"
-
-    def __post_init__(self) -> None:
-        return
 
 
 @dataclass
@@ -126,19 +126,16 @@ class PrioritizedTrajectorySamplerConfig(TrajectorySamplerConfig):
 
 
 @dataclass
-class EnvRingReplayBufferConfig(ConfigBase):
+class EnvRingReplayBufferConfig(_Validated, ConfigBase):
     storage: Any = None
     sampler: Any = None
     writer: Any = None
     batch_size: Optional[int] = None
     _target_: str = "torchrl_ext.replay_buffers.EnvRingReplayBuffer"
 
-    def __post_init__(self) -> None:
-        return
-
 
 @dataclass
-class AlfReplayBufferConfig(ConfigBase):
+class AlfReplayBufferConfig(_Validated, ConfigBase):
     num_environments: int = 1
     max_length: int = 1024
     batch_length: int = 1
@@ -158,31 +155,22 @@ class AlfReplayBufferConfig(ConfigBase):
     step_type_key: Any = "step_type"
     _target_: str = "torchrl_ext.presets.alf_replay_buffer"
 
-    def __post_init__(self) -> None:
-        return
-
 
 @dataclass
-class RolloutStorageConfig(StorageConfig):
+class RolloutStorageConfig(_Validated, StorageConfig):
     num_steps: int = 128
     carry_keys: Optional[Any] = None
     device: str = "cpu"
     _target_: str = "torchrl_ext.storages.RolloutStorage"
 
-    def __post_init__(self) -> None:
-        return
-
 
 @dataclass
-class FeedForwardMinibatchSamplerConfig(SamplerConfig):
+class FeedForwardMinibatchSamplerConfig(_Validated, SamplerConfig):
     num_mini_batch: Optional[int] = 1
     mini_batch_size: Optional[int] = None
     shuffle: bool = True
     drop_last: bool = False
     _target_: str = "torchrl_ext.samplers.FeedForwardMinibatchSampler"
-
-    def __post_init__(self) -> None:
-        return
 
 
 @dataclass
@@ -197,7 +185,7 @@ class ChunkedRecurrentMinibatchSamplerConfig(FeedForwardMinibatchSamplerConfig):
 
 
 @dataclass
-class HarlRolloutBufferConfig(ConfigBase):
+class HarlRolloutBufferConfig(_Validated, ConfigBase):
     episode_length: int = 200
     num_mini_batch: Optional[int] = 1
     mini_batch_size: Optional[int] = None
@@ -209,9 +197,6 @@ class HarlRolloutBufferConfig(ConfigBase):
     carry_keys: Optional[Any] = None
     device: str = "cpu"
     _target_: str = "torchrl_ext.presets.harl_rollout_buffer"
-
-    def __post_init__(self) -> None:
-        return
 
 
 _REGISTRY = {

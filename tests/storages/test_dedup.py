@@ -188,7 +188,7 @@ def test_next_observation_that_breaks_the_stream_is_refused():
     with pytest.raises(ValueError, match=r"\('next', 'observation'\) of a step differs from 'observation'"):
         rb.extend(td, env_ids=ids)
     after = rb.storage.state_dict()
-    assert all(torch.equal(a, b) for a, b in zip(before["leaves"], after["leaves"]))
+    assert all(torch.equal(a, b) for a, b in zip(before["data"]["leaves"], after["data"]["leaves"]))
     assert rb.storage.current_pos.tolist() == [1]
 
 

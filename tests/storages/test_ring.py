@@ -113,7 +113,7 @@ def test_writes_with_other_keys_shapes_or_dtypes_raise_and_leave_the_data_untouc
         with pytest.raises(ValueError, match=message):
             rb.extend(data)
     after = rb.storage.state_dict()
-    assert all(torch.equal(a, b) for a, b in zip(before["leaves"], after["leaves"]))
+    assert all(torch.equal(a, b) for a, b in zip(before["data"]["leaves"], after["data"]["leaves"]))
     assert all(torch.equal(a, b) for a, b in zip(before["counters"], after["counters"]))
 
 

@@ -16,8 +16,9 @@ from typing import Any, Callable
 
 import torch
 from safetensors.torch import load_file, save_file
+from tensordict import TensorDict, TensorDictBase
 
-__all__ = ["atomic_write", "load_state", "save_state"]
+__all__ = ["atomic_write", "load_state", "save_state", "tensordict_from_state", "tensordict_state"]
 
 
 def save_state(
@@ -58,6 +59,30 @@ def atomic_write(target: Path, write: Callable[[str], Any]) -> None:
     with open(tmp, "rb") as handle:
         os.fsync(handle.fileno())
     os.replace(tmp, target)
+
+
+def tensordict_state(data: TensorDictBase | None) -> dict[str, Any]:
+    """A TensorDict as JSON-able keys, batch size and a list of cloned leaves (``None``: empty)."""
+    if data is None:
+        return {"batch": [], "keys": [], "leaves": []}
+    keys = list(data.keys(include_nested=True, leaves_only=True))
+    return {
+        "batch": list(data.batch_size),
+        "keys": [list(key) if isinstance(key, tuple) else [key] for key in keys],
+        "leaves": [data.get(key).clone() for key in keys],
+    }
+
+
+def tensordict_from_state(state: dict[str, Any], device: torch.device) -> TensorDictBase | None:
+    """Inverse of :func:`tensordict_state` (``None`` when it held no TensorDict)."""
+    if not state["keys"]:
+        return None
+    keys = [tuple(key) if len(key) > 1 else key[0] for key in state["keys"]]
+    return TensorDict(
+        {key: leaf.to(device) for key, leaf in zip(keys, state["leaves"])},
+        batch_size=state["batch"],
+        device=device,
+    )
 
 
 _TENSOR_LIST = "__tensor_list__"

@@ -21,18 +21,16 @@ from the same step. The chain is computed at sample time, so ``gamma`` and
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
-from torchrl.data.replay_buffers.samplers import Sampler
-
+from torchrl_ext.samplers.trajectory import StatelessSampler, check_ring_sample
 from torchrl_ext.storages.ring import EnvRingStorage
 
 __all__ = ["NStepSampler"]
 
 
-class NStepSampler(Sampler):
+class NStepSampler(StatelessSampler):
     """Uniform n-step transitions over the stored steps of an :class:`EnvRingStorage`.
 
     Args:
@@ -83,22 +81,16 @@ class NStepSampler(Sampler):
         return f"{type(self).__name__}(n_step={self.n_step}, gamma={self.gamma})"
 
     def _leaf(self, storage: EnvRingStorage, key: Any) -> torch.Tensor:
-        for leaf_key, leaf in storage._flat:
-            if leaf_key == key:
-                return leaf
-        raise ValueError(
-            f"{type(self).__name__} needs {key!r} in the stored data (set reward_key / "
-            "done_key to where your transitions keep them)."
-        )
+        leaf = storage.flat_leaf(key)
+        if leaf is None:
+            raise ValueError(
+                f"{type(self).__name__} needs {key!r} in the stored data (set reward_key / "
+                "done_key to where your transitions keep them)."
+            )
+        return leaf
 
     def sample(self, storage: EnvRingStorage, batch_size: int) -> tuple[Any, dict[Any, torch.Tensor]]:
-        if not isinstance(storage, EnvRingStorage):
-            raise TypeError(
-                f"{type(self).__name__} follows env streams in an EnvRingStorage, got "
-                f"{type(storage).__name__}."
-            )
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got batch_size={batch_size!r}.")
+        check_ring_sample(self, storage, batch_size, "follows env streams in")
         env, start = storage._rand_given_ndim(batch_size)  # raises on an empty storage
         steps = start.unsqueeze(1) + torch.arange(self.n_step)
         newest = (storage._current_pos[env] - 1).unsqueeze(1)
@@ -122,20 +114,4 @@ class NStepSampler(Sampler):
             "nstep_discount": (self.gamma ** count.double()).float(),
         }
         return (env, start, start + m), info
-
-    # ------------------------------------------------------------------
-    def _empty(self) -> None:
-        return
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        return
-
-    def dumps(self, path: str | Path) -> None:
-        Path(path).mkdir(parents=True, exist_ok=True)
-
-    def loads(self, path: str | Path) -> None:
-        return
 

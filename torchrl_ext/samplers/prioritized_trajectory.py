@@ -179,25 +179,9 @@ class PrioritizedTrajectorySampler(TrajectorySampler):
 
     # ------------------------------------------------------------------
     def sample(self, storage: EnvRingStorage, batch_size: int) -> tuple[Any, dict[str, torch.Tensor]]:
-        if not isinstance(storage, EnvRingStorage):
-            raise TypeError(
-                f"{type(self).__name__} samples windows from an EnvRingStorage, got "
-                f"{type(storage).__name__}."
-            )
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got batch_size={batch_size!r}.")
+        count, latest, eligible = self._eligible(storage, batch_size)
         self._storage_ref = storage
-        if len(storage) == 0:
-            raise RuntimeError("Cannot sample from an empty storage.")
         self._sync(storage)
-        count, latest = self.valid_starts(storage)
-        eligible = count.nonzero().squeeze(1)
-        if eligible.numel() == 0:
-            raise ValueError(
-                f"no env holds a window of batch_length={self._batch_length} after ignoring "
-                f"{self._ignored} earliest steps (steps per env: "
-                f"{storage._current_size.tolist()}); sample shorter windows or add more data."
-            )
         recent = self._recent_batch_size(storage, batch_size)
         env, start, weight = self._prioritized(storage, batch_size - recent)
         if recent:

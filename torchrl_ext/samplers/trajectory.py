@@ -29,7 +29,36 @@ from torchrl_ext.storages.ring import EnvRingStorage
 __all__ = ["TrajectorySampler"]
 
 
-class TrajectorySampler(Sampler):
+class StatelessSampler(Sampler):
+    """A sampler whose only state is the buffer's RNG: nothing to empty, save or load."""
+
+    def _empty(self) -> None:
+        return
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        return
+
+    def dumps(self, path: str | Path) -> None:
+        Path(path).mkdir(parents=True, exist_ok=True)
+
+    def loads(self, path: str | Path) -> None:
+        return
+
+
+def check_ring_sample(sampler: Sampler, storage: Any, batch_size: Any, purpose: str) -> None:
+    """The checks every sampler over per-env rings runs first (``purpose`` completes the message)."""
+    if not isinstance(storage, EnvRingStorage):
+        raise TypeError(
+            f"{type(sampler).__name__} {purpose} an EnvRingStorage, got {type(storage).__name__}."
+        )
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive int, got batch_size={batch_size!r}.")
+
+
+class TrajectorySampler(StatelessSampler):
     """Env-balanced uniform windows, with an optional share of recent data.
 
     Envs take turns: with ``k`` eligible envs each gets ``batch_size // k``
@@ -120,14 +149,11 @@ class TrajectorySampler(Sampler):
         count = (storage._current_size - lookback).clamp_(min=0)
         return count, storage._current_pos - self._batch_length
 
-    def sample(self, storage: EnvRingStorage, batch_size: int) -> tuple[Any, dict[str, torch.Tensor]]:
-        if not isinstance(storage, EnvRingStorage):
-            raise TypeError(
-                f"{type(self).__name__} samples windows from an EnvRingStorage, got "
-                f"{type(storage).__name__}."
-            )
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got batch_size={batch_size!r}.")
+    def _eligible(
+        self, storage: EnvRingStorage, batch_size: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Checked arguments, then each env's valid starts, latest start, and the envs with any."""
+        check_ring_sample(self, storage, batch_size, "samples windows from")
         count, latest = self.valid_starts(storage)
         eligible = count.nonzero().squeeze(1)
         if eligible.numel() == 0:
@@ -138,6 +164,10 @@ class TrajectorySampler(Sampler):
                 f"{self.ignored_frames(storage)} earliest steps (steps per env: "
                 f"{storage._current_size.tolist()}); sample shorter windows or add more data."
             )
+        return count, latest, eligible
+
+    def sample(self, storage: EnvRingStorage, batch_size: int) -> tuple[Any, dict[str, torch.Tensor]]:
+        count, latest, eligible = self._eligible(storage, batch_size)
         recent = self._recent_batch_size(storage, batch_size)
         env, start = self._draw(batch_size - recent, eligible, count, latest, cap=None)
         if recent:
@@ -225,22 +255,6 @@ class TrajectorySampler(Sampler):
             stratum = torch.arange(rounds).repeat_interleave(k)
             cache = self._layout_cache = ((n, k), env, stratum)
         return cache[1], cache[2]
-
-    # ------------------------------------------------------------------
-    def _empty(self) -> None:
-        return
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        return
-
-    def dumps(self, path: str | Path) -> None:
-        Path(path).mkdir(parents=True, exist_ok=True)
-
-    def loads(self, path: str | Path) -> None:
-        return
 
 
 def _check_int(name: str, value: Any, *, minimum: int) -> None:

@@ -250,10 +250,10 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
         return stack.movedim(pos.dim(), pos.dim() + self.stack_dim % (leaf.dim()))
 
     def _frame_leaf(self) -> torch.Tensor:
-        for key, leaf in self._flat:
-            if key == self.obs_key:
-                return leaf
-        raise RuntimeError("the observation leaf is missing")
+        leaf = self.flat_leaf(self.obs_key)
+        if leaf is None:
+            raise RuntimeError("the observation leaf is missing")
+        return leaf
 
     def _next_frame(self, env: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         """Newest frame of ``("next", obs)`` at each ``(env, pos)``."""

@@ -242,10 +242,10 @@ class EpisodicEnvRingStorage(EnvRingStorage):
         self._returns[rows, slots] = g[valid]
 
     def _flat_leaf(self, key: Any) -> torch.Tensor:
-        for leaf_key, leaf in self._flat:
-            if leaf_key == key:
-                return leaf.reshape(leaf.shape[0])
-        raise ValueError(f"{key!r} is not stored; returns need it in every written batch.")
+        leaf = self.flat_leaf(key)
+        if leaf is None:
+            raise ValueError(f"{key!r} is not stored; returns need it in every written batch.")
+        return leaf.reshape(leaf.shape[0])
 
     # ------------------------------------------------------------------
     def _gather(

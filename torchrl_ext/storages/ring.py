@@ -26,7 +26,12 @@ from torchrl.data import TensorDictReplayBuffer as _TorchRLTensorDictReplayBuffe
 from torchrl.data.replay_buffers.checkpointers import StorageCheckpointerBase
 from torchrl.data.replay_buffers.storages import Storage
 
-from torchrl_ext.io.state_files import load_state, save_state
+from torchrl_ext.io.state_files import (
+    load_state,
+    save_state,
+    tensordict_from_state,
+    tensordict_state,
+)
 from torchrl_ext.storages.fast import _layout, _leaves, _raise_layout_mismatch
 
 __all__ = ["EnvRingStorage", "EnvRingStorageCheckpointer"]
@@ -274,6 +279,13 @@ class EnvRingStorage(Storage):
         )
         self._index_leaves()
 
+    def flat_leaf(self, key: Any) -> torch.Tensor | None:
+        """The stored leaf ``key`` viewed as ``[E * L, ...]`` (rows ``env * L + slot``), or ``None``."""
+        for leaf_key, leaf in self._flat:
+            if leaf_key == key:
+                return leaf
+        return None
+
     def _index_leaves(self) -> None:
         self._flat = [
             (key, leaf.view(-1, *leaf.shape[2:])) for key, leaf in _leaves(self._storage)
@@ -412,15 +424,10 @@ class EnvRingStorage(Storage):
     # ------------------------------------------------------------------
     # Checkpoints
     def state_dict(self) -> dict[str, Any]:
-        keys = [list(key) if isinstance(key, tuple) else [key] for key, _ in self._flat]
-        leaves = [
-            self._storage.get(tuple(k) if len(k) > 1 else k[0]).clone() for k in keys
-        ] if self._storage is not None else []
         return {
             "num_envs": self._num_envs,
             "max_length": self._max_length,
-            "keys": keys,
-            "leaves": leaves,
+            "data": tensordict_state(self._storage),
             "counters": [
                 self._current_pos.clone(), self._current_size.clone(), self._resets.clone()
             ],
@@ -433,16 +440,11 @@ class EnvRingStorage(Storage):
                     f"the checkpoint has {name}={state_dict[name]} but this storage has "
                     f"{name}={getattr(self, name)}; build it with the same geometry."
                 )
-        keys = [tuple(k) if len(k) > 1 else k[0] for k in state_dict["keys"]]
-        if keys:
-            self._storage = TensorDict(
-                {key: leaf.to(self._device) for key, leaf in zip(keys, state_dict["leaves"])},
-                batch_size=self.shape,
-                device=self._device,
-            )
+        self._storage = tensordict_from_state(state_dict["data"], self._device)
+        if self._storage is not None:
             self._index_leaves()
         else:
-            self._storage, self._flat, self._layout_cache = None, [], None
+            self._flat, self._layout_cache = [], None
         pos, size, resets = state_dict["counters"]
         self._current_pos.copy_(pos)
         self._current_size.copy_(size)

@@ -25,7 +25,12 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.data.replay_buffers.checkpointers import StorageCheckpointerBase
 from torchrl.data.replay_buffers.storages import Storage
 
-from torchrl_ext.io.state_files import load_state, save_state
+from torchrl_ext.io.state_files import (
+    load_state,
+    save_state,
+    tensordict_from_state,
+    tensordict_state,
+)
 
 __all__ = ["RolloutStorage"]
 
@@ -233,14 +238,11 @@ class RolloutStorage(Storage):
         return 0 <= int(t) < self._step
 
     def state_dict(self) -> dict[str, Any]:
-        keys = [] if self._storage is None else list(self._storage.keys(True, True))
         return {
             "num_steps": self._num_steps,
             "step": self._step,
             "carry_keys": [list(k) if isinstance(k, tuple) else [k] for k in self.carry_keys],
-            "batch": [] if self._storage is None else list(self._storage.batch_size),
-            "keys": [list(k) if isinstance(k, tuple) else [k] for k in keys],
-            "leaves": [self._storage.get(k).clone() for k in keys] if keys else [],
+            "data": tensordict_state(self._storage),
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -249,15 +251,9 @@ class RolloutStorage(Storage):
                 f"the checkpoint has num_steps={state_dict['num_steps']} but this rollout has "
                 f"num_steps={self._num_steps}."
             )
-        unkey = lambda k: tuple(k) if len(k) > 1 else k[0]  # noqa: E731
-        keys = [unkey(k) for k in state_dict["keys"]]
-        if keys:
-            leaves = state_dict["leaves"]
-            batch = torch.Size(state_dict["batch"])
-            self._storage = TensorDict({k: v.to(self._device) for k, v in zip(keys, leaves)}, batch)
-        else:
-            self._storage = None
-        self._carry_keys = [unkey(k) for k in state_dict["carry_keys"]] or None
+        self._storage = tensordict_from_state(state_dict["data"], self._device)
+        carry = [tuple(k) if len(k) > 1 else k[0] for k in state_dict["carry_keys"]]
+        self._carry_keys = carry or None
         self._step = int(state_dict["step"])
 
     def _empty(self) -> None:
