@@ -307,3 +307,14 @@ def diagnose(title: str, pieces: Sequence[tuple[str, Callable[[], Any]]], reps: 
         print(f"| {impl.label} | {med * scale:,.{1 if unit == 'us' else 3}f} | {impl.k} |")
     print()
     return rows
+
+
+def write_results(path: str, payload: dict[str, Any], checks: Sequence[Check]) -> None:
+    """``payload`` plus the checks and their verdict as JSON at ``path`` (its folder is created)."""
+    import json
+    from pathlib import Path
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    payload = {**payload, "checks": [c.__dict__ for c in checks], "checks_ok": all(c.ok for c in checks)}
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=1, default=str)

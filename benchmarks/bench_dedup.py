@@ -60,6 +60,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 
+from _harness import write_results
 from _harness import (Impl, proc_status, mem_available, BgLoad, Check, apply_quick, bg_note, environment_line, environment_meta, loadavg,
                       make_parser, quiet_before_case, report_checks, run_interleaved, utc_now)
 from torchrl_ext.replay_buffers import EnvRingReplayBuffer
@@ -861,10 +862,7 @@ def main() -> int:
     if a.json:
         meta = environment_meta(started, load_start, load_end, a, extra)
         meta.update(max_length=max_length, quick=a.quick, wall_s=wall, peak_rss=peak, notes=notes)
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        with open(a.json, "w") as f:
-            json.dump({"meta": meta, "memory": memory, "timing": timing, "cases": results,
-                       "checks": [c.__dict__ for c in all_checks], "checks_ok": checks_ok}, f, indent=1, default=str)
+        write_results(a.json, {"meta": meta, "memory": memory, "timing": timing, "cases": results}, all_checks)
     return 0 if checks_ok else 1
 
 

@@ -42,14 +42,12 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import logging
 import statistics
 import sys
 import time
 from dataclasses import dataclass
 from importlib.metadata import version
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -57,6 +55,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import LazyTensorStorage, SliceSampler, TensorDictReplayBuffer
 
+from _harness import write_results
 from _harness import (Impl, proc_status, profile, diagnose, BgLoad, Check, apply_quick, bg_note, environment_line, environment_meta, loadavg,
                       make_parser, quiet_before_case, report_checks, run_interleaved, target_row, utc_now)
 from torchrl_ext.replay_buffers import EnvRingReplayBuffer
@@ -642,10 +641,8 @@ def main() -> int:
         meta = environment_meta(started, load_start, load_end, a, extra)
         meta.update(num_envs=NUM_ENVS, max_length=MAX_LENGTH, step_bytes=STEP_BYTES, quick=a.quick,
                     wall_s=wall, peak_rss=peak, notes=notes)
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        with open(a.json, "w") as f:
-            json.dump({"meta": meta, "cases": results, "diagnostics": diagnostics, "targets": targets,
-                       "checks": [c.__dict__ for c in all_checks], "checks_ok": checks_ok}, f, indent=1, default=str)
+        payload = {"meta": meta, "cases": results, "diagnostics": diagnostics, "targets": targets}
+        write_results(a.json, payload, all_checks)
     return 0 if checks_ok else 1
 
 

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import logging
 import math
 import resource
@@ -54,6 +53,7 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 
 from _harness import Impl as _HarnessImpl
+from _harness import write_results
 from _harness import (proc_status, mem_available, BgLoad, Check, apply_quick, bg_note, environment_line, environment_meta, loadavg,
                       make_parser, report_checks, target_row, quiet_before_case, run_interleaved, utc_now)
 from torchrl_ext.replay_buffers import TensorDictReplayBuffer as ExtTensorDictReplayBuffer
@@ -651,10 +651,9 @@ def main() -> int:
         meta = environment_meta(started, load_start, load_end, a, extra)
         meta.update(img_capacity=img_capacity, vec_capacity=a.vec_capacity, quick=a.quick, wall_s=wall,
                     notes=notes + ([img_note] if img_note else []))
-        with open(a.json, "w") as f:
-            json.dump({"meta": meta, "cases": results, "diagnostics": diagnostics, "memory": memory,
-                       "targets": targets, "checks": [c.__dict__ for c in all_checks], "checks_ok": checks_ok},
-                      f, indent=1, default=str)
+        payload = {"meta": meta, "cases": results, "diagnostics": diagnostics, "memory": memory,
+                   "targets": targets}
+        write_results(a.json, payload, all_checks)
     return 0 if checks_ok else 1
 
 
