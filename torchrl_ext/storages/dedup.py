@@ -202,19 +202,19 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
 
     # ------------------------------------------------------------------
     # Reads
-    def get(self, index: Any) -> TensorDictBase:
-        if isinstance(index, tuple) and len(index) == 2 and self.required_lookback:
-            env, position = (i.cpu() for i in self._as_coordinates(index))
-            # The oldest frame of each stack must still be in its slot (a dequeued
-            # step's frame stays there until overwritten).
-            oldest = torch.maximum(position - self.required_lookback, self._begin(env, position))
-            if env.numel() and not bool((oldest >= self._current_pos[env] - self._max_length).all()):
-                raise ValueError(
-                    "a step whose stack reaches back to overwritten frames cannot be read "
-                    f"(its episode began more than {self.required_lookback} steps before the "
-                    "oldest stored step); sample with a torchrl_ext sampler, which skips them."
-                )
-        return super().get(index)
+    def _check_readable(self, env: torch.Tensor, position: torch.Tensor) -> None:
+        if not self.required_lookback or env.numel() == 0:
+            return
+        env, position = env.cpu(), position.cpu()
+        # The oldest frame of each stack must still be in its slot (a dequeued
+        # step's frame stays there until overwritten).
+        oldest = torch.maximum(position - self.required_lookback, self._begin(env, position))
+        if not bool((oldest >= self._current_pos[env] - self._max_length).all()):
+            raise ValueError(
+                "a step whose stack reaches back to overwritten frames cannot be read "
+                f"(its episode began more than {self.required_lookback} steps before the "
+                "oldest stored step); sample with a torchrl_ext sampler, which skips them."
+            )
 
     def _gather(
         self, env: torch.Tensor, position: torch.Tensor, extra: dict[Any, torch.Tensor] | None = None

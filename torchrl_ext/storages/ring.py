@@ -307,12 +307,15 @@ class EnvRingStorage(Storage):
         if isinstance(index, tuple) and len(index) == 2 and all(
             isinstance(i, torch.Tensor) and not i.dtype.is_floating_point for i in index
         ):
-            return self._gather(*self._as_coordinates(index))
+            env, position = self._as_coordinates(index)
+            self._check_readable(env, position)
+            return self._gather(env, position)
         if isinstance(index, tuple) and len(index) == 3 and all(
             isinstance(i, torch.Tensor) and not i.dtype.is_floating_point for i in index
         ):
             env, start = self._as_coordinates(index[:2])
             end = self._as_coordinates((env, index[2]))[1]
+            self._check_readable(env, start)
             return self._gather_chain(env, start, end)
         return self._storage[index]
 
@@ -323,6 +326,9 @@ class EnvRingStorage(Storage):
         if "next" in out.keys():
             out.set("next", self._gather(env, end).get("next"))
         return out
+
+    def _check_readable(self, env: torch.Tensor, position: torch.Tensor) -> None:
+        """Hook for :meth:`get`: subclasses refuse steps they cannot rebuild whole."""
 
     def _gather(
         self, env: torch.Tensor, position: torch.Tensor, extra: dict[Any, torch.Tensor] | None = None
