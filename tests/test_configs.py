@@ -12,11 +12,12 @@ from omegaconf import OmegaConf
 from tensordict import TensorDict
 
 import torchrl_ext.configs as configs
-from torchrl_ext.replay_buffers import EnvRingReplayBuffer
+from torchrl_ext.replay_buffers import EnvRingReplayBuffer, TensorDictReplayBuffer
 from torchrl_ext.samplers import (
     ChunkedRecurrentMinibatchSampler,
     FeedForwardMinibatchSampler,
     NaiveRecurrentMinibatchSampler,
+    NStepSampler,
     PrioritizedTrajectorySampler,
     TrajectorySampler,
 )
@@ -24,6 +25,8 @@ from torchrl_ext.storages import (
     DedupEnvRingStorage,
     EnvRingStorage,
     EpisodicEnvRingStorage,
+    FastMemmapStorage,
+    FastTensorStorage,
     RolloutStorage,
 )
 from torchrl_ext.writers import EnvRingWriter
@@ -44,11 +47,14 @@ CONF = Path(__file__).resolve().parents[1] / "conf"
         ("sampler", "ext_feed_forward", FeedForwardMinibatchSampler),
         ("sampler", "ext_naive_recurrent", NaiveRecurrentMinibatchSampler),
         ("sampler", "ext_chunked_recurrent", ChunkedRecurrentMinibatchSampler),
+        ("sampler", "ext_nstep", NStepSampler),
+        ("storage", "ext_fast_tensor", FastTensorStorage),
+        ("storage", "ext_fast_memmap", FastMemmapStorage),
     ],
 )
 def test_component_configs_are_registered_and_instantiate(group, name, cls):
     node = ConfigStore.instance().repo[group][f"{name}.yaml"].node
-    obj = instantiate(node)
+    obj = instantiate(node, **({"max_size": 10} if "fast" in name else {}))
     assert type(obj) is cls
 
 
@@ -104,3 +110,33 @@ def test_harl_preset_is_registered_and_iterates_an_epoch():
         rb.storage.insert(TensorDict({"x": torch.full((3,), float(t)),
                                       "next": {"x": torch.full((3,), t + 1.0)}}, [3]))
     assert sum(batch.numel() for batch in rb) == 12
+
+
+def test_keys_from_yaml_lists_become_tuples():
+    """Hydra passes tuple defaults as ListConfig; components turn them back into nested keys."""
+    sampler = instantiate(OmegaConf.structured(configs.NStepSamplerConfig(n_step=2)))
+    assert sampler.reward_key == ("next", "reward") and sampler.done_key == ("next", "done")
+    storage = instantiate(OmegaConf.structured(configs.DedupEnvRingStorageConfig(num_envs=1, max_length=4)))
+    assert storage.done_key == ("next", "done")
+    with pytest.raises(TypeError, match=r"done_key must be a key: a str or a tuple of str .*, got done_key=3"):
+        NStepSampler(2, done_key=3)
+
+
+def test_n_step_buffer_on_a_fast_two_dim_storage_from_configs():
+    cfg = OmegaConf.structured(configs.ExtTensorDictReplayBufferConfig(
+        storage=configs.FastTensorStorageConfig(max_size=40, ndim=2),
+        sampler=configs.NStepSamplerConfig(n_step=3, gamma=0.5), batch_size=8))
+    rb = instantiate(cfg)
+    assert isinstance(rb, TensorDictReplayBuffer) and isinstance(rb.sampler, NStepSampler)
+    rb.extend(TensorDict({"obs": torch.zeros(2, 5, 1), "next": {
+        "reward": torch.ones(2, 5, 1), "done": torch.zeros(2, 5, 1, dtype=torch.bool)}}, [2, 5]))
+    batch = rb.sample()
+    want = torch.tensor([1.0, 1.5, 1.75])[batch["steps_to_next_obs"][:, 0] - 1]
+    assert torch.equal(batch["next", "reward"][:, 0], want)
+
+
+def test_harl_off_policy_preset_is_registered():
+    node = ConfigStore.instance().repo["replay_buffer"]["ext_harl_off_policy.yaml"].node
+    rb = instantiate(node, buffer_size=12, n_rollout_threads=3, state_type="FP", n_step=2)
+    assert isinstance(rb, EnvRingReplayBuffer) and rb.storage.max_length == 4
+    assert rb.sampler.agent_group == "agents" and rb.sampler.n_step == 2

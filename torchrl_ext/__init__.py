@@ -41,7 +41,7 @@ from torchrl_ext.value import (
 )
 
 from torchrl_ext import configs  # noqa: E402  (registers the Hydra configs)
-from torchrl_ext.presets import alf_replay_buffer, harl_rollout_buffer  # noqa: E402
+from torchrl_ext.presets import alf_replay_buffer, harl_off_policy_buffer, harl_rollout_buffer  # noqa: E402
 
 __version__ = "0.1.0.dev0"
 
@@ -75,6 +75,7 @@ __all__ = [
     "ValueNorm",
     "__version__",
     "alf_replay_buffer",
+    "harl_off_policy_buffer",
     "harl_rollout_buffer",
     "configs",
 ]

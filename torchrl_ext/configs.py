@@ -25,6 +25,11 @@ group               name                        target
 ``sampler``         ``ext_naive_recurrent``     :class:`~torchrl_ext.samplers.NaiveRecurrentMinibatchSampler`
 ``sampler``         ``ext_chunked_recurrent``   :class:`~torchrl_ext.samplers.ChunkedRecurrentMinibatchSampler`
 ``replay_buffer``   ``ext_harl``                :func:`~torchrl_ext.presets.harl_rollout_buffer`
+``sampler``         ``ext_nstep``               :class:`~torchrl_ext.samplers.NStepSampler`
+``replay_buffer``   ``ext_harl_off_policy``     :func:`~torchrl_ext.presets.harl_off_policy_buffer`
+``storage``         ``ext_fast_tensor``         :class:`~torchrl_ext.storages.FastTensorStorage`
+``storage``         ``ext_fast_memmap``         :class:`~torchrl_ext.storages.FastMemmapStorage`
+``replay_buffer``   ``ext_tensordict``          :class:`~torchrl_ext.replay_buffers.TensorDictReplayBuffer`
 ==================  ==========================  ==============================================
 """
 from __future__ import annotations
@@ -34,7 +39,14 @@ from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
 from torchrl.trainers.algorithms.configs.common import ConfigBase
-from torchrl.trainers.algorithms.configs.data import SamplerConfig, StorageConfig, WriterConfig
+from torchrl.trainers.algorithms.configs.data import (
+    LazyMemmapStorageConfig,
+    LazyTensorStorageConfig,
+    SamplerConfig,
+    StorageConfig,
+    TensorDictReplayBufferConfig,
+    WriterConfig,
+)
 
 
 class _Validated:
@@ -53,11 +65,16 @@ __all__ = [
     "EnvRingStorageConfig",
     "EnvRingWriterConfig",
     "EpisodicEnvRingStorageConfig",
+    "FastMemmapStorageConfig",
+    "FastTensorStorageConfig",
     "FeedForwardMinibatchSamplerConfig",
+    "HarlOffPolicyBufferConfig",
     "HarlRolloutBufferConfig",
+    "NStepSamplerConfig",
     "NaiveRecurrentMinibatchSamplerConfig",
     "PrioritizedTrajectorySamplerConfig",
     "RolloutStorageConfig",
+    "ExtTensorDictReplayBufferConfig",
     "TrajectorySamplerConfig",
 ]
 
@@ -199,6 +216,44 @@ class HarlRolloutBufferConfig(_Validated, ConfigBase):
     _target_: str = "torchrl_ext.presets.harl_rollout_buffer"
 
 
+@dataclass
+class NStepSamplerConfig(_Validated, SamplerConfig):
+    n_step: int = 1
+    gamma: float = 0.99
+    reward_key: Any = ("next", "reward")
+    done_key: Any = ("next", "done")
+    agent_group: Optional[str] = None
+    _target_: str = "torchrl_ext.samplers.NStepSampler"
+
+
+@dataclass
+class HarlOffPolicyBufferConfig(_Validated, ConfigBase):
+    buffer_size: int = 1_000_000
+    n_rollout_threads: int = 1
+    batch_size: Optional[int] = None
+    n_step: int = 1
+    gamma: float = 0.99
+    state_type: str = "EP"
+    agent_group: str = "agents"
+    device: str = "cpu"
+    _target_: str = "torchrl_ext.presets.harl_off_policy_buffer"
+
+
+@dataclass
+class FastTensorStorageConfig(LazyTensorStorageConfig):
+    _target_: str = "torchrl_ext.storages.FastTensorStorage"
+
+
+@dataclass
+class FastMemmapStorageConfig(LazyMemmapStorageConfig):
+    _target_: str = "torchrl_ext.storages.FastMemmapStorage"
+
+
+@dataclass
+class ExtTensorDictReplayBufferConfig(TensorDictReplayBufferConfig):
+    _target_: str = "torchrl_ext.replay_buffers.TensorDictReplayBuffer"
+
+
 _REGISTRY = {
     ("storage", "ext_env_ring"): EnvRingStorageConfig,
     ("storage", "ext_episodic_env_ring"): EpisodicEnvRingStorageConfig,
@@ -213,6 +268,11 @@ _REGISTRY = {
     ("sampler", "ext_naive_recurrent"): NaiveRecurrentMinibatchSamplerConfig,
     ("sampler", "ext_chunked_recurrent"): ChunkedRecurrentMinibatchSamplerConfig,
     ("replay_buffer", "ext_harl"): HarlRolloutBufferConfig,
+    ("sampler", "ext_nstep"): NStepSamplerConfig,
+    ("replay_buffer", "ext_harl_off_policy"): HarlOffPolicyBufferConfig,
+    ("storage", "ext_fast_tensor"): FastTensorStorageConfig,
+    ("storage", "ext_fast_memmap"): FastMemmapStorageConfig,
+    ("replay_buffer", "ext_tensordict"): ExtTensorDictReplayBufferConfig,
 }
 
 

@@ -327,3 +327,16 @@ def test_an_epoch_without_replacement_has_torchrls_batches():
         rb.extend(transitions(30))
         batches.append([batch["index"].tolist() for batch in rb])
     assert batches[0] == batches[1] and len(batches[0]) == 4
+
+
+@pytest.mark.parametrize("steps", [1, 3])
+def test_extend_a_two_dim_storage_with_one_step_per_env(steps):
+    """TorchRL's buffer raises on [num_envs, 1] batches into an ndim=2 storage; ours stores them."""
+    rb = TensorDictReplayBuffer(storage=FastTensorStorage(12, ndim=2))
+    obs = torch.arange(2.0 * steps).reshape(2, steps, 1)
+    index = rb.extend(TensorDict({"obs": obs}, [2, steps]))
+    stored = rb.storage._storage["obs"]
+    assert index.shape == (2 * steps, 2)
+    # Coordinates are (time, env): item (env e, step t) sits at row t, column e.
+    for time, env in index.tolist():
+        assert stored[time, env, 0] == obs[env, time, 0]

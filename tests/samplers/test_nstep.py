@@ -83,9 +83,10 @@ def test_chains_equal_a_brute_force_walk(seed, n_step, num_envs, max_length, ste
     gamma = 0.9
     sampler = NStepSampler(n_step, gamma)
     rb._sampler = sampler
-    batch = rb.sample(64)
+    count = min(64, len(rb))
+    batch = rb.sample(count)
     storage = rb.storage
-    for i in range(64):
+    for i in range(count):
         env, start, end = batch["index"][i].tolist()
         assert int(storage.earliest_position()[env]) <= start <= end < int(storage.current_pos[env])
         want_reward, want_next, want_done, count = reference(
@@ -123,7 +124,7 @@ def test_sampled_batches_feed_torchrl_td0_end_to_end():
     for t in range(40):
         done = [rng.random() < 0.2, rng.random() < 0.2]
         rb.extend(transition([t, 100.0 + t], [t + 1.0, 101.0 + t], [1.0, 1.0], done))
-    batch = rb.sample(128)
+    batch = rb.sample(64)
     target = TD0Estimator(gamma=0.5, value_network=constant_value(8.0)).value_estimate(batch)
     m1 = batch["steps_to_next_obs"].double()
     closed = (1 - 0.5 ** m1) / 0.5 + 0.5 ** m1 * 8.0 * (~batch["next", "terminated"]).double()
@@ -134,10 +135,10 @@ def test_n_step_one_gives_plain_transitions():
     rb = EnvRingReplayBuffer(num_envs=1, max_length=5, sampler=NStepSampler(1, gamma=0.7))
     for t in range(5):
         rb.extend(transition([float(t)], [t + 1.0], [float(t)], [False]))
-    batch = rb.sample(20)
+    batch = rb.sample(5)
     assert torch.equal(batch["next", "reward"], batch["observation"])
     assert bool((batch["steps_to_next_obs"] == 1).all())
-    assert torch.allclose(batch["nstep_discount"], torch.full((20, 1), 0.7))
+    assert torch.allclose(batch["nstep_discount"], torch.full((5, 1), 0.7))
 
 
 def test_works_on_the_dedup_storage():
@@ -145,7 +146,7 @@ def test_works_on_the_dedup_storage():
     rb = EnvRingReplayBuffer(storage=storage, sampler=NStepSampler(3, gamma=0.9))
     for t in range(10):
         rb.extend(transition([float(t)], [t + 1.0], [1.0], [False]))
-    batch = rb.sample(16)
+    batch = rb.sample(10)
     start, end = batch["index"][:, 1], batch["index"][:, 2]
     assert torch.equal(batch["observation"][:, 0], start.float())
     assert torch.equal(batch["next", "observation"][:, 0], end.float() + 1)
@@ -159,7 +160,12 @@ def test_bad_input():
     rb = EnvRingReplayBuffer(num_envs=1, max_length=5, sampler=NStepSampler(2))
     with pytest.raises(RuntimeError, match="Cannot sample from an empty storage"):
         rb.sample(4)
+    rb.extend(transition([0.0], [1.0], [1.0], [False]))
+    with pytest.raises(ValueError, match="needs at least batch_size=4 stored transitions, the buffer holds 1"):
+        rb.sample(4)
+    with pytest.raises(ValueError, match="batch_size must be a positive int, got batch_size=0"):
+        rb._sampler.sample(rb.storage, 0)
     rb = EnvRingReplayBuffer(num_envs=1, max_length=5, sampler=NStepSampler(2, done_key="finished"))
     rb.extend(transition([0.0], [1.0], [1.0], [False]))
     with pytest.raises(ValueError, match="needs 'finished' in the stored data"):
-        rb.sample(4)
+        rb.sample(1)

@@ -1,19 +1,22 @@
-"""HARL's on-policy buffers as a :class:`~torchrl_ext.storages.RolloutStorage` with a minibatch sampler."""
+"""HARL's buffers: on-policy as a :class:`~torchrl_ext.storages.RolloutStorage` with a minibatch
+sampler, off-policy as per-env rings with an :class:`~torchrl_ext.samplers.NStepSampler`."""
 from __future__ import annotations
 
 from typing import Any, Sequence
 
 import torch
 
+from torchrl_ext.replay_buffers.env_ring import EnvRingReplayBuffer
 from torchrl_ext.replay_buffers.tensordict import TensorDictReplayBuffer
 from torchrl_ext.samplers.minibatch import (
     ChunkedRecurrentMinibatchSampler,
     FeedForwardMinibatchSampler,
     NaiveRecurrentMinibatchSampler,
 )
+from torchrl_ext.samplers.nstep import NStepSampler
 from torchrl_ext.storages.rollout import RolloutStorage
 
-__all__ = ["harl_rollout_buffer"]
+__all__ = ["harl_off_policy_buffer", "harl_rollout_buffer"]
 
 
 def harl_rollout_buffer(
@@ -78,3 +81,82 @@ def harl_rollout_buffer(
         sampler = FeedForwardMinibatchSampler(mb, **common)
     storage = RolloutStorage(episode_length, carry_keys=carry_keys, device=device)
     return TensorDictReplayBuffer(storage=storage, sampler=sampler, batch_size=1, generator=generator)
+
+
+def harl_off_policy_buffer(
+    buffer_size: int,
+    n_rollout_threads: int,
+    *,
+    batch_size: int | None = None,
+    n_step: int = 1,
+    gamma: float = 0.99,
+    state_type: str = "EP",
+    agent_group: str = "agents",
+    device: torch.device | str = "cpu",
+    generator: torch.Generator | None = None,
+) -> EnvRingReplayBuffer:
+    """HARL's ``OffPolicyBufferEP`` / ``OffPolicyBufferFP`` as per-env rings with n-step sampling.
+
+    HARL keeps one flat array and assumes every insert holds exactly
+    ``n_rollout_threads`` rows; here each thread has its own ring of
+    ``ceil(buffer_size / n_rollout_threads)`` steps, so any subset of threads
+    can be written (``rb.extend(step, env_ids=...)``). ``rb.sample()`` gives
+    HARL's n-step sample as one TensorDict ``[batch_size]``:
+
+    ========================  ==========================================  ==========================================
+    HARL                      EP key                                      FP key
+    ========================  ==========================================  ==========================================
+    ``share_obs``             ``"state"``                                 ``("agents", "state")``
+    ``obs``, ``actions``      ``("agents", "observation" / "action")``    same
+    ``available_actions``     ``("agents", "available_actions")``         same
+    ``valid_transitions``     ``("agents", "valid_transitions")``         same (taken at the start step)
+    ``reward`` (n-step sum)   ``("next", "reward")``                      ``("next", "agents", "reward")``
+    ``done``, ``term``        ``("next", "done" / "terminated")``         ``("next", "agents", "done" / "terminated")``
+    ``next_*``                ``("next", ...)``                           ``("next", "agents", ...)``
+    ``gamma`` (``γ^(m+1)``)   ``"nstep_discount"``                        ``("agents", "nstep_discount")``
+    ========================  ==========================================  ==========================================
+
+    FP chains run per agent and stop at each agent's own done; one agent works
+    (HARL's FP squeezes its agent axis away). Samples are drawn uniformly with
+    replacement (HARL draws a permutation of the whole buffer per call) and
+    ``nstep_discount`` is float32 (HARL's is float64).
+
+    Args:
+        buffer_size: total steps kept (HARL's ``buffer_size``).
+        n_rollout_threads: number of envs (threads).
+
+    Keyword Args:
+        batch_size: default ``sample()`` size (HARL's ``batch_size``).
+        n_step, gamma: see :class:`~torchrl_ext.samplers.NStepSampler`.
+        state_type: ``"EP"`` (env-level reward/done) or ``"FP"`` (per agent).
+        agent_group: the agents' group key.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl_ext.presets import harl_off_policy_buffer
+        >>> rb = harl_off_policy_buffer(100, 2, batch_size=4, n_step=3, gamma=0.5)
+        >>> for t in range(3):
+        ...     _ = rb.extend(TensorDict({"state": torch.zeros(2, 5), "next": {
+        ...         "state": torch.zeros(2, 5), "reward": torch.ones(2, 1),
+        ...         "done": torch.zeros(2, 1, dtype=torch.bool)}}, [2]))
+        >>> rb.sample()["next", "reward"].shape
+        torch.Size([4, 1])
+    """
+    if state_type not in ("EP", "FP"):
+        raise ValueError(
+            f"state_type must be 'EP' (environment-provided state, env-level reward/done) or "
+            f"'FP' (per-agent), got state_type={state_type!r}."
+        )
+    for name, value in (("buffer_size", buffer_size), ("n_rollout_threads", n_rollout_threads)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {name}={value!r}.")
+    sampler = NStepSampler(n_step, gamma, agent_group=agent_group if state_type == "FP" else None)
+    return EnvRingReplayBuffer(
+        num_envs=n_rollout_threads,
+        max_length=-(-buffer_size // n_rollout_threads),
+        device=device,
+        sampler=sampler,
+        batch_size=batch_size,
+        generator=generator,
+    )

@@ -165,6 +165,30 @@ class TensorDictReplayBuffer(_TorchRLTensorDictReplayBuffer):
             cache = self._gather_cache = (stored, leaves)
         return cache[1]
 
+    def _set_index_in_td(self, tensordict: TensorDictBase, index: Any) -> None:
+        """Writes each extended item's storage coordinates under ``"index"``.
+
+        On an ``ndim >= 2`` storage the writer returns coordinates in storage
+        order (``dim_extend`` first). TorchRL reshapes them in the batch's own
+        order, which raises on a ``[num_envs, 1]`` batch (one step per env);
+        here they are reshaped in storage order and transposed back.
+        """
+        dim = self.dim_extend
+        if (
+            isinstance(index, torch.Tensor)
+            and index.ndim == 2
+            and self._storage.ndim > 1
+            and tensordict.ndim >= 2
+            and 0 < dim < tensordict.ndim
+            and index.shape[0] == tensordict.numel()
+        ):
+            shape = list(tensordict.shape)
+            shape[0], shape[dim] = shape[dim], shape[0]
+            index = index.reshape(*shape, index.shape[-1]).transpose(0, dim)
+            tensordict.set("index", index)
+            return
+        super()._set_index_in_td(tensordict, index)
+
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state["_gather_cache"] = None

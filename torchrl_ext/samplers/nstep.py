@@ -1,4 +1,4 @@
-"""n-step transitions sampled from per-environment rings (HARL's off-policy ``sample``).
+"""n-step transitions sampled along per-env streams (HARL's off-policy ``sample``).
 
 For each uniformly drawn start ``(env, p)`` the chain follows the same env
 forward up to ``n_step`` steps and stops at the first ``done`` step or at the
@@ -7,10 +7,20 @@ index where it stops:
 
 * ``("next", reward) = sum_{k <= m} gamma**k r_{p+k}`` (accumulated in float64),
 * every other ``("next", ...)`` entry (observation, ``done``, ``terminated``,
-  ``truncated``) comes from step ``p + m``, root entries from step ``p``,
+  ``truncated``, ``available_actions``) comes from step ``p + m``, root entries
+  (observation, action, ``valid_transitions``, ``available_actions``) from ``p``,
 * ``steps_to_next_obs = m + 1``, which TorchRL's TD estimators read at the root
   to use ``gamma ** steps_to_next_obs``, and ``nstep_discount = gamma ** (m + 1)``
   (float32) for losses that take the discount directly.
+
+Multi-agent layouts live in the keys. EP (team reward, env-level done, a
+shared ``"state"``) needs nothing more. FP (``agent_group="agents"``) keeps
+per-agent rewards and dones under ``("next", "agents")``, ``[..., A, ...]``:
+each agent gets its own chain stopping at its own done, and every
+``("next", "agents", ...)`` entry comes from that agent's chain end, with
+``("agents", "steps_to_next_obs")`` and ``("agents", "nstep_discount")`` per
+agent. Env-level ``"next"`` entries follow the env-level chain: it stops at
+``done_key`` when stored, else where the last agent chain stops.
 
 TorchRL's ``MultiStepTransform`` leaves the done flags of the start step in
 place while moving ``("next", obs)`` to the terminal observation, so it
@@ -24,27 +34,42 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torchrl_ext.samplers.trajectory import StatelessSampler, check_ring_sample
-from torchrl_ext.storages.ring import EnvRingStorage
+
+from torchrl_ext._keys import nested_key
+from torchrl_ext.samplers._streams import streams_of
+from torchrl_ext.samplers.trajectory import StatelessSampler
 
 __all__ = ["NStepSampler"]
 
 
 class NStepSampler(StatelessSampler):
-    """Uniform n-step transitions over the stored steps of an :class:`EnvRingStorage`.
+    """Uniform n-step transitions over per-env streams, single-agent, EP or FP.
+
+    Works on an :class:`~torchrl_ext.storages.EnvRingStorage` (any subset of
+    envs per write) and on a tensor storage with ``ndim=2``
+    (``FastTensorStorage(max_size, ndim=2)`` or TorchRL's ``LazyTensorStorage``)
+    extended with ``[num_envs, T]`` collector batches, which TorchRL stores
+    time-major as ``[T_max, num_envs]``.
 
     Args:
         n_step: maximum steps per transition (``1`` gives plain transitions).
         gamma: discount in ``[0, 1]``.
 
     Keyword Args:
-        reward_key, done_key: where the per-step reward and episode end are stored.
+        reward_key, done_key: env-level reward and episode end. With
+            ``agent_group`` set they are optional (FP layouts may keep only
+            per-agent ones).
+        agent_group: FP layout: the group key whose ``("next", group, "reward")``
+            and ``("next", group, "done")`` ``[..., A, 1]`` drive per-agent chains.
 
     Shape contract:
-        ``sample(storage, B)`` returns ``(env, start, end)`` ``[B]`` each; the
-        buffer reads root entries at ``start`` and ``"next"`` entries at ``end``.
+        ``sample(storage, B)`` returns ``(env, start, end)`` ``[B]`` each on
+        rings (the buffer reads root entries at ``start`` and ``"next"`` entries
+        at ``end``) or ``(time, env)`` start coordinates on ``[T, E]`` storages.
         Info: ``("next", reward)`` ``[B, *reward_shape]``, ``steps_to_next_obs``
-        (int64) and ``nstep_discount`` (float32), shaped like the reward.
+        (int64) and ``nstep_discount`` (float32) shaped like the reward, plus
+        every ``"next"`` entry taken at a chain end where the storage does not
+        read chains itself (``[T, E]`` storages, FP agents).
 
     Examples:
         >>> import torch
@@ -68,50 +93,139 @@ class NStepSampler(StatelessSampler):
         *,
         reward_key: Any = ("next", "reward"),
         done_key: Any = ("next", "done"),
+        agent_group: str | None = None,
     ) -> None:
         super().__init__()
         if isinstance(n_step, bool) or not isinstance(n_step, int) or n_step < 1:
             raise ValueError(f"n_step must be an int >= 1, got n_step={n_step!r}.")
         if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0 <= gamma <= 1:
             raise ValueError(f"gamma must be a number in [0, 1], got gamma={gamma!r}.")
+        if agent_group is not None and (not isinstance(agent_group, str) or not agent_group):
+            raise TypeError(
+                f"agent_group must be the name of the agents' group key (e.g. 'agents') or None, "
+                f"got agent_group={agent_group!r}."
+            )
         self.n_step, self.gamma = n_step, float(gamma)
-        self.reward_key, self.done_key = reward_key, done_key
+        self.reward_key = nested_key(reward_key, "reward_key")
+        self.done_key = nested_key(done_key, "done_key")
+        self.agent_group = agent_group
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(n_step={self.n_step}, gamma={self.gamma})"
+        group = "" if self.agent_group is None else f", agent_group={self.agent_group!r}"
+        return f"{type(self).__name__}(n_step={self.n_step}, gamma={self.gamma}{group})"
 
-    def _leaf(self, storage: EnvRingStorage, key: Any) -> torch.Tensor:
-        leaf = storage.flat_leaf(key)
-        if leaf is None:
+    def _leaf(self, streams: Any, key: Any, required: bool) -> torch.Tensor | None:
+        leaf = streams.leaf(key)
+        if leaf is None and required:
             raise ValueError(
                 f"{type(self).__name__} needs {key!r} in the stored data (set reward_key / "
-                "done_key to where your transitions keep them)."
+                "done_key / agent_group to where your transitions keep them)."
             )
         return leaf
 
-    def sample(self, storage: EnvRingStorage, batch_size: int) -> tuple[Any, dict[Any, torch.Tensor]]:
-        check_ring_sample(self, storage, batch_size, "follows env streams in")
-        env, start = storage._rand_given_ndim(batch_size)  # raises on an empty storage
-        steps = start.unsqueeze(1) + torch.arange(self.n_step)
-        newest = (storage._current_pos[env] - 1).unsqueeze(1)
-        steps = torch.minimum(steps, newest)
-        flat = storage._flat_index(env.unsqueeze(1).expand_as(steps), steps).reshape(-1)
-        done = self._leaf(storage, self.done_key).index_select(0, flat)
-        done = done.reshape(batch_size, self.n_step, -1).any(-1).cpu()
-        stop = done | (steps == newest)
-        # First stop along the chain (a chain of n steps without one ends at n - 1).
-        m = torch.where(stop.any(1), stop.to(torch.int8).argmax(1), self.n_step - 1)
-        reward = self._leaf(storage, self.reward_key).index_select(0, flat)
-        reward = reward.reshape(batch_size, self.n_step, *reward.shape[1:])
+    def sample(self, storage: Any, batch_size: int) -> tuple[Any, dict[Any, Any]]:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got batch_size={batch_size!r}.")
+        streams = streams_of(self, storage)
+        stored = streams.stored()
+        if stored == 0:
+            raise RuntimeError("Cannot sample from an empty storage.")
+        if stored < batch_size:
+            raise ValueError(
+                f"{type(self).__name__} needs at least batch_size={batch_size} stored transitions, "
+                f"the buffer holds {stored}: collect more first (a warm-up) or sample fewer."
+            )
+        per_agent = self.agent_group is not None
+        done_leaf = self._leaf(streams, self.done_key, required=not per_agent)
+        reward_leaf = self._leaf(streams, self.reward_key, required=not per_agent)
+        env, start = streams.draw(batch_size)
         k = torch.arange(self.n_step)
-        weight = torch.where(k <= m.unsqueeze(1), self.gamma ** k.double(), 0.0)
-        weight = weight.to(reward.device).reshape(batch_size, self.n_step, *(1,) * (reward.dim() - 2))
-        total = (weight * reward.double()).sum(1).to(reward.dtype)
-        count = (m + 1).to(reward.device).reshape(batch_size, *(1,) * (reward.dim() - 2)).expand(total.shape)
-        info = {
-            self.reward_key: total,
-            "steps_to_next_obs": count.clone(),
-            "nstep_discount": (self.gamma ** count.double()).float(),
-        }
-        return (env, start, start + m), info
+        to_newest = streams.steps_to_newest(env, start).unsqueeze(1)
+        newest = k >= to_newest  # [B, n]: at (or held at) the env's newest step
+        steps = start.unsqueeze(1) + torch.minimum(k, to_newest)
+        flat = streams.flat(env.unsqueeze(1).expand_as(steps), steps)
+        info: dict[Any, Any] = {}
+        if per_agent:
+            agent_end = self._agent_chains(streams, flat, newest, info)
+        if done_leaf is not None:
+            m = self._stop_index(done_leaf, flat, newest, agent_dims=0)
+        else:  # FP without an env-level done: the env chain ends with the last agent's
+            m = agent_end.amax(1)
+        end = start + m
+        if not streams.reads_chains:
+            end_flat = flat.gather(1, m.unsqueeze(1)).squeeze(1)
+            for key, leaf in streams.leaves_under(("next",)):
+                if per_agent and key[:2] == ("next", self.agent_group):
+                    continue
+                info[key] = leaf.index_select(0, end_flat.to(leaf.device))
+        if reward_leaf is not None:
+            info[self.reward_key] = self._discounted_sum(reward_leaf, flat, m, agent_dims=0)
+        count_shape = info[self.reward_key].shape if reward_leaf is not None else (batch_size, 1)
+        device = reward_leaf.device if reward_leaf is not None else flat.device
+        count = _like(m + 1, count_shape, device, agent_dims=0)
+        info["steps_to_next_obs"] = count
+        info["nstep_discount"] = (self.gamma ** count.double()).float()
+        return streams.index(env, start, end), info
 
+    # ------------------------------------------------------------------
+    def _stop_index(
+        self, done_leaf: torch.Tensor, flat: torch.Tensor, newest: torch.Tensor, agent_dims: int
+    ) -> torch.Tensor:
+        """First step of each chain that is done or newest, ``[B]`` (``[B, A]`` per agent)."""
+        batch = flat.shape[0]
+        done = done_leaf.index_select(0, flat.reshape(-1).to(done_leaf.device))
+        done = done.reshape(batch, self.n_step, *done.shape[1:1 + agent_dims], -1).any(-1).cpu()
+        stop = done | newest.reshape(batch, self.n_step, *(1,) * agent_dims)
+        # First stop along the chain; the chain's last step always stops it.
+        stop[:, -1] = True
+        return stop.to(torch.int8).argmax(1)
+
+    def _discounted_sum(
+        self, reward_leaf: torch.Tensor, flat: torch.Tensor, m: torch.Tensor, agent_dims: int
+    ) -> torch.Tensor:
+        batch = flat.shape[0]
+        reward = reward_leaf.index_select(0, flat.reshape(-1).to(reward_leaf.device))
+        reward = reward.reshape(batch, self.n_step, *reward.shape[1:])
+        k = torch.arange(self.n_step).reshape(1, self.n_step, *(1,) * agent_dims)
+        weight = torch.where(k <= m.unsqueeze(1), self.gamma ** k.double(), 0.0)
+        weight = weight.reshape(*weight.shape, *(1,) * (reward.dim() - weight.dim()))
+        return (weight.to(reward.device) * reward.double()).sum(1).to(reward.dtype)
+
+    def _agent_chains(
+        self, streams: Any, flat: torch.Tensor, newest: torch.Tensor, info: dict[Any, Any]
+    ) -> torch.Tensor:
+        """FP: per-agent chain ends ``[B, A]``; fills ``info`` with the group's n-step entries."""
+        group = self.agent_group
+        done_key, reward_key = ("next", group, "done"), ("next", group, "reward")
+        done_leaf = self._leaf(streams, done_key, required=True)
+        reward_leaf = self._leaf(streams, reward_key, required=True)
+        if done_leaf.dim() < 3:  # flat rows, agents, flag
+            raise ValueError(
+                f"{done_key!r} must hold one flag per agent, [..., num_agents, 1]; got per-step "
+                f"shape {tuple(done_leaf.shape[1:])}."
+            )
+        num_agents = done_leaf.shape[1]
+        m = self._stop_index(done_leaf, flat, newest, agent_dims=1)  # [B, A]
+        end_flat = flat.gather(1, m)  # [B, A]: each agent's chain end
+        agent = torch.arange(num_agents)
+        for key, leaf in streams.leaves_under(("next", group)):
+            if leaf.dim() < 2 or leaf.shape[1] != num_agents:
+                raise ValueError(
+                    f"{key!r} has per-step shape {tuple(leaf.shape[1:])}; entries under "
+                    f"('next', {group!r}) need the agent dim first ({num_agents} agents)."
+                )
+            rows = (end_flat * num_agents + agent).reshape(-1).to(leaf.device)
+            picked = leaf.reshape(-1, *leaf.shape[2:]).index_select(0, rows)
+            info[key] = picked.reshape(*m.shape, *leaf.shape[2:])
+        info[reward_key] = self._discounted_sum(reward_leaf, flat, m, agent_dims=1)
+        count = _like(m + 1, info[reward_key].shape, reward_leaf.device, agent_dims=1)
+        info[(group, "steps_to_next_obs")] = count
+        info[(group, "nstep_discount")] = (self.gamma ** count.double()).float()
+        return m
+
+
+def _like(count: torch.Tensor, shape: Any, device: torch.device, agent_dims: int) -> torch.Tensor:
+    """``count`` ``[B, *agents]`` broadcast to a reward-shaped int64 tensor (a fresh copy)."""
+    lead = count.dim()
+    count = count.reshape(*count.shape, *(1,) * (len(shape) - lead))
+    return count.to(device).expand(shape).clone()

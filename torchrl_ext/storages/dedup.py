@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
+from torchrl_ext._keys import nested_key
 from torchrl_ext.storages.episodes import EpisodicEnvRingStorage
 
 __all__ = ["DedupEnvRingStorage"]
@@ -93,10 +94,10 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
             raise ValueError(f"num_stack must be an int >= 1, got num_stack={num_stack!r}.")
         if padding not in ("reset", "zero"):
             raise ValueError(f"padding must be 'reset' or 'zero', got padding={padding!r}.")
-        self.obs_key = obs_key
+        self.obs_key = obs_key = nested_key(obs_key, "obs_key")
         self.next_key = ("next", *obs_key) if isinstance(obs_key, tuple) else ("next", obs_key)
         self.num_stack, self.stack_dim, self.padding = num_stack, stack_dim, padding
-        self.done_key, self.check_next = done_key, bool(check_next)
+        self.done_key, self.check_next = nested_key(done_key, "done_key"), bool(check_next)
         self.required_lookback = num_stack - 1
         self._last_done = torch.zeros(num_envs, dtype=torch.bool)
         self._pending_next: torch.Tensor | None = None  # [E, *frame]: newest step's next frame

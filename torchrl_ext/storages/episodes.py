@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
+from torchrl_ext._keys import nested_key
 from torchrl_ext.storages.ring import EnvRingStorage
 from torchrl_ext.value.functional import discounted_cumsum
 
@@ -98,7 +99,9 @@ class EpisodicEnvRingStorage(EnvRingStorage):
             raise ValueError(
                 f"reward_clip must be (low, high) with low <= high, got reward_clip={reward_clip!r}."
             )
-        self.step_type_key, self.discount_key, self.reward_key = step_type_key, discount_key, reward_key
+        self.step_type_key = None if step_type_key is None else nested_key(step_type_key, "step_type_key")
+        self.discount_key = nested_key(discount_key, "discount_key")
+        self.reward_key = nested_key(reward_key, "reward_key")
         self.record_episodic_return = bool(record_episodic_return)
         self.gamma, self.reward_clip, self.default_return = float(gamma), reward_clip, float(default_return)
         shape = (num_envs, max_length)

@@ -22,6 +22,7 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.data.replay_buffers.writers import Writer
 
+from torchrl_ext._keys import nested_key
 from torchrl_ext.io.state_files import atomic_write
 from torchrl_ext.storages.ring import EnvRingStorage
 
@@ -54,7 +55,7 @@ class EnvRingWriter(Writer):
 
     def __init__(self, *, env_id_key: Any = "env_id") -> None:
         super().__init__()
-        self.env_id_key = env_id_key
+        self.env_id_key = nested_key(env_id_key, "env_id_key")
         self._write_count = 0
         # Notified whenever room may have been made or stop() was called.
         self._room = threading.Condition()

@@ -1,0 +1,123 @@
+"""Per-env streams as n-step sampling sees them, on the two storage layouts that keep them.
+
+A stream is the sequence of steps one env wrote. n-step chains need four
+things from a layout: uniform start draws, how many steps each start is from
+its env's newest step, the flat row of ``(env, position)`` in leaves viewed
+as ``[rows, ...]``, and those flat leaves. :class:`RingStreams` reads them off
+an :class:`~torchrl_ext.storages.EnvRingStorage`; :class:`GridStreams` off a
+TorchRL ``TensorStorage`` with ``ndim=2``, which stores collector batches
+``[num_envs, T]`` time-major as ``[T_max, num_envs]`` (the buffer's default
+``dim_extend=1``).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+from torchrl.data.replay_buffers.storages import TensorStorage
+
+from torchrl_ext.storages.ring import EnvRingStorage
+
+__all__ = ["GridStreams", "RingStreams", "streams_of"]
+
+
+class RingStreams:
+    """Streams of an :class:`EnvRingStorage`: positions are absolute, the storage reads chains itself."""
+
+    reads_chains = True
+
+    def __init__(self, storage: EnvRingStorage) -> None:
+        self.storage = storage
+
+    def stored(self) -> int:
+        return len(self.storage)
+
+    def draw(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.storage._rand_given_ndim(batch_size)
+
+    def steps_to_newest(self, env: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+        return self.storage._current_pos[env] - 1 - start
+
+    def flat(self, env: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        return self.storage._flat_index(env, position)
+
+    def leaf(self, key: Any) -> torch.Tensor | None:
+        return self.storage.flat_leaf(key)
+
+    def leaves_under(self, prefix: tuple) -> list[tuple[Any, torch.Tensor]]:
+        return [
+            (key, leaf) for key, leaf in self.storage._flat
+            if isinstance(key, tuple) and key[: len(prefix)] == prefix
+        ]
+
+    def index(self, env: torch.Tensor, start: torch.Tensor, end: torch.Tensor) -> Any:
+        return env, start, end
+
+
+class GridStreams:
+    """Streams of a ``[T, num_envs]`` tensor storage: env ``e`` is column ``e``, time wraps at ``T``."""
+
+    reads_chains = False
+
+    def __init__(self, storage: TensorStorage) -> None:
+        self.storage = storage
+        stored = storage._storage
+        self.rows, self.num_envs = int(stored.shape[0]), int(stored.shape[1])
+        self._leaves = [
+            (key, leaf.reshape(-1, *leaf.shape[2:]))
+            for key, leaf in stored.items(include_nested=True, leaves_only=True)
+        ]
+
+    def stored(self) -> int:
+        return self.filled_rows() * self.num_envs
+
+    def filled_rows(self) -> int:
+        return int(self.storage._len_along_dim0)
+
+    def draw(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        rng = getattr(self.storage, "_rng", None)
+        cell = torch.randint(self.stored(), (batch_size,), generator=rng)
+        return cell % self.num_envs, cell // self.num_envs
+
+    def steps_to_newest(self, env: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+        newest = int(self.storage._last_cursor_index)
+        return (newest - start) % self.rows
+
+    def flat(self, env: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        return (position % self.rows) * self.num_envs + env
+
+    def leaf(self, key: Any) -> torch.Tensor | None:
+        for leaf_key, leaf in self._leaves:
+            if leaf_key == key:
+                return leaf
+        return None
+
+    def leaves_under(self, prefix: tuple) -> list[tuple[Any, torch.Tensor]]:
+        return [
+            (key, leaf) for key, leaf in self._leaves
+            if isinstance(key, tuple) and key[: len(prefix)] == prefix
+        ]
+
+    def index(self, env: torch.Tensor, start: torch.Tensor, end: torch.Tensor) -> Any:
+        return start, env
+
+
+def streams_of(sampler: Any, storage: Any) -> RingStreams | GridStreams:
+    """The stream view of ``storage``, or an error saying which layouts keep env streams."""
+    if isinstance(storage, EnvRingStorage):
+        return RingStreams(storage)
+    if isinstance(storage, TensorStorage) and storage.ndim == 2:
+        stored = getattr(storage, "_storage", None)
+        if not isinstance(stored, TensorDictBase) or not storage.initialized:
+            raise RuntimeError("Cannot sample from an empty storage.")
+        return GridStreams(storage)
+    layout = (
+        f"a {storage.ndim}-D {type(storage).__name__}" if isinstance(storage, TensorStorage)
+        else type(storage).__name__
+    )
+    raise TypeError(
+        f"{type(sampler).__name__} follows env streams, which {layout} does not keep: use an "
+        "EnvRingStorage (EnvRingReplayBuffer) or a tensor storage with ndim=2 extended with "
+        "[num_envs, T] collector batches, e.g. FastTensorStorage(max_size, ndim=2)."
+    )
