@@ -140,3 +140,18 @@ def test_harl_off_policy_preset_is_registered():
     rb = instantiate(node, buffer_size=12, n_rollout_threads=3, state_type="FP", n_step=2)
     assert isinstance(rb, EnvRingReplayBuffer) and rb.storage.max_length == 4
     assert rb.sampler.agent_group == "agents" and rb.sampler.n_step == 2
+
+
+@pytest.mark.parametrize("name, storage, cls_name", [
+    ("ext_on_policy", None, "OnPolicyReplayBuffer"),
+    ("ext_vtrace_on_policy", None, "VTraceReplayBuffer"),
+    ("ext_pytorchrl", "vanilla", "OnPolicyReplayBuffer"),
+    ("ext_pytorchrl", "vtrace", "VTraceReplayBuffer"),
+])
+def test_on_policy_buffers_are_registered(name, storage, cls_name):
+    node = ConfigStore.instance().repo["replay_buffer"][f"{name}.yaml"].node
+    extra = {"storage": storage, "size": 4} if storage else {"num_steps": 4}
+    rb = instantiate(node, gamma=0.5, **extra)
+    assert type(rb).__name__ == cls_name and rb.gamma == 0.5 and rb.storage.num_steps == 4
+    if storage == "vanilla":
+        assert rb.gae_lambda is None

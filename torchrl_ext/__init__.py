@@ -41,7 +41,12 @@ from torchrl_ext.value import (
 )
 
 from torchrl_ext import configs  # noqa: E402  (registers the Hydra configs)
-from torchrl_ext.presets import alf_replay_buffer, harl_off_policy_buffer, harl_rollout_buffer  # noqa: E402
+from torchrl_ext.presets import (  # noqa: E402
+    alf_replay_buffer,
+    harl_off_policy_buffer,
+    harl_rollout_buffer,
+    pytorchrl_on_policy_buffer,
+)
 
 __version__ = "0.1.0.dev0"
 
@@ -77,5 +82,6 @@ __all__ = [
     "alf_replay_buffer",
     "harl_off_policy_buffer",
     "harl_rollout_buffer",
+    "pytorchrl_on_policy_buffer",
     "configs",
 ]

@@ -30,6 +30,9 @@ group               name                        target
 ``storage``         ``ext_fast_tensor``         :class:`~torchrl_ext.storages.FastTensorStorage`
 ``storage``         ``ext_fast_memmap``         :class:`~torchrl_ext.storages.FastMemmapStorage`
 ``replay_buffer``   ``ext_tensordict``          :class:`~torchrl_ext.replay_buffers.TensorDictReplayBuffer`
+``replay_buffer``   ``ext_on_policy``           :class:`~torchrl_ext.replay_buffers.OnPolicyReplayBuffer`
+``replay_buffer``   ``ext_vtrace_on_policy``    :class:`~torchrl_ext.replay_buffers.VTraceReplayBuffer`
+``replay_buffer``   ``ext_pytorchrl``           :func:`~torchrl_ext.presets.pytorchrl_on_policy_buffer`
 ==================  ==========================  ==============================================
 """
 from __future__ import annotations
@@ -71,11 +74,14 @@ __all__ = [
     "HarlOffPolicyBufferConfig",
     "HarlRolloutBufferConfig",
     "NStepSamplerConfig",
+    "OnPolicyReplayBufferConfig",
     "NaiveRecurrentMinibatchSamplerConfig",
     "PrioritizedTrajectorySamplerConfig",
+    "PytorchrlOnPolicyBufferConfig",
     "RolloutStorageConfig",
     "ExtTensorDictReplayBufferConfig",
     "TrajectorySamplerConfig",
+    "VTraceReplayBufferConfig",
 ]
 
 
@@ -254,6 +260,49 @@ class ExtTensorDictReplayBufferConfig(TensorDictReplayBufferConfig):
     _target_: str = "torchrl_ext.replay_buffers.TensorDictReplayBuffer"
 
 
+@dataclass
+class OnPolicyReplayBufferConfig(_Validated, ConfigBase):
+    num_steps: int = 128
+    gamma: float = 0.99
+    gae_lambda: Optional[float] = 0.95
+    gamma_intrinsic: float = 0.99
+    intrinsic_filter: str = "forward"
+    normalize_advantage: bool = True
+    advantage_eps: float = 1e-5
+    recurrent: bool = False
+    num_mini_batch: Optional[int] = 1
+    mini_batch_size: Optional[int] = None
+    shuffle: bool = True
+    keys: Optional[Any] = None
+    carry_keys: Optional[Any] = None
+    device: str = "cpu"
+    _target_: str = "torchrl_ext.replay_buffers.OnPolicyReplayBuffer"
+
+
+@dataclass
+class VTraceReplayBufferConfig(OnPolicyReplayBufferConfig):
+    rho_thresh: float = 1.0
+    c_thresh: float = 1.0
+    advantage_eps: float = 1e-8
+    _target_: str = "torchrl_ext.replay_buffers.VTraceReplayBuffer"
+
+
+@dataclass
+class PytorchrlOnPolicyBufferConfig(_Validated, ConfigBase):
+    size: int = 128
+    storage: str = "gae"
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    gamma_intrinsic: float = 0.99
+    clip_rho_thres: float = 1.0
+    clip_c_thres: float = 1.0
+    recurrent: bool = False
+    num_mini_batch: Optional[int] = 1
+    mini_batch_size: Optional[int] = None
+    device: str = "cpu"
+    _target_: str = "torchrl_ext.presets.pytorchrl_on_policy_buffer"
+
+
 _REGISTRY = {
     ("storage", "ext_env_ring"): EnvRingStorageConfig,
     ("storage", "ext_episodic_env_ring"): EpisodicEnvRingStorageConfig,
@@ -273,6 +322,9 @@ _REGISTRY = {
     ("storage", "ext_fast_tensor"): FastTensorStorageConfig,
     ("storage", "ext_fast_memmap"): FastMemmapStorageConfig,
     ("replay_buffer", "ext_tensordict"): ExtTensorDictReplayBufferConfig,
+    ("replay_buffer", "ext_on_policy"): OnPolicyReplayBufferConfig,
+    ("replay_buffer", "ext_vtrace_on_policy"): VTraceReplayBufferConfig,
+    ("replay_buffer", "ext_pytorchrl"): PytorchrlOnPolicyBufferConfig,
 }
 
 

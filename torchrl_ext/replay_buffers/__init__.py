@@ -1,5 +1,14 @@
-"""Replay buffers: TorchRL's ``TensorDictReplayBuffer`` with lean hot paths, and the per-env ring buffer."""
+"""Replay buffers: TorchRL's ``TensorDictReplayBuffer`` with lean hot paths, the per-env ring buffer
+and the on-policy rollout buffers."""
 from torchrl_ext.replay_buffers.env_ring import EnvRingReplayBuffer
+from torchrl_ext.replay_buffers.on_policy import OnPolicyKeys, OnPolicyReplayBuffer, VTraceReplayBuffer
 from torchrl_ext.replay_buffers.tensordict import PrioritizedReplayBuffer, TensorDictReplayBuffer
 
-__all__ = ["EnvRingReplayBuffer", "PrioritizedReplayBuffer", "TensorDictReplayBuffer"]
+__all__ = [
+    "EnvRingReplayBuffer",
+    "OnPolicyKeys",
+    "OnPolicyReplayBuffer",
+    "PrioritizedReplayBuffer",
+    "TensorDictReplayBuffer",
+    "VTraceReplayBuffer",
+]

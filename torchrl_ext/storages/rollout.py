@@ -96,6 +96,7 @@ class RolloutStorage(Storage):
         self._device = torch.device(device)
         self._carry_keys = None if carry_keys is None else list(carry_keys)
         self._storage: TensorDictBase | None = None
+        self._step_keys: set[Any] = set()
         self._step = 0
 
     # ------------------------------------------------------------------
@@ -152,9 +153,10 @@ class RolloutStorage(Storage):
         if self._storage is None:
             self._allocate(step)
         stored = self._storage[self._step]
-        if set(step.keys(True, True)) != set(stored.keys(True, True)):
-            missing = sorted(map(str, set(stored.keys(True, True)) - set(step.keys(True, True))))
-            extra = sorted(map(str, set(step.keys(True, True)) - set(stored.keys(True, True))))
+        step_keys = set(step.keys(True, True))
+        if step_keys != self._step_keys:
+            missing = sorted(map(str, self._step_keys - step_keys))
+            extra = sorted(map(str, step_keys - self._step_keys))
             raise ValueError(
                 f"step keys differ from the rollout's (missing: {missing}, extra: {extra}); "
                 "insert the same entries at every step."
@@ -182,6 +184,38 @@ class RolloutStorage(Storage):
                 raise ValueError(f"carry key {key!r} is missing under 'next' of the step.")
         batch = (self._num_steps + 1, *step.batch_size)
         self._storage = step.to(self._device).unsqueeze(0).expand(batch).clone().zero_()
+        self._step_keys = set(step.keys(True, True))
+
+    def write_rollout(self, data: TensorDictBase) -> None:
+        """Replaces the rollout by ``data`` ``[L + 1, N]``: ``L`` filled steps and the slot after them.
+
+        This is how a rollout collected elsewhere (a remote worker's
+        ``data[: step + 1]``) is handed to a learner; derived entries are not
+        shipped and are recomputed there.
+        """
+        if not isinstance(data, TensorDictBase) or data.batch_dims < 2:
+            raise TypeError(
+                f"data must be a TensorDict [L + 1, N] (filled steps plus the next slot), got "
+                f"{type(data).__name__}{'' if not hasattr(data, 'shape') else list(data.shape)}."
+            )
+        filled = data.shape[0] - 1
+        if not 1 <= filled <= self._num_steps:
+            raise ValueError(
+                f"data holds {data.shape[0]} slots, i.e. {filled} steps; a rollout of num_steps="
+                f"{self._num_steps} takes 2 to {self._num_steps + 1} slots."
+            )
+        if self._storage is None:
+            self._allocate(data[0])
+        keys = set(data.keys(True, True))
+        if keys != self._step_keys or data.batch_size[1:] != self._storage.batch_size[1:]:
+            raise ValueError(
+                f"data has keys {sorted(map(str, keys))} and envs {list(data.batch_size[1:])}; the "
+                f"rollout's steps have {sorted(map(str, self._step_keys))} and "
+                f"{list(self._storage.batch_size[1:])}."
+            )
+        self._storage[: filled + 1] = data.to(self._device)
+        self._step = filled
+        self._bump_mutation_revision()
 
     def after_update(self) -> None:
         """Copies the carried entries of slot ``T`` into slot 0 and restarts at step 0."""
@@ -191,6 +225,25 @@ class RolloutStorage(Storage):
                 first.set_(key, last.get(key))
         self._step = 0
         self._bump_mutation_revision()
+
+    def set_derived(self, key: Any, value: torch.Tensor) -> None:
+        """Stores ``value`` ``[T + 1, N, ...]`` under ``key``, computed from the rollout.
+
+        Derived entries (value targets, advantages) are sampled with the
+        steps but are not expected in inserted steps; they keep their last
+        value until set again.
+        """
+        data = self.data
+        if tuple(value.shape[: data.batch_dims]) != tuple(data.batch_size):
+            raise ValueError(
+                f"{key!r} must be shaped [T + 1, N, ...] = {list(data.batch_size)} + item dims, "
+                f"got {list(value.shape)}; pad the T computed rows with one bootstrap row."
+            )
+        if key in self._step_keys:
+            raise ValueError(
+                f"{key!r} is written by inserted steps; store derived results under another key."
+            )
+        data.set(key, value.to(self._device))
 
     def fill_next(self, key: Any = "state_value") -> None:
         """Sets ``("next", key)`` of steps ``0 ... T - 1`` to ``key`` of slots ``1 ... T``.
@@ -242,6 +295,7 @@ class RolloutStorage(Storage):
             "num_steps": self._num_steps,
             "step": self._step,
             "carry_keys": [list(k) if isinstance(k, tuple) else [k] for k in self.carry_keys],
+            "step_keys": [list(k) if isinstance(k, tuple) else [k] for k in self._step_keys],
             "data": tensordict_state(self._storage),
         }
 
@@ -254,6 +308,10 @@ class RolloutStorage(Storage):
         self._storage = tensordict_from_state(state_dict["data"], self._device)
         carry = [tuple(k) if len(k) > 1 else k[0] for k in state_dict["carry_keys"]]
         self._carry_keys = carry or None
+        if "step_keys" in state_dict:
+            self._step_keys = {tuple(k) if len(k) > 1 else k[0] for k in state_dict["step_keys"]}
+        elif self._storage is not None:  # older checkpoints: every stored key came from steps
+            self._step_keys = set(self._storage.keys(True, True))
         self._step = int(state_dict["step"])
 
     def _empty(self) -> None:

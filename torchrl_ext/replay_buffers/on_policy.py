@@ -1,0 +1,359 @@
+"""On-policy buffers with returns, advantages and minibatch epochs (pytorchrl's storages).
+
+:class:`OnPolicyReplayBuffer` is a :class:`TensorDictReplayBuffer` over a
+:class:`~torchrl_ext.storages.RolloutStorage` and an epoch minibatch sampler.
+:meth:`~OnPolicyReplayBuffer.compute_returns` reads keys, calls the functional
+core and writes the results back as derived rollout entries, so every
+minibatch carries them:
+
+* GAE (``gae_lambda``) or discounted returns (``gae_lambda=None``, i.e. lambda 1),
+  terminations masking the bootstrap and any episode end cutting the trace;
+* an optional intrinsic stream: own ``gamma_intrinsic``, no episode ends,
+  rewards scaled by the running std of a discounted intrinsic sum;
+* advantage normalisation over the filled steps (unbiased std + eps).
+
+:class:`VTraceReplayBuffer` swaps the estimator for V-trace with clip
+thresholds and a hook recomputing log-probs and values with the current actor.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any, Callable, Iterator
+
+import torch
+from tensordict import TensorDictBase
+
+from torchrl_ext._keys import nested_key
+from torchrl_ext.replay_buffers.tensordict import TensorDictReplayBuffer
+from torchrl_ext.samplers.minibatch import FeedForwardMinibatchSampler, NaiveRecurrentMinibatchSampler
+from torchrl_ext.storages.rollout import RolloutStorage
+from torchrl_ext.value.functional import generalized_advantage_estimate, vtrace_advantage_estimate
+from torchrl_ext.value.normalizers import IntrinsicRewardNormalizer
+
+__all__ = ["OnPolicyKeys", "OnPolicyReplayBuffer", "VTraceReplayBuffer"]
+
+
+@dataclass(frozen=True)
+class OnPolicyKeys:
+    """Where the on-policy buffers read and write (TorchRL's names by default)."""
+
+    reward: Any = ("next", "reward")
+    done: Any = ("next", "done")
+    terminated: Any = ("next", "terminated")
+    value: Any = "state_value"
+    log_prob: Any = "sample_log_prob"
+    intrinsic_reward: Any = ("next", "intrinsic_reward")
+    intrinsic_value: Any = "intrinsic_state_value"
+    advantage: Any = "advantage"
+    value_target: Any = "value_target"
+    intrinsic_advantage: Any = "intrinsic_advantage"
+    intrinsic_value_target: Any = "intrinsic_value_target"
+
+    def __post_init__(self) -> None:
+        for field in fields(self):
+            object.__setattr__(self, field.name, nested_key(getattr(self, field.name), field.name))
+
+
+def _check_unit(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ValueError(f"{name} must be a number in [0, 1], got {name}={value!r}.")
+    return float(value)
+
+
+def _check_positive(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a positive number, got {name}={value!r}.")
+    return float(value)
+
+
+class OnPolicyReplayBuffer(TensorDictReplayBuffer):
+    """One rollout ``[T + 1, N]``: insert steps, compute returns, iterate minibatch epochs.
+
+    Args:
+        num_steps: rollout length ``T``.
+
+    Keyword Args:
+        gamma: discount of the extrinsic stream.
+        gae_lambda: GAE lambda, or ``None`` for discounted returns bootstrapped
+            from the value after the last step (pytorchrl's vanilla storage).
+        gamma_intrinsic: discount of the intrinsic stream (used when the steps
+            carry ``keys.intrinsic_reward`` and ``keys.intrinsic_value``).
+        intrinsic_filter: ``"forward"`` (the RND reward forward filter, carried
+            across rollouts) or ``"backward"`` (pytorchrl's per-rollout sum).
+        normalize_advantage: scale advantages to zero mean, unit std.
+        advantage_eps: added to the std.
+        recurrent: minibatches of whole env sequences ``[k, T]`` instead of steps.
+        num_mini_batch, mini_batch_size, shuffle: default epoch split (see
+            :meth:`generate_batches`).
+        keys: an :class:`OnPolicyKeys` (or a dict of its fields).
+        carry_keys, device: see :class:`~torchrl_ext.storages.RolloutStorage`.
+        generator: RNG of the minibatch permutations.
+
+    Shape contract:
+        Steps are ``[N]`` TensorDicts; derived entries (``advantage``,
+        ``value_target``, intrinsic ones) are ``[T + 1, N, 1]`` with rows past
+        the filled steps zero. Minibatches are ``[B]`` (or ``[k, T]`` recurrent).
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl_ext.replay_buffers import OnPolicyReplayBuffer
+        >>> rb = OnPolicyReplayBuffer(3, gamma=0.5, gae_lambda=None, normalize_advantage=False)
+        >>> for t in range(3):
+        ...     rb.insert(TensorDict({"observation": torch.zeros(2, 1), "state_value": torch.zeros(2, 1),
+        ...         "next": {"observation": torch.zeros(2, 1), "reward": torch.ones(2, 1),
+        ...                  "done": torch.zeros(2, 1, dtype=torch.bool),
+        ...                  "terminated": torch.zeros(2, 1, dtype=torch.bool)}}, [2]))
+        >>> rb.compute_returns()  # the value after the last step is 0 (never set)
+        >>> rb.storage.data["value_target"][:3, 0, 0].tolist()
+        [1.75, 1.5, 1.0]
+        >>> [batch.shape[0] for batch in rb.generate_batches(num_mini_batch=2)]
+        [3, 3]
+    """
+
+    _parameters = ("gamma", "gae_lambda", "gamma_intrinsic", "normalize_advantage", "advantage_eps")
+
+    def __init__(
+        self,
+        num_steps: int,
+        *,
+        gamma: float = 0.99,
+        gae_lambda: float | None = 0.95,
+        gamma_intrinsic: float = 0.99,
+        intrinsic_filter: str = "forward",
+        normalize_advantage: bool = True,
+        advantage_eps: float = 1e-5,
+        recurrent: bool = False,
+        num_mini_batch: int | None = 1,
+        mini_batch_size: int | None = None,
+        shuffle: bool = True,
+        keys: OnPolicyKeys | dict[str, Any] | None = None,
+        carry_keys: Any = None,
+        device: torch.device | str = "cpu",
+        generator: torch.Generator | None = None,
+    ) -> None:
+        self.keys = keys if isinstance(keys, OnPolicyKeys) else OnPolicyKeys(**(keys or {}))
+        self.recurrent = bool(recurrent)
+        given = {"gamma": gamma, "gae_lambda": gae_lambda, "gamma_intrinsic": gamma_intrinsic,
+                 "normalize_advantage": normalize_advantage, "advantage_eps": advantage_eps}
+        for name in self._parameters:  # subclasses set their extra parameters first
+            self.update_storage_parameter(name, given[name] if name in given else getattr(self, name))
+        self.intrinsic_normalizer = IntrinsicRewardNormalizer(
+            self.gamma_intrinsic, mode=intrinsic_filter, device=device
+        )
+        super().__init__(
+            storage=RolloutStorage(num_steps, carry_keys=carry_keys, device=device),
+            sampler=self._make_sampler(num_mini_batch, mini_batch_size, shuffle),
+            batch_size=1,
+            generator=generator,
+        )
+
+    # ------------------------------------------------------------------
+    def _make_sampler(self, num_mini_batch: int | None, mini_batch_size: int | None, shuffle: bool) -> Any:
+        cls = NaiveRecurrentMinibatchSampler if self.recurrent else FeedForwardMinibatchSampler
+        if mini_batch_size is not None:
+            num_mini_batch = None
+        return cls(num_mini_batch, mini_batch_size=mini_batch_size, shuffle=shuffle)
+
+    def insert(self, step: TensorDictBase) -> None:
+        """Writes one collector step ``[N]`` (pytorchrl's ``insert_transition``)."""
+        self._storage.insert(step)
+
+    insert_transition = insert
+
+    @property
+    def used_capacity(self) -> int:
+        """Steps filled since the last :meth:`after_update` (only these are used)."""
+        return self._storage.step
+
+    def after_update(self) -> None:
+        """Moves the slot after the last step to slot 0 and restarts (pytorchrl's ``after_gradients``)."""
+        self._storage.after_update()
+
+    def get_all_buffer_data(self, to_cpu: bool = False) -> TensorDictBase:
+        """The filled steps and the slot after them, ``[L + 1, N]`` (inserted entries only)."""
+        storage = self._storage
+        data = storage.data[: storage.step + 1].select(*storage._step_keys).clone()
+        return data.to("cpu") if to_cpu else data
+
+    def insert_data_slice(self, data: TensorDictBase) -> None:
+        """Takes over a rollout from :meth:`get_all_buffer_data` (e.g. of a remote worker)."""
+        self._storage.write_rollout(data)
+
+    def update_storage_parameter(self, name: str, value: Any) -> None:
+        """Changes ``gamma``, ``gae_lambda``, ... between rollouts; unknown names raise."""
+        if name not in self._parameters:
+            raise ValueError(
+                f"{type(self).__name__} has no parameter {name!r}; it can update "
+                f"{', '.join(self._parameters)}."
+            )
+        if name in ("gamma", "gamma_intrinsic", "rho_thresh", "c_thresh") or (
+            name == "gae_lambda" and value is not None
+        ):
+            checker = _check_positive if name.endswith("_thresh") else _check_unit
+            value = checker(name, value)
+        elif name == "advantage_eps":
+            value = _check_positive(name, value) if value != 0 else 0.0
+        elif name == "normalize_advantage":
+            value = bool(value)
+        setattr(self, name, value)
+        if name == "gamma_intrinsic" and hasattr(self, "intrinsic_normalizer"):
+            self.intrinsic_normalizer.gamma = value
+
+    # ------------------------------------------------------------------
+    def compute_returns(self, value_network: Callable[[TensorDictBase], Any] | None = None) -> None:
+        """Value targets and advantages of the filled steps (pytorchrl's ``before_gradients``).
+
+        Args:
+            value_network: a TensorDict module writing ``keys.value`` (and
+                ``keys.intrinsic_value``) from a step's observation. It runs on
+                the slot after the last step (the bootstrap) and on the true
+                final ``"next"`` entries of truncated steps. Without it the
+                values already stored there are used.
+        """
+        storage, keys = self._storage, self.keys
+        filled = storage.step
+        if filled == 0:
+            raise RuntimeError("the rollout is empty: insert steps before compute_returns().")
+        data = storage.data
+        if value_network is not None:
+            boot = value_network(data[filled].clone())
+            for key in (keys.value, keys.intrinsic_value):
+                if key in data.keys(True, True) and key in boot.keys(True, True):
+                    data.get(key)[filled] = boot.get(key)
+        steps = data[:filled]
+        done = steps.get(keys.done)
+        terminated = steps.get(keys.terminated, done)
+        value = data.get(keys.value)
+        next_value = self._next_values(steps, value[1: filled + 1], done & ~terminated, value_network)
+        advantage, target = self._estimate(steps, value[:filled], next_value, done, terminated)
+        self._store(keys.advantage, advantage, filled)
+        self._store(keys.value_target, target, filled)
+        stored = data.keys(True, True)
+        if keys.intrinsic_reward in stored and keys.intrinsic_value in stored:
+            reward = self.intrinsic_normalizer(steps.get(keys.intrinsic_reward))
+            ivalue = data.get(keys.intrinsic_value)
+            never = torch.zeros_like(done)
+            lmbda = 1.0 if self.gae_lambda is None else self.gae_lambda
+            advantage, target = generalized_advantage_estimate(
+                self.gamma_intrinsic, lmbda, ivalue[:filled], ivalue[1: filled + 1], reward,
+                never, never, time_dim=0,
+            )
+            self._store(keys.intrinsic_advantage, advantage, filled)
+            self._store(keys.intrinsic_value_target, target, filled)
+
+    def _next_values(
+        self, steps: TensorDictBase, next_value: torch.Tensor, truncated: torch.Tensor, value_network: Any
+    ) -> torch.Tensor:
+        """``V`` of the following slot, except at truncations: ``V`` of the true final observation."""
+        if not bool(truncated.any()):
+            return next_value
+        rows = truncated.reshape(truncated.shape[:2] + (-1,)).any(-1)  # [L, N]
+        stored_next = steps.get(("next", *_tuple(self.keys.value)), None)
+        if stored_next is not None:
+            final = stored_next[rows]
+        elif value_network is not None:
+            final = value_network(steps.get("next")[rows].clone()).get(self.keys.value)
+        else:
+            raise ValueError(
+                "some steps are truncated (done but not terminated): their bootstrap needs V of the "
+                "true final observation; pass compute_returns(value_network=critic) or store "
+                f"{('next', *_tuple(self.keys.value))!r} in the steps."
+            )
+        next_value = next_value.clone()
+        next_value[rows] = final.to(next_value.dtype)
+        return next_value
+
+    def _estimate(self, steps, value, next_value, done, terminated) -> tuple[torch.Tensor, torch.Tensor]:
+        lmbda = 1.0 if self.gae_lambda is None else self.gae_lambda
+        return generalized_advantage_estimate(
+            self.gamma, lmbda, value, next_value, steps.get(self.keys.reward), done, terminated,
+            time_dim=0,
+        )
+
+    def _store(self, key: Any, value: torch.Tensor, filled: int) -> None:
+        if key in (self.keys.advantage, self.keys.intrinsic_advantage) and self.normalize_advantage:
+            value = (value - value.mean()) / (value.std(correction=1) + self.advantage_eps)
+        padded = value.new_zeros((self._storage.num_steps + 1, *value.shape[1:]))
+        padded[:filled] = value
+        self._storage.set_derived(key, padded)
+
+    # ------------------------------------------------------------------
+    def generate_batches(
+        self,
+        num_mini_batch: int | None = None,
+        mini_batch_size: int | None = None,
+        num_epochs: int = 1,
+        shuffle: bool = True,
+    ) -> Iterator[TensorDictBase]:
+        """``num_epochs`` epochs of minibatches over the filled steps.
+
+        Give ``num_mini_batch`` or ``mini_batch_size`` (steps, or env sequences
+        when ``recurrent``); with neither, the constructor's split is used.
+        Every filled step appears once per epoch.
+        """
+        if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
+            raise ValueError(f"num_epochs must be a positive int, got num_epochs={num_epochs!r}.")
+        if num_mini_batch is not None or mini_batch_size is not None:
+            self._sampler = self._make_sampler(num_mini_batch, mini_batch_size, shuffle)
+            self._sampler._rng = getattr(self, "_rng", None)
+        else:
+            self._sampler.shuffle = bool(shuffle)
+        for _ in range(num_epochs):
+            self._sampler.ran_out = False
+            self._sampler._splits = None  # a fresh permutation per epoch
+            yield from self
+
+
+class VTraceReplayBuffer(OnPolicyReplayBuffer):
+    """V-trace targets for off-policy actors (IMPALA), pytorchrl's ``VTraceBuffer`` intended behaviour.
+
+    Keyword Args:
+        rho_thresh, c_thresh: clip thresholds of the importance ratios.
+        advantage_eps: defaults to 1e-8.
+        **kwargs: see :class:`OnPolicyReplayBuffer` (``gae_lambda`` is unused).
+
+    :meth:`compute_returns` takes ``refresh``: called on the filled steps
+    ``[L, N]`` before the targets, it returns them with ``keys.log_prob`` (the
+    current actor's log-probs of the stored actions) and ``keys.value`` (the
+    current critic). The behaviour log-probs are those stored at collection;
+    afterwards ``keys.log_prob`` holds the refreshed ones, so a PPO-style ratio
+    starts at 1.
+    """
+
+    _parameters = OnPolicyReplayBuffer._parameters + ("rho_thresh", "c_thresh")
+
+    def __init__(self, num_steps: int, *, rho_thresh: float = 1.0, c_thresh: float = 1.0,
+                 advantage_eps: float = 1e-8, **kwargs: Any) -> None:
+        self.rho_thresh, self.c_thresh = rho_thresh, c_thresh
+        super().__init__(num_steps, advantage_eps=advantage_eps, **kwargs)
+
+    def compute_returns(
+        self,
+        value_network: Callable[[TensorDictBase], Any] | None = None,
+        refresh: Callable[[TensorDictBase], TensorDictBase] | None = None,
+    ) -> None:
+        """V-trace ``vs`` (``value_target``) and advantages; see the class docstring for ``refresh``."""
+        storage, keys = self._storage, self.keys
+        filled = storage.step
+        if filled == 0:
+            raise RuntimeError("the rollout is empty: insert steps before compute_returns().")
+        data = storage.data
+        self._behaviour = data.get(keys.log_prob)[:filled].clone()
+        if refresh is not None:
+            refreshed = refresh(data[:filled].clone())
+            for key in (keys.log_prob, keys.value):
+                if key not in refreshed.keys(True, True):
+                    raise ValueError(f"refresh must return the steps with {key!r} set by the current actor.")
+                data.get(key)[:filled] = refreshed.get(key)
+        super().compute_returns(value_network)
+
+    def _estimate(self, steps, value, next_value, done, terminated) -> tuple[torch.Tensor, torch.Tensor]:
+        return vtrace_advantage_estimate(
+            self.gamma, steps.get(self.keys.log_prob), self._behaviour, value, next_value,
+            steps.get(self.keys.reward), done, terminated, self.rho_thresh, self.c_thresh, time_dim=0,
+        )
+
+
+def _tuple(key: Any) -> tuple:
+    return key if isinstance(key, tuple) else (key,)
