@@ -187,9 +187,7 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
                 if key != "index":
                     extra[key] = _broadcast(torch.as_tensor(value), env.shape).to(self._storage.device)
             if len(index) == 3:  # n-step: "next" entries from the chain end
-                data = self._storage._gather_chain(env, position, index[2])
-                for key, value in extra.items():
-                    data.set(key, value)
+                data = self._storage._gather_chain(env, position, index[2], extra)
             else:
                 data = self._storage._gather(env, position, extra)
         if self._transform is not None and len(self._transform):

@@ -139,16 +139,15 @@ class NStepSampler(StatelessSampler):
         done_leaf = self._leaf(streams, self.done_key, required=not per_agent)
         reward_leaf = self._leaf(streams, self.reward_key, required=not per_agent)
         env, start = streams.draw(batch_size)
-        k = torch.arange(self.n_step)
-        to_newest = streams.steps_to_newest(env, start).unsqueeze(1)
-        newest = k >= to_newest  # [B, n]: at (or held at) the env's newest step
-        steps = start.unsqueeze(1) + torch.minimum(k, to_newest)
+        # Steps past the env's newest one are held there; a chain stops at it.
+        to_newest = streams.steps_to_newest(env, start)
+        steps = start.unsqueeze(1) + torch.minimum(self._k, to_newest.unsqueeze(1))
         flat = streams.flat(env.unsqueeze(1).expand_as(steps), steps)
         info: dict[Any, Any] = {}
         if per_agent:
-            agent_end = self._agent_chains(streams, flat, newest, info)
+            agent_end = self._agent_chains(streams, flat, to_newest, info)
         if done_leaf is not None:
-            m = self._stop_index(done_leaf, flat, newest, agent_dims=0)
+            m = self._stop_index(done_leaf, flat, to_newest, agent_dims=0)
         else:  # FP without an env-level done: the env chain ends with the last agent's
             m = agent_end.amax(1)
         end = start + m
@@ -162,23 +161,42 @@ class NStepSampler(StatelessSampler):
             info[self.reward_key] = self._discounted_sum(reward_leaf, flat, m, agent_dims=0)
         count_shape = info[self.reward_key].shape if reward_leaf is not None else (batch_size, 1)
         device = reward_leaf.device if reward_leaf is not None else flat.device
-        count = _like(m + 1, count_shape, device, agent_dims=0)
-        info["steps_to_next_obs"] = count
-        info["nstep_discount"] = (self.gamma ** count.double()).float()
+        info["steps_to_next_obs"], info["nstep_discount"] = self._counts(m, count_shape, device)
         return streams.index(env, start, end), info
+
+    @property
+    def _k(self) -> torch.Tensor:
+        return self._tables(torch.device("cpu"))[0]
+
+    def _tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``arange(n)``, the reward weights of a chain stopping at ``m`` (row ``m``:
+        ``gamma**k`` for ``k <= m``, float64) and ``gamma**(m + 1)`` (float32), cached."""
+        cache = self.__dict__.setdefault("_table_cache", {})
+        key = (self.n_step, self.gamma, device)
+        if key not in cache:
+            k = torch.arange(self.n_step)
+            powers = self.gamma ** k.double()
+            weights = torch.where(k.unsqueeze(0) <= k.unsqueeze(1), powers, 0.0)
+            discount = (self.gamma ** (k + 1).double()).float()
+            cache[key] = (k.to(device), weights.to(device), discount.to(device))
+        return cache[key]
+
+    def _counts(self, m: torch.Tensor, shape: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``steps_to_next_obs = m + 1`` and ``nstep_discount``, shaped like the reward."""
+        discount = self._tables(device)[2].index_select(0, m.reshape(-1).to(device)).reshape(m.shape)
+        return _like(m + 1, shape, device), _like(discount, shape, device)
 
     # ------------------------------------------------------------------
     def _stop_index(
-        self, done_leaf: torch.Tensor, flat: torch.Tensor, newest: torch.Tensor, agent_dims: int
+        self, done_leaf: torch.Tensor, flat: torch.Tensor, to_newest: torch.Tensor, agent_dims: int
     ) -> torch.Tensor:
         """First step of each chain that is done or newest, ``[B]`` (``[B, A]`` per agent)."""
         batch = flat.shape[0]
         done = done_leaf.index_select(0, flat.reshape(-1).to(done_leaf.device))
         done = done.reshape(batch, self.n_step, *done.shape[1:1 + agent_dims], -1).any(-1).cpu()
-        stop = done | newest.reshape(batch, self.n_step, *(1,) * agent_dims)
-        # First stop along the chain; the chain's last step always stops it.
-        stop[:, -1] = True
-        return stop.to(torch.int8).argmax(1)
+        done[:, -1] = True  # a chain of n steps ends at n - 1
+        first_done = done.to(torch.int8).argmax(1)
+        return torch.minimum(first_done, to_newest.reshape(batch, *(1,) * agent_dims))
 
     def _discounted_sum(
         self, reward_leaf: torch.Tensor, flat: torch.Tensor, m: torch.Tensor, agent_dims: int
@@ -186,13 +204,14 @@ class NStepSampler(StatelessSampler):
         batch = flat.shape[0]
         reward = reward_leaf.index_select(0, flat.reshape(-1).to(reward_leaf.device))
         reward = reward.reshape(batch, self.n_step, *reward.shape[1:])
-        k = torch.arange(self.n_step).reshape(1, self.n_step, *(1,) * agent_dims)
-        weight = torch.where(k <= m.unsqueeze(1), self.gamma ** k.double(), 0.0)
+        weights = self._tables(reward.device)[1]
+        weight = weights.index_select(0, m.reshape(-1).to(reward.device)).reshape(*m.shape, self.n_step)
+        weight = weight.movedim(-1, 1)  # [B, n, *agents]
         weight = weight.reshape(*weight.shape, *(1,) * (reward.dim() - weight.dim()))
-        return (weight.to(reward.device) * reward.double()).sum(1).to(reward.dtype)
+        return (weight * reward.double()).sum(1).to(reward.dtype)
 
     def _agent_chains(
-        self, streams: Any, flat: torch.Tensor, newest: torch.Tensor, info: dict[Any, Any]
+        self, streams: Any, flat: torch.Tensor, to_newest: torch.Tensor, info: dict[Any, Any]
     ) -> torch.Tensor:
         """FP: per-agent chain ends ``[B, A]``; fills ``info`` with the group's n-step entries."""
         group = self.agent_group
@@ -205,7 +224,7 @@ class NStepSampler(StatelessSampler):
                 f"shape {tuple(done_leaf.shape[1:])}."
             )
         num_agents = done_leaf.shape[1]
-        m = self._stop_index(done_leaf, flat, newest, agent_dims=1)  # [B, A]
+        m = self._stop_index(done_leaf, flat, to_newest, agent_dims=1)  # [B, A]
         end_flat = flat.gather(1, m)  # [B, A]: each agent's chain end
         agent = torch.arange(num_agents)
         for key, leaf in streams.leaves_under(("next", group)):
@@ -218,14 +237,12 @@ class NStepSampler(StatelessSampler):
             picked = leaf.reshape(-1, *leaf.shape[2:]).index_select(0, rows)
             info[key] = picked.reshape(*m.shape, *leaf.shape[2:])
         info[reward_key] = self._discounted_sum(reward_leaf, flat, m, agent_dims=1)
-        count = _like(m + 1, info[reward_key].shape, reward_leaf.device, agent_dims=1)
-        info[(group, "steps_to_next_obs")] = count
-        info[(group, "nstep_discount")] = (self.gamma ** count.double()).float()
+        count, discount = self._counts(m, info[reward_key].shape, reward_leaf.device)
+        info[(group, "steps_to_next_obs")], info[(group, "nstep_discount")] = count, discount
         return m
 
 
-def _like(count: torch.Tensor, shape: Any, device: torch.device, agent_dims: int) -> torch.Tensor:
-    """``count`` ``[B, *agents]`` broadcast to a reward-shaped int64 tensor (a fresh copy)."""
-    lead = count.dim()
-    count = count.reshape(*count.shape, *(1,) * (len(shape) - lead))
-    return count.to(device).expand(shape).clone()
+def _like(value: torch.Tensor, shape: Any, device: torch.device) -> torch.Tensor:
+    """``value`` ``[B, *agents]`` broadcast to the reward's shape (a fresh copy)."""
+    value = value.reshape(*value.shape, *(1,) * (len(shape) - value.dim())).to(device)
+    return value if value.shape == shape else value.expand(shape).clone()

@@ -319,13 +319,34 @@ class EnvRingStorage(Storage):
             return self._gather_chain(env, start, end)
         return self._storage[index]
 
-    def _gather_chain(self, env: torch.Tensor, start: torch.Tensor, end: torch.Tensor) -> TensorDictBase:
+    def _gather_chain(
+        self,
+        env: torch.Tensor,
+        start: torch.Tensor,
+        end: torch.Tensor,
+        extra: dict[Any, torch.Tensor] | None = None,
+    ) -> TensorDictBase:
         """Root entries at ``(env, start)`` and ``"next"`` entries at ``(env, end)``: the
-        transition from ``start`` to the observation after ``end`` (n-step sampling)."""
-        out = self._gather(env, start)
-        if "next" in out.keys():
-            out.set("next", self._gather(env, end).get("next"))
-        return out
+        transition from ``start`` to the observation after ``end`` (n-step sampling).
+        ``extra`` entries (the sampler's n-step reward, ...) replace stored ones."""
+        extra = extra or {}
+        if type(self)._gather is not EnvRingStorage._gather:  # subclasses rebuild entries on read
+            out = self._gather(env, start)
+            if "next" in out.keys():
+                out.set("next", self._gather(env, end).get("next"))
+            for key, value in extra.items():
+                out.set(key, value)
+            return out
+        # One gather per leaf, at the row it is read from; overridden leaves are skipped.
+        rows = {"root": self._flat_index(env, start), "next": self._flat_index(env, end)}
+        shape = env.shape
+        entries = dict(extra)
+        for key, leaf in self._flat:
+            if key in entries:
+                continue
+            row = rows["next" if isinstance(key, tuple) and key[0] == "next" else "root"]
+            entries[key] = leaf.index_select(0, row.reshape(-1)).reshape(*shape, *leaf.shape[1:])
+        return TensorDict(entries, batch_size=shape, device=self._device)
 
     def _check_readable(self, env: torch.Tensor, position: torch.Tensor) -> None:
         """Hook for :meth:`get`: subclasses refuse steps they cannot rebuild whole."""
@@ -410,16 +431,18 @@ class EnvRingStorage(Storage):
 
     def _rand_given_ndim(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Uniform draws over the stored steps (``RandomSampler`` support), as ``(env, position)``."""
-        readable = (self._current_size - self.required_lookback).clamp_(min=0)
+        # The counters live in numpy (they are views of the same memory): the
+        # bookkeeping of a draw costs microseconds there, tens of them in torch.
+        readable = np.maximum(self._size_np - self.required_lookback, 0)
         total = int(readable.sum())
         if total == 0:
             raise RuntimeError("Cannot sample from an empty storage.")
-        flat = torch.randint(total, (batch_size,), generator=self._rng)
-        ends = readable.cumsum(0)
-        env = torch.searchsorted(ends, flat, right=True)
-        offset = flat - (ends - readable)[env]
-        position = self.earliest_position()[env] + self.required_lookback + offset
-        return env, position
+        flat = torch.randint(total, (batch_size,), generator=self._rng).numpy()
+        ends = readable.cumsum()
+        env = np.searchsorted(ends, flat, side="right")
+        earliest = self._pos_np - self._size_np + self.required_lookback
+        position = (earliest - ends + readable)[env] + flat
+        return torch.from_numpy(env), torch.from_numpy(position)
 
     def contains(self, item: Any) -> bool:
         """Whether ``(env, position)`` (ints) is stored."""
