@@ -155,3 +155,28 @@ def test_on_policy_buffers_are_registered(name, storage, cls_name):
     assert type(rb).__name__ == cls_name and rb.gamma == 0.5 and rb.storage.num_steps == 4
     if storage == "vanilla":
         assert rb.gae_lambda is None
+
+
+def test_instantiate_from_yaml_files_and_dicts_like_l2r(tmp_path):
+    from torchrl_ext.config_files import instantiate_from_config, validated_config
+
+    path = tmp_path / "buffer.yaml"
+    path.write_text("name: ext_l2r_simple_replay\nconfig:\n  obs_dim: 2\n  act_dim: 1\n  size: 250_000\n  batch_size: 8\n")
+    rb = instantiate_from_config(path)
+    assert rb.storage.max_size == 250_000 and rb.batch_size == 8
+    rb = instantiate_from_config({"size": 10, "batch_size": 2, "lam": 0.5}, name="replay_buffer/ext_l2r_ppo")
+    assert rb.lam == 0.5 and rb.storage.max_size == 10
+    cfg = validated_config({"name": "L2RPPOBufferConfig", "config": {"size": 5}})
+    assert cfg.size == 5 and cfg.gamma == 0.99  # defaults filled in, like strictyaml's Optional
+    with pytest.raises(ValueError, match="bad entry 'gama': Key 'gama' not in 'L2RPPOBufferConfig'. Valid keys: act_dim"):
+        instantiate_from_config({"gama": 0.9}, name="ext_l2r_ppo")
+    with pytest.raises(ValueError, match="bad entry 'size': .*Valid keys"):
+        instantiate_from_config({"size": "big"}, name="ext_l2r_ppo")
+    with pytest.raises(ValueError, match="config name 'ext_nope' is not a registered config; known: "):
+        instantiate_from_config({}, name="ext_nope")
+    with pytest.raises(ValueError, match="config file .*missing.yaml' does not exist"):
+        instantiate_from_config(tmp_path / "missing.yaml")
+    with pytest.raises(ValueError, match="give name= or use the wrapper"):
+        instantiate_from_config({"size": 3})
+    with pytest.raises(ValueError, match="'_target_' is fixed by L2RPPOBufferConfig"):
+        instantiate_from_config({"_target_": "os.system"}, name="ext_l2r_ppo")

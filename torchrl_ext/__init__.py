@@ -45,6 +45,8 @@ from torchrl_ext.presets import (  # noqa: E402
     alf_replay_buffer,
     harl_off_policy_buffer,
     harl_rollout_buffer,
+    l2r_ppo_buffer,
+    l2r_simple_replay_buffer,
     pytorchrl_on_policy_buffer,
 )
 
@@ -82,6 +84,8 @@ __all__ = [
     "alf_replay_buffer",
     "harl_off_policy_buffer",
     "harl_rollout_buffer",
+    "l2r_ppo_buffer",
+    "l2r_simple_replay_buffer",
     "pytorchrl_on_policy_buffer",
     "configs",
 ]

@@ -33,6 +33,8 @@ group               name                        target
 ``replay_buffer``   ``ext_on_policy``           :class:`~torchrl_ext.replay_buffers.OnPolicyReplayBuffer`
 ``replay_buffer``   ``ext_vtrace_on_policy``    :class:`~torchrl_ext.replay_buffers.VTraceReplayBuffer`
 ``replay_buffer``   ``ext_pytorchrl``           :func:`~torchrl_ext.presets.pytorchrl_on_policy_buffer`
+``replay_buffer``   ``ext_l2r_ppo``             :func:`~torchrl_ext.presets.l2r_ppo_buffer`
+``replay_buffer``   ``ext_l2r_simple_replay``   :func:`~torchrl_ext.presets.l2r_simple_replay_buffer`
 ==================  ==========================  ==============================================
 """
 from __future__ import annotations
@@ -73,6 +75,8 @@ __all__ = [
     "FeedForwardMinibatchSamplerConfig",
     "HarlOffPolicyBufferConfig",
     "HarlRolloutBufferConfig",
+    "L2RPPOBufferConfig",
+    "L2RSimpleReplayBufferConfig",
     "NStepSamplerConfig",
     "OnPolicyReplayBufferConfig",
     "NaiveRecurrentMinibatchSamplerConfig",
@@ -303,6 +307,29 @@ class PytorchrlOnPolicyBufferConfig(_Validated, ConfigBase):
     _target_: str = "torchrl_ext.presets.pytorchrl_on_policy_buffer"
 
 
+@dataclass
+class L2RPPOBufferConfig(_Validated, ConfigBase):
+    obs_dim: int = 1
+    act_dim: int = 1
+    size: int = 1000
+    batch_size: int = 64
+    gamma: float = 0.99
+    lam: float = 0.95
+    eps: float = 1e-3
+    device: str = "cpu"
+    _target_: str = "torchrl_ext.presets.l2r_ppo_buffer"
+
+
+@dataclass
+class L2RSimpleReplayBufferConfig(_Validated, ConfigBase):
+    obs_dim: int = 1
+    act_dim: int = 1
+    size: int = 1000
+    batch_size: int = 64
+    device: str = "cpu"
+    _target_: str = "torchrl_ext.presets.l2r_simple_replay_buffer"
+
+
 _REGISTRY = {
     ("storage", "ext_env_ring"): EnvRingStorageConfig,
     ("storage", "ext_episodic_env_ring"): EpisodicEnvRingStorageConfig,
@@ -325,6 +352,8 @@ _REGISTRY = {
     ("replay_buffer", "ext_on_policy"): OnPolicyReplayBufferConfig,
     ("replay_buffer", "ext_vtrace_on_policy"): VTraceReplayBufferConfig,
     ("replay_buffer", "ext_pytorchrl"): PytorchrlOnPolicyBufferConfig,
+    ("replay_buffer", "ext_l2r_ppo"): L2RPPOBufferConfig,
+    ("replay_buffer", "ext_l2r_simple_replay"): L2RSimpleReplayBufferConfig,
 }
 
 

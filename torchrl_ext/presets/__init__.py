@@ -1,11 +1,14 @@
 """Presets: factories that compose torchrl_ext components into an original library's buffer."""
 from torchrl_ext.presets.alf import alf_replay_buffer
 from torchrl_ext.presets.harl import harl_off_policy_buffer, harl_rollout_buffer
+from torchrl_ext.presets.l2r import l2r_ppo_buffer, l2r_simple_replay_buffer
 from torchrl_ext.presets.pytorchrl import pytorchrl_on_policy_buffer
 
 __all__ = [
     "alf_replay_buffer",
     "harl_off_policy_buffer",
     "harl_rollout_buffer",
+    "l2r_ppo_buffer",
+    "l2r_simple_replay_buffer",
     "pytorchrl_on_policy_buffer",
 ]

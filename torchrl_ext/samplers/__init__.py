@@ -11,9 +11,11 @@ from torchrl_ext.samplers.prioritized import (
 )
 from torchrl_ext.samplers.prioritized_trajectory import PrioritizedTrajectorySampler
 from torchrl_ext.samplers.trajectory import TrajectorySampler
+from torchrl_ext.samplers.uniform import DistinctUniformSampler
 
 __all__ = [
     "ChunkedRecurrentMinibatchSampler",
+    "DistinctUniformSampler",
     "FeedForwardMinibatchSampler",
     "NaiveRecurrentMinibatchSampler",
     "NStepSampler",

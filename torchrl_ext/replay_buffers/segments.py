@@ -1,0 +1,164 @@
+"""A ring of steps whose advantages are computed one finished path at a time (l2r's PPOBuffer).
+
+:class:`PathGAEReplayBuffer` stores single steps in a ring. When a path (an
+episode, or the part of it cut off by an epoch end) is over,
+:meth:`~PathGAEReplayBuffer.finish_path` computes GAE-lambda advantages and
+bootstrapped rewards-to-go over the steps stored since the previous call,
+following the ring across its end. :meth:`~PathGAEReplayBuffer.sample_batch`
+draws distinct finished steps with advantages normalised over every finished
+step.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+
+from torchrl_ext.replay_buffers.tensordict import TensorDictReplayBuffer
+from torchrl_ext.samplers.uniform import DistinctUniformSampler
+from torchrl_ext.storages.fast import FastTensorStorage
+from torchrl_ext.value.functional import generalized_advantage_estimate
+
+__all__ = ["PathGAEReplayBuffer"]
+
+_DERIVED = ("advantage", "value_target")
+
+
+class PathGAEReplayBuffer(TensorDictReplayBuffer):
+    """Steps in a ring, GAE per finished path, distinct uniform minibatches.
+
+    Args:
+        size: ring capacity (steps).
+        batch_size: items per :meth:`sample_batch` (fewer while fewer steps are finished).
+
+    Keyword Args:
+        gamma, lam: discount and GAE lambda.
+        eps: added to the (population) std when normalising advantages.
+        reward_key, value_key: where a stored step keeps its reward and ``V(s)``.
+        device: where the ring lives.
+        generator: RNG of the minibatch draws.
+
+    Shape contract:
+        :meth:`store` takes one step ``[]`` or a batch of consecutive steps
+        ``[n]`` of one path; :meth:`sample_batch` returns ``[min(batch_size,
+        finished)]`` with ``advantage`` and ``value_target`` added.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl_ext.replay_buffers import PathGAEReplayBuffer
+        >>> rb = PathGAEReplayBuffer(8, 4, gamma=0.5, lam=1.0)
+        >>> rb.store(TensorDict({"observation": torch.zeros(3, 2), "state_value": torch.zeros(3, 1),
+        ...     "next": {"reward": torch.ones(3, 1)}}, [3]))
+        >>> rb.finish_path(last_val=0.0)
+        >>> rb.storage._storage["value_target"][:3, 0].tolist()  # rewards-to-go
+        [1.75, 1.5, 1.0]
+        >>> rb.sample_batch().shape
+        torch.Size([3])
+    """
+
+    def __init__(
+        self,
+        size: int,
+        batch_size: int,
+        *,
+        gamma: float = 0.99,
+        lam: float = 0.95,
+        eps: float = 1e-3,
+        reward_key: Any = ("next", "reward"),
+        value_key: Any = "state_value",
+        device: torch.device | str = "cpu",
+        generator: torch.Generator | None = None,
+    ) -> None:
+        for name, value in (("size", size), ("batch_size", batch_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {name}={value!r}.")
+        for name, value in (("gamma", gamma), ("lam", lam)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+                raise ValueError(f"{name} must be a number in [0, 1], got {name}={value!r}.")
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps < 0:
+            raise ValueError(f"eps must be a number >= 0, got eps={eps!r}.")
+        self.gamma, self.lam, self.eps = float(gamma), float(lam), float(eps)
+        self.reward_key, self.value_key = reward_key, value_key
+        self._finished = torch.zeros(size, dtype=torch.bool)
+        self._path_length = 0  # steps stored since the last finish_path
+        super().__init__(
+            storage=FastTensorStorage(size, device=device),
+            sampler=DistinctUniformSampler(among=self._finished_steps),
+            batch_size=batch_size,
+            generator=generator,
+        )
+
+    # ------------------------------------------------------------------
+    def _finished_steps(self, storage: Any) -> torch.Tensor:
+        return self._finished[: len(storage)].nonzero().squeeze(1)
+
+    def store(self, step: TensorDictBase) -> None:
+        """Appends one step (or ``[n]`` consecutive steps of the current path)."""
+        if not isinstance(step, TensorDictBase):
+            raise TypeError(f"step must be a TensorDict, got {type(step).__name__}.")
+        batch = step if step.batch_dims else step.unsqueeze(0)
+        for key in (self.reward_key, self.value_key):
+            if key not in batch.keys(True, True):
+                raise ValueError(
+                    f"step has no {key!r}; store the reward under reward_key and V(s) under value_key."
+                )
+        batch = batch.clone(False)
+        for key in _DERIVED:  # filled by finish_path
+            batch.set(key, torch.zeros_like(batch.get(self.value_key)))
+        index = self.extend(batch)
+        self._finished[index] = False
+        self._path_length += batch.shape[0]
+
+    def finish_path(self, last_val: float | torch.Tensor = 0.0) -> None:
+        """GAE and rewards-to-go over the steps stored since the previous call.
+
+        Args:
+            last_val: ``0`` when the path ended in a terminal state, else
+                ``V(s_T)`` of the state after its last step.
+        """
+        size = self._storage.max_size
+        length = min(self._path_length, size)  # older steps of a longer path were overwritten
+        self._path_length = 0
+        if length == 0:
+            return
+        end = self._writer._cursor  # one past the newest step
+        index = (end - length + torch.arange(length)) % size
+        stored = self._storage._storage
+        reward = stored.get(self.reward_key)[index]
+        value = stored.get(self.value_key)[index]
+        last = torch.as_tensor(last_val, dtype=value.dtype, device=value.device).reshape(1, *value.shape[1:])
+        next_value = torch.cat([value[1:], last.expand(1, *value.shape[1:])])
+        never = torch.zeros_like(reward, dtype=torch.bool)
+        advantage, _ = generalized_advantage_estimate(
+            self.gamma, self.lam, value, next_value, reward, never, never, time_dim=0
+        )
+        advantage_1, _ = generalized_advantage_estimate(
+            self.gamma, 1.0, value, next_value, reward, never, never, time_dim=0
+        )
+        stored.get("advantage")[index] = advantage
+        stored.get("value_target")[index] = advantage_1 + value  # bootstrapped rewards-to-go
+        self._finished[index] = True
+
+    def sample_batch(self) -> TensorDictBase:
+        """Distinct finished steps with advantages normalised over all finished steps."""
+        finished = self._finished_steps(self._storage)
+        if finished.numel() == 0:
+            raise RuntimeError("no finished path to sample from: call finish_path() after a path ends.")
+        advantage = self._storage._storage.get("advantage")[finished]
+        mean, std = advantage.mean(), advantage.std(correction=0)
+        batch = self.sample()
+        batch.set("advantage", (batch.get("advantage") - mean) / (std + self.eps))
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        state["_finished"], state["_path_length"] = self._finished.clone(), self._path_length
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state_dict = dict(state_dict)
+        self._finished.copy_(state_dict.pop("_finished"))
+        self._path_length = int(state_dict.pop("_path_length"))
+        super().load_state_dict(state_dict)

@@ -1,0 +1,52 @@
+"""Uniform batches of distinct items (l2r's ``np.random.choice(size, k, replace=False)``)."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from torchrl_ext.samplers.trajectory import StatelessSampler
+
+__all__ = ["DistinctUniformSampler"]
+
+
+class DistinctUniformSampler(StatelessSampler):
+    """Each batch holds ``min(batch_size, len(storage))`` distinct items, drawn uniformly.
+
+    Unlike TorchRL's ``SamplerWithoutReplacement`` nothing is remembered
+    between calls: every batch is a fresh draw (l2r's samplers). Early on,
+    while fewer than ``batch_size`` items are stored, batches are smaller.
+
+    Keyword Args:
+        among: optional callable ``storage -> LongTensor`` of the eligible
+            indices (default: every stored item).
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl_ext.replay_buffers import TensorDictReplayBuffer
+        >>> from torchrl_ext.samplers import DistinctUniformSampler
+        >>> from torchrl_ext.storages import FastTensorStorage
+        >>> rb = TensorDictReplayBuffer(storage=FastTensorStorage(10), sampler=DistinctUniformSampler())
+        >>> _ = rb.extend(TensorDict({"x": torch.arange(3.0)}, [3]))
+        >>> sorted(rb.sample(5)["x"].tolist())  # only 3 stored: all of them, once each
+        [0.0, 1.0, 2.0]
+    """
+
+    def __init__(self, *, among: Any = None) -> None:
+        super().__init__()
+        self.among = among
+
+    def sample(self, storage: Any, batch_size: int) -> tuple[torch.Tensor, dict]:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got batch_size={batch_size!r}.")
+        eligible = None if self.among is None else self.among(storage)
+        count = len(storage) if eligible is None else int(eligible.numel())
+        if count == 0:
+            raise RuntimeError("Cannot sample from an empty storage.")
+        take = min(batch_size, count)
+        if take * 4 < count:  # far fewer than stored: rejection-free partial draw
+            picks = torch.multinomial(torch.ones(count), take, replacement=False, generator=self._rng)
+        else:
+            picks = torch.randperm(count, generator=self._rng)[:take]
+        return (picks if eligible is None else eligible[picks]), {}
