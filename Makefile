@@ -42,13 +42,20 @@ test-nightly: $(NIGHTLY_VENV)/.installed
 
 # The bench extra brings the peers (cpprb, stable-baselines3) the scripts compare against.
 # bench_storage.py needs about 18 GB of free RAM, bench_dedup.py about 12 GB.
+# bench_onpolicy.py's peer, pytorchrl, is installed with --no-deps: its requirements pull ray[default]
+# and about 50 more packages that its on-policy storages never import (they need gym 0.26.2 only).
+# `pip check` then lists pytorchrl's missing ray/pandas/scipy/lz4; torch keeps its pinned release.
 bench: $(VENV)/.installed-test+examples+bench
+	$(VENV)/bin/python -m pip install gym==0.26.2
+	$(VENV)/bin/python -m pip install --no-deps pytorchrl==3.2.15
 	$(VENV)/bin/python benchmarks/bench_value.py
 	$(VENV)/bin/python benchmarks/bench_prioritized.py
 	$(VENV)/bin/python benchmarks/bench_storage.py
 	$(VENV)/bin/python benchmarks/bench_ring.py
 	$(VENV)/bin/python benchmarks/bench_minibatch.py
 	$(VENV)/bin/python benchmarks/bench_dedup.py
+	$(VENV)/bin/python benchmarks/bench_nstep.py
+	$(VENV)/bin/python benchmarks/bench_onpolicy.py
 
 clean:
 	rm -rf $(VENV) $(NIGHTLY_VENV) outputs .pytest_cache

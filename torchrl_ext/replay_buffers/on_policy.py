@@ -201,6 +201,7 @@ class OnPolicyReplayBuffer(TensorDictReplayBuffer):
             self.intrinsic_normalizer.gamma = value
 
     # ------------------------------------------------------------------
+    @torch.no_grad()
     def compute_returns(self, value_network: Callable[[TensorDictBase], Any] | None = None) -> None:
         """Value targets and advantages of the filled steps (pytorchrl's ``before_gradients``).
 
@@ -318,7 +319,9 @@ class VTraceReplayBuffer(OnPolicyReplayBuffer):
     current actor's log-probs of the stored actions) and ``keys.value`` (the
     current critic). The behaviour log-probs are those stored at collection;
     afterwards ``keys.log_prob`` holds the refreshed ones, so a PPO-style ratio
-    starts at 1.
+    starts at 1, and :attr:`behaviour_log_prob` keeps the behaviour ones (for
+    logging the importance ratios). Log-probs may be ``[N]`` per step (as
+    TorchRL actors write them) or shaped like the values ``[N, 1]``.
     """
 
     _parameters = OnPolicyReplayBuffer._parameters + ("rho_thresh", "c_thresh")
@@ -328,6 +331,7 @@ class VTraceReplayBuffer(OnPolicyReplayBuffer):
         self.rho_thresh, self.c_thresh = rho_thresh, c_thresh
         super().__init__(num_steps, advantage_eps=advantage_eps, **kwargs)
 
+    @torch.no_grad()
     def compute_returns(
         self,
         value_network: Callable[[TensorDictBase], Any] | None = None,
@@ -339,18 +343,28 @@ class VTraceReplayBuffer(OnPolicyReplayBuffer):
         if filled == 0:
             raise RuntimeError("the rollout is empty: insert steps before compute_returns().")
         data = storage.data
-        self._behaviour = data.get(keys.log_prob)[:filled].clone()
+        if keys.log_prob not in data.keys(True, True):
+            raise ValueError(
+                f"the steps carry no {keys.log_prob!r}: insert the behaviour policy's log-prob of each "
+                "action there (or set keys=OnPolicyKeys(log_prob=...) to where your actor writes it)."
+            )
+        #: Log-probs of the stored actions under the behaviour policy, ``[L, N, ...]``.
+        self.behaviour_log_prob = data.get(keys.log_prob)[:filled].clone()
         if refresh is not None:
             refreshed = refresh(data[:filled].clone())
             for key in (keys.log_prob, keys.value):
                 if key not in refreshed.keys(True, True):
                     raise ValueError(f"refresh must return the steps with {key!r} set by the current actor.")
-                data.get(key)[:filled] = refreshed.get(key)
+                stored = data.get(key)
+                stored[:filled] = refreshed.get(key).reshape(stored[:filled].shape)
         super().compute_returns(value_network)
 
     def _estimate(self, steps, value, next_value, done, terminated) -> tuple[torch.Tensor, torch.Tensor]:
+        # Actors write log-probs [L, N]; values are [L, N, 1]: align them.
+        log_pi = steps.get(self.keys.log_prob).reshape(value.shape)
+        log_mu = self.behaviour_log_prob.reshape(value.shape)
         return vtrace_advantage_estimate(
-            self.gamma, steps.get(self.keys.log_prob), self._behaviour, value, next_value,
+            self.gamma, log_pi, log_mu, value, next_value,
             steps.get(self.keys.reward), done, terminated, self.rho_thresh, self.c_thresh, time_dim=0,
         )
 

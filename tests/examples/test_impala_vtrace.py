@@ -1,0 +1,160 @@
+"""Smoke test for ``examples/impala_vtrace``: a tiny V-trace run through Hydra's compose API,
+and the V-trace path of the example's helpers checked against plain discounted returns."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import math
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+EXAMPLE_DIR = Path(__file__).resolve().parents[2] / "examples" / "impala_vtrace"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _load_example() -> ModuleType:
+    """Import ``train.py`` by path: ``examples/`` is not a package."""
+    name = "impala_vtrace_train"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, EXAMPLE_DIR / "train.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_impala_vtrace_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from hydra import compose, initialize_config_dir
+
+    example = _load_example()
+    overrides = [
+        "collector.total_frames=500",  # rounded up to 512 = 8 rollouts of 4 envs x 16 steps
+        "env.num_envs=4",
+        "collector.rollout_length=16",
+        "optim.num_mini_batch=2",
+        "vtrace.actor_lag=3",
+        "eval.episodes=1",
+        "logging.progress=false",
+    ]
+    # Anything written relative to the cwd must land in tmp_path, not the repo.
+    monkeypatch.chdir(tmp_path)
+    with initialize_config_dir(config_dir=str(EXAMPLE_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=overrides)
+
+    result = example.train(cfg, output_dir=tmp_path / "run")
+
+    csv_path = Path(result["csv_path"])
+    assert csv_path == tmp_path / "run" / "metrics.csv"
+    with csv_path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        assert tuple(reader.fieldnames or ()) == example.CSV_COLUMNS
+        rows = list(reader)
+    assert [int(r["frames"]) for r in rows] == [64 * (i + 1) for i in range(8)]
+    for row in rows:
+        for column, value in row.items():
+            assert math.isfinite(float(value)), (column, value)
+        assert 1.0 <= float(row["episode_return"]) <= 500.0
+        assert 0.0 < float(row["rho_mean"]) <= 1.0  # min(rho_bar = 1, pi / mu)
+    # Two updates per rollout and a lag of 3: the first rollout is collected by the current
+    # (initial) weights, later ones by weights the learner has moved away from.
+    assert float(rows[0]["ratio_max"]) == pytest.approx(1.0, abs=1e-5)
+    assert any(abs(float(r["ratio_max"]) - 1.0) > 1e-4 for r in rows[2:])
+
+    png_path = Path(result["png_path"])
+    assert png_path.read_bytes()[: len(PNG_MAGIC)] == PNG_MAGIC
+    assert result["frames"] == 512
+    assert 1.0 <= result["eval_return"] <= 500.0
+    # Nothing leaked into the working directory besides the run dir.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def _discounted_returns(reward, terminated, bootstrap, gamma):
+    """Plain lambda = 1 targets over ``[N, T]`` lists: cut at terminations, bootstrap after the last step."""
+    returns = []
+    for rew, term, boot in zip(reward, terminated, bootstrap):
+        acc, out = boot, [0.0] * len(rew)
+        for t in range(len(rew) - 1, -1, -1):
+            acc = rew[t] + (0.0 if term[t] else gamma * acc)
+            out[t] = acc
+        returns.append(out)
+    return returns
+
+
+def test_refresh_with_the_collecting_actor_gives_discounted_returns() -> None:
+    """Ratio pi / mu = 1 after a refresh with an unchanged actor: V-trace's ``vs`` is the lambda = 1
+    return and the advantage is ``vs - V``. With a changed actor the refresh takes effect."""
+    import torch
+    from tensordict.nn import TensorDictSequential
+    from torchrl.envs.utils import ExplorationType, set_exploration_type
+
+    from torchrl_ext.replay_buffers import VTraceReplayBuffer
+
+    example = _load_example()
+    torch.manual_seed(0)
+    num_envs, steps, gamma = 3, 40, 0.9
+    env = example.make_env("CartPole-v1", num_envs, seed=0)
+    actor, critic = example.make_modules(env, [16, 16])
+    # Sampled actions, as the collector takes them (env.rollout defaults to the mode).
+    with torch.no_grad(), set_exploration_type(ExplorationType.RANDOM):
+        data = env.rollout(steps, TensorDictSequential(actor, critic), break_when_any_done=False)
+    env.close()
+    assert data.batch_size == (num_envs, steps)
+    terminated = data["next", "terminated"].squeeze(-1)
+    assert bool(terminated.any())  # a near-uniform policy: CartPole episodes end within 40 steps
+    assert not bool((data["next", "done"] & ~data["next", "terminated"]).any())  # no truncation
+
+    rb = VTraceReplayBuffer(steps, gamma=gamma, normalize_advantage=False)
+    stats = example.compute_vtrace(rb, data, actor, critic)
+    assert stats["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert stats["ratio_max"] == pytest.approx(1.0, abs=1e-5)
+
+    with torch.no_grad():
+        bootstrap = critic(data[:, -1]["next"].clone())["state_value"].squeeze(-1)
+    expected = torch.tensor(_discounted_returns(
+        data["next", "reward"].squeeze(-1).tolist(), terminated.tolist(), bootstrap.tolist(), gamma,
+    ))
+    stored = rb.storage.data[:steps]  # [T, N]
+    vs = stored["value_target"].squeeze(-1).T
+    torch.testing.assert_close(vs, expected, rtol=1e-5, atol=1e-4)
+    advantage = stored["advantage"].squeeze(-1).T
+    value = stored["state_value"].squeeze(-1).T
+    torch.testing.assert_close(advantage, expected - value, rtol=1e-5, atol=1e-4)
+
+    # The learner moves on: the refresh writes its log-probs, the ratios leave 1 and vs changes.
+    with torch.no_grad():
+        for p in actor.parameters():
+            p.add_(0.5 * torch.randn_like(p))
+    rb.after_update()
+    stats = example.compute_vtrace(rb, data, actor, critic)
+    assert abs(stats["ratio_max"] - 1.0) > 1e-3
+    with torch.no_grad():
+        current = actor.get_dist(data.clone()).log_prob(data["action"])
+    torch.testing.assert_close(rb.storage.data["sample_log_prob"][:steps].squeeze(-1).T, current)
+    assert not torch.allclose(rb.storage.data["value_target"][:steps].squeeze(-1).T, expected, atol=1e-3)
+
+
+def test_actor_lag_trails_the_learner_by_lag_updates() -> None:
+    import torch
+    from torch import nn
+
+    example = _load_example()
+    learner = nn.Linear(1, 1, bias=False)
+    lag = example.ActorLag(learner, 2)
+    seen = []
+    for update in range(1, 5):
+        with torch.no_grad():
+            learner.weight.fill_(float(update))
+        lag.step()
+        seen.append(lag.behaviour.weight.item())
+    initial = seen[0]
+    assert seen[1:] == [initial, 1.0, 2.0]  # after update k the behaviour holds update k - 2
+    assert not lag.behaviour.weight.requires_grad
+    with pytest.raises(ValueError, match="actor_lag must be a non-negative int"):
+        example.ActorLag(learner, -1)
