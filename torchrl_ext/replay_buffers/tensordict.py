@@ -90,11 +90,13 @@ class TensorDictReplayBuffer(_TorchRLTensorDictReplayBuffer):
     # ------------------------------------------------------------------
     def _lean_path(self) -> bool:
         storage = self._storage
+        if self._sample_unit is not None or self._writer.tracks_generations:
+            return False
+        if getattr(storage, "returns_tensordicts", False):  # torchrl_ext storages read themselves
+            return True
         return (
             isinstance(storage, TensorStorage)
             and storage.ndim == 1
-            and self._sample_unit is None
-            and not self._writer.tracks_generations
             and isinstance(getattr(storage, "_storage", None), TensorDictBase)
         )
 
@@ -136,7 +138,7 @@ class TensorDictReplayBuffer(_TorchRLTensorDictReplayBuffer):
             info["index"] = index
             # Samplers may hand back a 1-tuple of coordinates for a 1-D storage.
             rows = index[0] if isinstance(index, tuple) and len(index) == 1 else index
-            if isinstance(rows, torch.Tensor) and rows.ndim == 1:
+            if isinstance(rows, torch.Tensor) and rows.ndim == 1 and isinstance(self._storage, TensorStorage):
                 data = self._gather(rows, info)
             else:  # anything else: the storage's own indexing, same info entries
                 data = self._storage.get(_storage_index(index, self._storage))

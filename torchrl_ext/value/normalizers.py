@@ -17,6 +17,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from torchrl_ext.value.functional import discounted_cumsum
+
 __all__ = ["ValueNorm", "RunningMeanStd", "IntrinsicRewardNormalizer"]
 
 
@@ -360,13 +362,11 @@ class IntrinsicRewardNormalizer(nn.Module):
             )
         r2 = r.detach().reshape(r.shape[0], r.shape[1])
         num_steps, num_envs = r2.shape
+        never = torch.zeros_like(r2, dtype=torch.bool)
         if self.mode == "backward":
-            # Same dtype as the rewards, as pytorchrl accumulates in the storage dtype.
-            sums = torch.empty_like(r2)
-            acc = torch.zeros(num_envs, dtype=r2.dtype, device=r2.device)
-            for t in range(num_steps - 1, -1, -1):
-                acc = self.gamma * acc + r2[t]
-                sums[t] = acc
+            # e[t] = gamma e[t+1] + r[t]: one log-depth scan, in the rewards' dtype
+            # as pytorchrl accumulates in the storage dtype.
+            sums = discounted_cumsum(r2, self.gamma, never, time_dim=0)
         else:
             acc = self.forward_filter
             if acc.numel() == 0:
@@ -377,10 +377,12 @@ class IntrinsicRewardNormalizer(nn.Module):
                     f"holds {acc.shape[0]}; "
                     "keep N fixed or use a fresh normalizer."
                 )
-            sums = torch.empty(num_steps, num_envs, dtype=acc.dtype, device=acc.device)
-            for t in range(num_steps):
-                acc = self.gamma * acc + r2[t].to(acc.dtype)
-                sums[t] = acc
-            self.forward_filter = acc
+            # f_t = gamma f_{t-1} + r_t is the backward sum of the time-reversed
+            # rewards, plus the carried filter decayed by gamma^(t+1).
+            reversed_r = r2.to(acc.dtype).flip(0)
+            sums = discounted_cumsum(reversed_r, self.gamma, never, time_dim=0).flip(0)
+            decay = self.gamma ** torch.arange(1, num_steps + 1, dtype=acc.dtype, device=acc.device)
+            sums = sums + decay.unsqueeze(1) * acc
+            self.forward_filter = sums[-1].clone()
         self.rms.update(sums.reshape(-1, 1))
         return r / self.rms.var.to(r.dtype).sqrt()
