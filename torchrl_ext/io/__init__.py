@@ -1,4 +1,22 @@
-"""Files: component state in safetensors + JSON (more formats come with the velora issue)."""
+"""Files: component state in safetensors + JSON, storage checkpointers, velora's buffer files."""
+from torchrl_ext.io.checkpointer import SafetensorsCheckpointer
 from torchrl_ext.io.state_files import atomic_write, load_state, save_state
+from torchrl_ext.io.velora import (
+    VELORA_KEYS,
+    BatchExperience,
+    VeloraCheckpointer,
+    as_batch_experience,
+    read_velora_metadata,
+)
 
-__all__ = ["atomic_write", "load_state", "save_state"]
+__all__ = [
+    "VELORA_KEYS",
+    "BatchExperience",
+    "SafetensorsCheckpointer",
+    "VeloraCheckpointer",
+    "as_batch_experience",
+    "atomic_write",
+    "load_state",
+    "read_velora_metadata",
+    "save_state",
+]
