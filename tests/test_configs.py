@@ -180,3 +180,13 @@ def test_instantiate_from_yaml_files_and_dicts_like_l2r(tmp_path):
         instantiate_from_config({"size": 3})
     with pytest.raises(ValueError, match="'_target_' is fixed by L2RPPOBufferConfig"):
         instantiate_from_config({"_target_": "os.system"}, name="ext_l2r_ppo")
+
+
+def test_velora_preset_from_a_validated_dict():
+    from torchrl_ext.config_files import instantiate_from_config
+
+    rb = instantiate_from_config({"name": "ext_velora", "config": {
+        "capacity": 8, "state_dim": 3, "action_dim": 2, "hidden_dim": 4}})
+    assert rb.capacity == 8
+    with pytest.raises(ValueError, match="bad entry 'state_dims'"):
+        instantiate_from_config({"state_dims": 3}, name="ext_velora")

@@ -48,7 +48,9 @@ from torchrl_ext.presets import (  # noqa: E402
     l2r_ppo_buffer,
     l2r_simple_replay_buffer,
     pytorchrl_on_policy_buffer,
+    velora_replay_buffer,
 )
+from torchrl_ext.io import SafetensorsCheckpointer, VeloraCheckpointer  # noqa: E402
 
 __version__ = "0.1.0.dev0"
 
@@ -87,5 +89,8 @@ __all__ = [
     "l2r_ppo_buffer",
     "l2r_simple_replay_buffer",
     "pytorchrl_on_policy_buffer",
+    "velora_replay_buffer",
+    "SafetensorsCheckpointer",
+    "VeloraCheckpointer",
     "configs",
 ]

@@ -35,6 +35,7 @@ group               name                        target
 ``replay_buffer``   ``ext_pytorchrl``           :func:`~torchrl_ext.presets.pytorchrl_on_policy_buffer`
 ``replay_buffer``   ``ext_l2r_ppo``             :func:`~torchrl_ext.presets.l2r_ppo_buffer`
 ``replay_buffer``   ``ext_l2r_simple_replay``   :func:`~torchrl_ext.presets.l2r_simple_replay_buffer`
+``replay_buffer``   ``ext_velora``              :func:`~torchrl_ext.presets.velora_replay_buffer`
 ==================  ==========================  ==============================================
 """
 from __future__ import annotations
@@ -86,6 +87,7 @@ __all__ = [
     "ExtTensorDictReplayBufferConfig",
     "TrajectorySamplerConfig",
     "VTraceReplayBufferConfig",
+    "VeloraReplayBufferConfig",
 ]
 
 
@@ -330,6 +332,18 @@ class L2RSimpleReplayBufferConfig(_Validated, ConfigBase):
     _target_: str = "torchrl_ext.presets.l2r_simple_replay_buffer"
 
 
+@dataclass
+class VeloraReplayBufferConfig(_Validated, ConfigBase):
+    capacity: int = 100_000
+    state_dim: int = 1
+    action_dim: int = 1
+    hidden_dim: int = 1
+    device: Optional[str] = None
+    batch_size: Optional[int] = None
+    keys: Optional[Any] = None
+    _target_: str = "torchrl_ext.presets.velora_replay_buffer"
+
+
 _REGISTRY = {
     ("storage", "ext_env_ring"): EnvRingStorageConfig,
     ("storage", "ext_episodic_env_ring"): EpisodicEnvRingStorageConfig,
@@ -354,6 +368,7 @@ _REGISTRY = {
     ("replay_buffer", "ext_pytorchrl"): PytorchrlOnPolicyBufferConfig,
     ("replay_buffer", "ext_l2r_ppo"): L2RPPOBufferConfig,
     ("replay_buffer", "ext_l2r_simple_replay"): L2RSimpleReplayBufferConfig,
+    ("replay_buffer", "ext_velora"): VeloraReplayBufferConfig,
 }
 
 
