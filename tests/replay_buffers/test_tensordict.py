@@ -340,3 +340,30 @@ def test_extend_a_two_dim_storage_with_one_step_per_env(steps):
     # Coordinates are (time, env): item (env e, step t) sits at row t, column e.
     for time, env in index.tolist():
         assert stored[time, env, 0] == obs[env, time, 0]
+
+
+@pytest.mark.parametrize("sampler_name", ["feed_forward", "naive_recurrent", "random"])
+@pytest.mark.parametrize("storage_cls", [LazyTensorStorage, FastTensorStorage, LazyMemmapStorage])
+def test_two_dim_storages_sample_like_torchrl(sampler_name, storage_cls):
+    """Coordinates into [T, N] storages are gathered as flat rows; samples equal TorchRL's."""
+    from torchrl.data import RandomSampler
+    from torchrl.data import TensorDictReplayBuffer as TorchRLBuffer
+
+    from torchrl_ext.samplers import FeedForwardMinibatchSampler, NaiveRecurrentMinibatchSampler
+
+    make = {"feed_forward": lambda: FeedForwardMinibatchSampler(3),
+            "naive_recurrent": lambda: NaiveRecurrentMinibatchSampler(2),
+            "random": RandomSampler}[sampler_name]
+    data = TensorDict({"obs": torch.arange(24.0).reshape(6, 4, 1), ("next", "r"): torch.arange(24).reshape(6, 4)},
+                      [6, 4])
+    buffers = []
+    for cls in (TensorDictReplayBuffer, TorchRLBuffer):
+        rb = cls(storage=storage_cls(24, ndim=2), sampler=make(), batch_size=5, dim_extend=0,
+                 generator=torch.Generator().manual_seed(3))
+        rb.extend(data.clone())
+        buffers.append(rb)
+    for _ in range(4):
+        ours, theirs = (rb.sample() for rb in buffers)
+        assert ours.shape == theirs.shape
+        for key in ("obs", ("next", "r"), "index"):
+            assert torch.equal(ours[key], theirs[key]), key

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 from torchrl.data import TensorDictReplayBuffer as _TorchRLTensorDictReplayBuffer
 from torchrl.data.replay_buffers.replay_buffers.base import _storage_index
 from torchrl.data.replay_buffers.storages import Storage, TensorStorage
@@ -56,6 +56,18 @@ def _info_entries(info: dict[Any, Any], batch: int) -> dict[Any, torch.Tensor]:
             value = torch.as_tensor(value)
         entries[key] = value.expand(batch) if value.ndim == 0 else value
     return entries
+
+
+def _coordinates(index: Any, storage: Any) -> bool:
+    """Whether ``index`` is one integer tensor per dim of an ``ndim >= 2`` tensor storage."""
+    return (
+        isinstance(storage, TensorStorage)
+        and storage.ndim >= 2
+        and isinstance(index, tuple)
+        and len(index) == storage.ndim
+        and all(isinstance(i, torch.Tensor) and not i.dtype.is_floating_point and i.dtype is not torch.bool
+                for i in index)
+    )
 
 
 class TensorDictReplayBuffer(_TorchRLTensorDictReplayBuffer):
@@ -94,10 +106,8 @@ class TensorDictReplayBuffer(_TorchRLTensorDictReplayBuffer):
             return False
         if getattr(storage, "returns_tensordicts", False):  # torchrl_ext storages read themselves
             return True
-        return (
-            isinstance(storage, TensorStorage)
-            and storage.ndim == 1
-            and isinstance(getattr(storage, "_storage", None), TensorDictBase)
+        return isinstance(storage, TensorStorage) and isinstance(
+            getattr(storage, "_storage", None), TensorDictBase
         )
 
     def sample(
@@ -138,8 +148,12 @@ class TensorDictReplayBuffer(_TorchRLTensorDictReplayBuffer):
             info["index"] = index
             # Samplers may hand back a 1-tuple of coordinates for a 1-D storage.
             rows = index[0] if isinstance(index, tuple) and len(index) == 1 else index
-            if isinstance(rows, torch.Tensor) and rows.ndim == 1 and isinstance(self._storage, TensorStorage):
+            storage = self._storage
+            if isinstance(rows, torch.Tensor) and rows.ndim == 1 and isinstance(storage, TensorStorage) \
+                    and storage.ndim == 1:
                 data = self._gather(rows, info)
+            elif _coordinates(index, storage):
+                data = self._gather_coordinates(index, info)
             else:  # anything else: the storage's own indexing, same info entries
                 data = self._storage.get(_storage_index(index, self._storage))
                 for key, value in _info_entries(info, data.shape[0]).items():
@@ -155,6 +169,26 @@ class TensorDictReplayBuffer(_TorchRLTensorDictReplayBuffer):
         stored = self._storage._storage
         extra = _info_entries(info, rows.numel())
         return gather_rows(stored, rows, extra=extra, leaves=self._leaves_of(stored))
+
+    def _gather_coordinates(self, index: tuple[torch.Tensor, ...], info: dict[str, Any]) -> TensorDictBase:
+        """``storage[index]`` for coordinates into an ``ndim >= 2`` storage: one
+        ``index_select`` of flat rows per leaf (TensorDict's advanced indexing
+        costs several times more)."""
+        stored = self._storage._storage
+        coords = torch.broadcast_tensors(*index)
+        shape = coords[0].shape
+        flat = torch.zeros_like(coords[0])
+        for coord, size in zip(coords, stored.batch_size):
+            flat = flat * size + coord
+        flat = flat.reshape(-1).to(stored.device) if stored.device is not None else flat.reshape(-1)
+        ndim = len(coords)
+        entries = {
+            key: leaf.reshape(-1, *leaf.shape[ndim:]).index_select(0, flat).reshape(*shape, *leaf.shape[ndim:])
+            for key, leaf in self._leaves_of(stored)
+        }
+        for key, value in _info_entries(info, shape[0]).items():
+            entries[key] = value
+        return TensorDict(entries, batch_size=shape, device=stored.device)
 
     def _leaves_of(self, stored: TensorDictBase) -> list[tuple[Any, torch.Tensor]]:
         # The storage's TensorDict and its leaves are fixed once initialised;
@@ -293,7 +327,7 @@ class PrioritizedReplayBuffer(TensorDictReplayBuffer):
         priority with extra dims (per agent, per step) is reduced with the
         sampler's ``reduction``.
         """
-        if not (self._lean_path() and data.ndim == 1):
+        if not (self._lean_path() and data.ndim == 1 and getattr(self._storage, "ndim", 1) == 1):
             return super().update_tensordict_priority(data)
         priority = data.get(self.priority_key, None)
         if priority is None:
