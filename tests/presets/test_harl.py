@@ -66,3 +66,29 @@ def test_generator_choice_and_arguments():
     assert rb.sampler.mini_batch_size == 5 and rb.sampler.num_mini_batch is None
     with pytest.raises(ValueError, match="use_recurrent_policy and use_naive_recurrent_policy are exclusive"):
         harl_rollout_buffer(8, use_recurrent_policy=True, use_naive_recurrent_policy=True)
+
+
+@pytest.mark.parametrize("recurrent", [False, True])
+def test_heterogeneous_agent_groups_share_one_rollout(recurrent):
+    """HARL stacks per-agent arrays with np.array and fails for agents of different sizes (Q4);
+    here each agent group is its own nested key with its own shapes and action space."""
+    steps, envs = 4, 3
+    rb = harl_rollout_buffer(steps, num_mini_batch=2, use_naive_recurrent_policy=recurrent)
+    for t in range(steps):
+        rb.storage.insert(TensorDict({
+            "walker": {"observation": torch.full((envs, 5), float(t)), "action": torch.randn(envs, 2)},
+            "picker": {"observation": torch.full((envs, 3, 3), float(t)), "action": torch.randint(4, (envs, 1)),
+                       "available_actions": torch.ones(envs, 4, dtype=torch.bool)},
+            "next": {"walker": {"observation": torch.full((envs, 5), t + 1.0)},
+                     "picker": {"observation": torch.full((envs, 3, 3), t + 1.0)},
+                     "reward": torch.ones(envs, 1)},
+        }, [envs]))
+    batches = list(rb)
+    assert sum(b.numel() for b in batches) == steps * envs
+    for batch in batches:
+        assert batch["walker", "observation"].shape[-1:] == (5,)
+        assert batch["picker", "observation"].shape[-2:] == (3, 3)
+        # Both groups come from the same step of the same env.
+        assert torch.equal(batch["walker", "observation"][..., 0], batch["picker", "observation"][..., 0, 0])
+    # The slot after the last step carries each group's own next observation.
+    assert rb.storage.data["walker", "observation"][steps, 0, 0] == steps
