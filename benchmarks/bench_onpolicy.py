@@ -39,14 +39,17 @@ One call = one update:
   advantages separately (eps 1e-5) and adds them in the loss (``rnd_ppo.py``:
   ``adv * ext_adv_coeff + iadv * int_adv_coeff``), so its ``Advantage`` and
   ``IntrinsicAdvantage`` are checked against that, not against the sum.
-* torchrl_ext: :func:`torchrl_ext_update`, composed from existing pieces (a preset will wrap
-  them; swap the function to measure it): ``RolloutStorage(128)`` filled by 128 ``insert`` calls
-  of TorchRL step TensorDicts, inside ``TensorDictReplayBuffer(storage=...,
-  sampler=FeedForwardMinibatchSampler(32), batch_size=1)``;
-  ``value.functional.generalized_advantage_estimate`` (``time_dim=0``) for both streams,
-  ``value.normalizers.IntrinsicRewardNormalizer(0.99, mode="backward")`` for the intrinsic
-  rewards, ``adv + iadv`` normalised as ``(x - mean) / (std_unbiased + 1e-8)``, written into
-  the rollout, then ``for batch in rb``.
+* torchrl_ext: the shipped component ``replay_buffers.OnPolicyReplayBuffer(128, gamma=0.99,
+  gae_lambda=0.95, gamma_intrinsic=0.99, intrinsic_filter="backward", advantage_eps=1e-5)``
+  (pytorchrl's per-rollout backward sum and eps), filled by 128 ``insert`` calls of TorchRL step
+  TensorDicts; one call = ``rb.compute_returns(critic)`` then ``for batch in
+  rb.generate_batches(num_mini_batch=32)``. ``critic`` is the stand-in of pytorchrl's
+  ``actor.get_value``: it writes the precomputed bootstrap values into the slot after the last
+  step. Like pytorchrl, the component normalises the extrinsic and the intrinsic advantages
+  separately (unbiased std + 1e-5). ``compute_returns`` rewrites its derived entries from the
+  inserted steps, which it never changes, so every call starts from the same filled rollout; the
+  intrinsic normaliser's running statistics carry over from call to call, as the peer's do
+  (neither side resets them).
 
 The timing method is the other scripts' (see _harness.py): warm-up, k calls per repetition,
 repetitions interleaved round-robin with the GC off, torch at 1 thread, background load measured
@@ -55,10 +58,10 @@ and waited out first. Besides the two full updates, the case times each half on 
 torchrl_ext's update, and a cProfile of it is printed when the target fails (or with --profile).
 
 Checks (exit code 1 if one fails), against a float64 time-major reverse loop written here:
-extrinsic and intrinsic advantages before normalisation, returns (value targets), the normalised
-intrinsic rewards and the normalised advantages of both implementations (each with its own
-normalisation: the sum with eps 1e-8 for torchrl_ext, each stream with eps 1e-5 for pytorchrl),
-within 1e-5 x max(1, max |reference|); and one epoch of each returns 32 minibatches of 256 steps
+extrinsic and intrinsic advantages before normalisation (value target - value), returns (value
+targets), the normalised intrinsic rewards and the normalised advantages of both implementations
+(each stream normalised on its own, eps 1e-5, on both sides), within 1e-5 x max(1, max
+|reference|); and one epoch of each returns 32 minibatches of 256 steps
 covering every step once, with every checked field equal to the rollout (or to the
 implementation's own advantages) at the decoded step. None of the pytorchrl bugs documented in
 the spec (pytorchrl_velora_l2r.md) reaches these outputs here: the first-rollout row-0 bug is
@@ -84,10 +87,9 @@ from tensordict import TensorDict
 from _harness import (BgLoad, Check, Impl, apply_quick, bg_note, diagnose, environment_line, environment_meta,
                       loadavg, make_parser, profile, proc_status, quiet_before_case, report_checks,
                       run_interleaved, target_row, utc_now, write_results)
-from torchrl_ext.replay_buffers import TensorDictReplayBuffer
+from torchrl_ext.replay_buffers import OnPolicyReplayBuffer, TensorDictReplayBuffer
 from torchrl_ext.samplers import FeedForwardMinibatchSampler
-from torchrl_ext.storages import RolloutStorage
-from torchrl_ext.value.functional import discounted_cumsum, generalized_advantage_estimate
+from torchrl_ext.value.functional import generalized_advantage_estimate
 from torchrl_ext.value.normalizers import IntrinsicRewardNormalizer
 
 # The peer: optional. gym 0.26.2 (imported by pytorchrl's storages package) prints a NumPy-2
@@ -106,7 +108,7 @@ NUM_MINI_BATCH = 32
 MINI_BATCH_SIZE = T * N // NUM_MINI_BATCH  # 256
 GAMMA, LMBDA, GAMMA_INT = 0.99, 0.95, 0.99
 P_DONE = 0.01
-EPS_EXT, EPS_PRL = 1e-8, 1e-5  # advantage normalisation: torchrl_ext (the issue's), pytorchrl's compute_advantages
+EPS = 1e-5  # advantage normalisation (pytorchrl's compute_advantages; OnPolicyReplayBuffer's advantage_eps)
 RMS_EPSILON = 1e-4  # initial count of both running statistics (pytorchrl's default)
 TOL = 1e-5
 CASE = "onpolicy"
@@ -125,8 +127,8 @@ TARGETS: list[tuple[str, str, str, float | None]] = [
 
 # torchrl_ext's stored leaves (everything a minibatch returns, except the sampler's "index").
 EXT_KEYS: list[Any] = [
-    "observation", "action", "action_log_prob", "state_value", "intrinsic_state_value",
-    "advantage", "value_target", "intrinsic_value_target",
+    "observation", "action", "sample_log_prob", "state_value", "intrinsic_state_value",
+    "advantage", "value_target", "intrinsic_advantage", "intrinsic_value_target",
     ("next", "observation"), ("next", "reward"), ("next", "intrinsic_reward"), ("next", "done"),
 ]
 
@@ -241,67 +243,46 @@ class PytorchrlPeer:
 
 
 # ---------------------------------------------------------------- torchrl_ext
-def build_ext(src: dict[str, torch.Tensor]) -> TensorDictReplayBuffer:
-    """RolloutStorage(T) filled with T TorchRL step TensorDicts; slot T holds the last next observation."""
-    storage = RolloutStorage(T)
-    zeros = torch.zeros(N, 1)
+def build_ext(src: dict[str, torch.Tensor]) -> OnPolicyReplayBuffer:
+    """OnPolicyReplayBuffer(T) filled with T TorchRL step TensorDicts; slot T holds the last next observation."""
+    rb = OnPolicyReplayBuffer(T, gamma=GAMMA, gae_lambda=LMBDA, gamma_intrinsic=GAMMA_INT,
+                              intrinsic_filter="backward", advantage_eps=EPS, num_mini_batch=NUM_MINI_BATCH)
     for t in range(T):
-        storage.insert(TensorDict({
+        rb.insert(TensorDict({
             "observation": src["observation"][t], "action": src["action"][t],
-            "action_log_prob": src["log_prob"][t], "state_value": src["value"][t],
+            "sample_log_prob": src["log_prob"][t], "state_value": src["value"][t],
             "intrinsic_state_value": src["intrinsic_value"][t],
-            "advantage": zeros, "value_target": zeros, "intrinsic_value_target": zeros,
             "next": {"observation": src["observation"][t + 1], "reward": src["reward"][t],
                      "intrinsic_reward": src["intrinsic_reward"][t], "done": src["done"][t]},
         }, [N]))
-    assert storage.carry_keys == ["observation"] and storage.step == T
-    return TensorDictReplayBuffer(storage=storage, sampler=FeedForwardMinibatchSampler(NUM_MINI_BATCH),
-                                  batch_size=1)
+    assert rb.storage.carry_keys == ["observation"] and rb.used_capacity == T
+    return rb
 
 
-class ExtState:
-    """What torchrl_ext's update needs besides the buffer: the normaliser, the critic's bootstrap values
-    (the value of slot T, which the critic pass over all T + 1 slots writes in a training loop), and the
-    intrinsic stream's all-False done mask (a constant)."""
+class Critic:
+    """The critic on the slot after the last step (pytorchrl's ``actor.get_value`` stand-in): writes the
+    precomputed bootstrap values of both streams."""
 
     def __init__(self, src: dict[str, torch.Tensor]) -> None:
-        self.normalizer = IntrinsicRewardNormalizer(GAMMA_INT, mode="backward", epsilon=RMS_EPSILON)
-        self.bootstrap = src["value"][T].clone()
-        self.ibootstrap = src["intrinsic_value"][T].clone()
-        self.no_done = torch.zeros(T, N, 1, dtype=torch.bool)
+        self.value = src["value"][T].clone()
+        self.ivalue = src["intrinsic_value"][T].clone()
+
+    def __call__(self, td: TensorDict) -> TensorDict:
+        td.set("state_value", self.value)
+        td.set("intrinsic_state_value", self.ivalue)
+        return td
 
 
-def torchrl_ext_advantages(rb: TensorDictReplayBuffer, state: ExtState) -> dict[str, torch.Tensor]:
-    """Extrinsic + intrinsic GAE, added and normalised, written into the rollout. Returns the pieces."""
-    data = rb.storage.data  # [T + 1, N]
-    value, ivalue = data.get("state_value"), data.get("intrinsic_state_value")
-    value[T].copy_(state.bootstrap)
-    ivalue[T].copy_(state.ibootstrap)
-    adv, ret = generalized_advantage_estimate(
-        GAMMA, LMBDA, value[:T], value[1:], data.get(("next", "reward"))[:T], data.get(("next", "done"))[:T],
-        time_dim=0)
-    irew = state.normalizer(data.get(("next", "intrinsic_reward"))[:T])
-    iadv, iret = generalized_advantage_estimate(
-        GAMMA_INT, LMBDA, ivalue[:T], ivalue[1:], irew, state.no_done, time_dim=0)
-    total = adv + iadv
-    std, mean = torch.std_mean(total)  # unbiased std (correction=1)
-    stored = data.get("advantage")[:T]
-    torch.sub(total, mean, out=stored).div_(std + EPS_EXT)
-    data.get("value_target")[:T].copy_(ret)
-    data.get("intrinsic_value_target")[:T].copy_(iret)
-    return {"adv": adv, "iadv": iadv, "ret": ret, "iret": iret, "irew": irew, "norm_adv": stored}
-
-
-def torchrl_ext_epoch(rb: TensorDictReplayBuffer) -> float:
+def torchrl_ext_epoch(rb: OnPolicyReplayBuffer) -> float:
     total = 0.0
-    for batch in rb:
+    for batch in rb.generate_batches(num_mini_batch=NUM_MINI_BATCH):
         total += touch(batch.get(key) for key in EXT_KEYS)
     return total
 
 
-def torchrl_ext_update(rb: TensorDictReplayBuffer, state: ExtState) -> float:
-    """torchrl_ext's composition of the measured unit: advantages of both streams, then one epoch."""
-    torchrl_ext_advantages(rb, state)
+def torchrl_ext_update(rb: OnPolicyReplayBuffer, critic: Critic) -> float:
+    """The measured unit with the shipped component: compute_returns, then one epoch."""
+    rb.compute_returns(critic)
     return torchrl_ext_epoch(rb)
 
 
@@ -333,14 +314,12 @@ def reference(src: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     var = (var0 * count + bv * n + delta**2 * count * n / tot) / tot
     irew = f["intrinsic_reward"] / var.sqrt()
     iadv = gae(irew, f["intrinsic_value"], torch.ones(T, N, dtype=torch.float64), GAMMA_INT)
-    total = adv + iadv
 
-    def normalise(a: torch.Tensor, eps: float) -> torch.Tensor:
-        return (a - a.mean()) / (a.std(correction=1) + eps)
+    def normalise(a: torch.Tensor) -> torch.Tensor:
+        return (a - a.mean()) / (a.std(correction=1) + EPS)
 
     return {"adv": adv, "iadv": iadv, "ret": adv + f["value"][:T], "iret": iadv + f["intrinsic_value"][:T],
-            "irew": irew, "norm_adv": normalise(total, EPS_EXT), "prl_adv": normalise(adv, EPS_PRL),
-            "prl_iadv": normalise(iadv, EPS_PRL), "rms_var": var}
+            "irew": irew, "norm_adv": normalise(adv), "norm_iadv": normalise(iadv), "rms_var": var}
 
 
 def close(name: str, got: torch.Tensor, want: torch.Tensor) -> tuple[bool, str]:
@@ -375,26 +354,33 @@ def epoch_check(impl: str, batches: list[dict[str, torch.Tensor]], fields: dict[
 
 
 def check_ext(src: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> list[Check]:
-    rb, state = build_ext(src), ExtState(src)
-    out = torchrl_ext_advantages(rb, state)
+    rb = build_ext(src)
+    rb.compute_returns(Critic(src))
+    d = rb.storage.data
+    raw_irew = d["next", "intrinsic_reward"][:T]
+    irew = raw_irew / rb.intrinsic_normalizer.rms.var.to(raw_irew.dtype).sqrt()  # what compute_returns used
     checks = [value_checks(EXT, [
-        ("adv (extrinsic)", out["adv"], ref["adv"]), ("iadv (intrinsic)", out["iadv"], ref["iadv"]),
-        ("adv + iadv", out["adv"] + out["iadv"], ref["adv"] + ref["iadv"]),
-        ("value_target", out["ret"], ref["ret"]), ("intrinsic_value_target", out["iret"], ref["iret"]),
-        ("normalised intrinsic reward", out["irew"], ref["irew"]),
-        ("normalised advantage (sum, eps 1e-8)", out["norm_adv"], ref["norm_adv"]),
+        ("adv (extrinsic, value_target - state_value)", d["value_target"][:T] - d["state_value"][:T], ref["adv"]),
+        ("iadv (intrinsic, intrinsic_value_target - intrinsic_state_value)",
+         d["intrinsic_value_target"][:T] - d["intrinsic_state_value"][:T], ref["iadv"]),
+        ("value_target", d["value_target"][:T], ref["ret"]),
+        ("intrinsic_value_target", d["intrinsic_value_target"][:T], ref["iret"]),
+        ("normalised intrinsic reward", irew, ref["irew"]),
+        ("advantage (own stream, eps 1e-5)", d["advantage"][:T], ref["norm_adv"]),
+        ("intrinsic_advantage (own stream, eps 1e-5)", d["intrinsic_advantage"][:T], ref["norm_iadv"]),
     ])]
-    data = rb.storage.data
     batches = [{"id": b["observation"][:, 0], "observation": b["observation"], "action": b["action"],
-                "log_prob": b["action_log_prob"], "value": b["state_value"], "reward": b["next", "reward"],
+                "log_prob": b["sample_log_prob"], "value": b["state_value"], "reward": b["next", "reward"],
                 "intrinsic_reward": b["next", "intrinsic_reward"], "done": b["next", "done"],
                 "next_observation": b["next", "observation"], "advantage": b["advantage"],
-                "value_target": b["value_target"], "intrinsic_value_target": b["intrinsic_value_target"]}
-               for b in rb]
+                "value_target": b["value_target"], "intrinsic_advantage": b["intrinsic_advantage"],
+                "intrinsic_value_target": b["intrinsic_value_target"]}
+               for b in rb.generate_batches(num_mini_batch=NUM_MINI_BATCH)]
     fields = {k: src[k][:T] for k in ("observation", "action", "log_prob", "value", "reward", "intrinsic_reward",
                                       "done")}
-    fields.update(next_observation=src["observation"][1:], advantage=data["advantage"][:T],
-                  value_target=data["value_target"][:T], intrinsic_value_target=data["intrinsic_value_target"][:T])
+    fields.update(next_observation=src["observation"][1:], advantage=d["advantage"][:T],
+                  value_target=d["value_target"][:T], intrinsic_advantage=d["intrinsic_advantage"][:T],
+                  intrinsic_value_target=d["intrinsic_value_target"][:T])
     checks.append(epoch_check(EXT, batches, fields))
     return checks
 
@@ -408,8 +394,8 @@ def check_prl(src: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> lis
         ("iadv (intrinsic, IRET - IVAL)", d[prl.IRET][:T] - d[prl.IVAL][:T], ref["iadv"]),
         ("ExternalReturn", d[prl.RET][:T], ref["ret"]), ("IntrinsicReturn", d[prl.IRET][:T], ref["iret"]),
         ("normalised IntrinsicReward", d[prl.IREW][:T], ref["irew"]),
-        ("Advantage (own stream, eps 1e-5)", d[prl.ADV], ref["prl_adv"]),
-        ("IntrinsicAdvantage (own stream, eps 1e-5)", d[prl.IADV], ref["prl_iadv"]),
+        ("Advantage (own stream, eps 1e-5)", d[prl.ADV], ref["norm_adv"]),
+        ("IntrinsicAdvantage (own stream, eps 1e-5)", d[prl.IADV], ref["norm_iadv"]),
     ])]
     batches = [{"id": b[prl.OBS][:, 0], "observation": b[prl.OBS], "action": b[prl.ACT], "log_prob": b[prl.LOGP],
                 "value": b[prl.VAL], "reward": b[prl.REW], "advantage": b[prl.ADV], "return": b[prl.RET],
@@ -454,29 +440,27 @@ def report_targets(results: dict[str, dict[str, Any]], checks_ok: bool) -> list[
     return out
 
 
-def ext_pieces(src: dict[str, torch.Tensor], rb: TensorDictReplayBuffer,
-               state: ExtState) -> list[tuple[str, Callable[[], Any]]]:
+def ext_pieces(src: dict[str, torch.Tensor], rb: OnPolicyReplayBuffer,
+               critic: Critic) -> list[tuple[str, Callable[[], Any]]]:
     """The pieces of torchrl_ext's update, each callable on its own (on the already-filled rollout)."""
+    rb.compute_returns(critic)
     data = rb.storage.data
     value, ivalue = data.get("state_value"), data.get("intrinsic_state_value")
     reward, done = data.get(("next", "reward"))[:T], data.get(("next", "done"))[:T]
     raw_irew = data.get(("next", "intrinsic_reward"))[:T]
-    irew = state.normalizer(raw_irew)
+    norm2 = IntrinsicRewardNormalizer(GAMMA_INT, mode="backward", epsilon=RMS_EPSILON)  # rb's stats stay as they are
+    irew = norm2(raw_irew)
+    no_done = torch.zeros_like(done)
     adv, _ = generalized_advantage_estimate(GAMMA, LMBDA, value[:T], value[1:], reward, done, time_dim=0)
-    iadv, _ = generalized_advantage_estimate(GAMMA_INT, LMBDA, ivalue[:T], ivalue[1:], irew, state.no_done,
-                                             time_dim=0)
-    norm2 = IntrinsicRewardNormalizer(GAMMA_INT, mode="backward", epsilon=RMS_EPSILON)
-    flat_irew = raw_irew.reshape(T, N)
     small = [torch.zeros(4) for _ in EXT_KEYS]
     # rb.sample() and sampler.sample() on their own get their own sampler: calling rb's mid-epoch would make
-    # the next `for batch in rb` a partial epoch.
+    # the next epoch a partial one.
     storage, sampler = rb.storage, FeedForwardMinibatchSampler(NUM_MINI_BATCH)
     rb_single = TensorDictReplayBuffer(storage=storage, sampler=FeedForwardMinibatchSampler(NUM_MINI_BATCH),
                                        batch_size=1)
     index, _ = sampler.sample(storage, 1)
     flat = index[0] * N + index[1]
     leaves = [leaf.flatten(0, 1) for leaf in data.values(True, True)]  # [(T + 1) * N, ...] views
-    no_done_2d = state.no_done.reshape(T, N)
 
     bare_sampler = FeedForwardMinibatchSampler(NUM_MINI_BATCH)
 
@@ -493,32 +477,21 @@ def ext_pieces(src: dict[str, torch.Tensor], rb: TensorDictReplayBuffer,
             total += touch(leaf.index_select(0, rows) for leaf in leaves)
         return total
 
-    def normalise() -> None:
-        total = adv + iadv
-        std, mean = torch.std_mean(total)
-        torch.sub(total, mean, out=data.get("advantage")[:T]).div_(std + EPS_EXT)
-
-    def scan_normaliser() -> torch.Tensor:  # the same statistics, the discounted sum by the log-depth scan
-        sums = discounted_cumsum(flat_irew, GAMMA_INT, no_done_2d, time_dim=0)
-        norm2.rms.update(sums.reshape(-1, 1))
-        return raw_irew / norm2.rms.var.to(raw_irew.dtype).sqrt()
-
-    same = IntrinsicRewardNormalizer(GAMMA_INT, mode="backward", epsilon=RMS_EPSILON)(raw_irew)
-    assert torch.allclose(scan_normaliser(), same, rtol=1e-5, atol=1e-7)  # fresh statistics on both sides
-
     return [
-        ("torchrl_ext update (advantages + epoch)", lambda: torchrl_ext_update(rb, state)),
-        ("  advantages (both streams, normalised, written into the rollout)",
-         lambda: torchrl_ext_advantages(rb, state)),
+        ("torchrl_ext update (compute_returns + epoch)", lambda: torchrl_ext_update(rb, critic)),
+        ("  rb.compute_returns(critic)", lambda: rb.compute_returns(critic)),
+        ("    critic on data[T].clone() (the bootstrap slot)", lambda: critic(data[T].clone())),
         ("    generalized_advantage_estimate, extrinsic [128, 64, 1], time_dim=0",
          lambda: generalized_advantage_estimate(GAMMA, LMBDA, value[:T], value[1:], reward, done, time_dim=0)),
-        ("    IntrinsicRewardNormalizer(mode='backward') (Python loop over T)", lambda: state.normalizer(raw_irew)),
+        ("    IntrinsicRewardNormalizer(mode='backward') (a second instance)", lambda: norm2(raw_irew)),
         ("    generalized_advantage_estimate, intrinsic (no dones)",
-         lambda: generalized_advantage_estimate(GAMMA_INT, LMBDA, ivalue[:T], ivalue[1:], irew, state.no_done,
+         lambda: generalized_advantage_estimate(GAMMA_INT, LMBDA, ivalue[:T], ivalue[1:], irew, no_done,
                                                 time_dim=0)),
-        ("    adv + iadv, std_mean, normalise into the rollout", normalise),
-        ("  epoch: for batch in rb (32 x rb.sample(), one .item() per leaf)", lambda: torchrl_ext_epoch(rb)),
-        ("    rb.sample() (one minibatch of 256, end to end)", rb_single.sample),
+        ("    one _store (normalise, pad to [T + 1, N, 1], set_derived)", lambda: rb._store("advantage", adv, T)),
+        ("  epoch: for batch in rb.generate_batches(num_mini_batch=32), one .item() per leaf",
+         lambda: torchrl_ext_epoch(rb)),
+        ("    rb.sample() (one minibatch of 256, end to end, TensorDictReplayBuffer on the same storage)",
+         rb_single.sample),
         ("      FeedForwardMinibatchSampler.sample (index only)", lambda: sampler.sample(storage, 1)),
         ("      RolloutStorage.get((time, thread)) (fixed index)", lambda: storage.get(index)),
         (f"        the {len(leaves)} leaves as index_select of the flat rows time * N + thread",
@@ -527,9 +500,7 @@ def ext_pieces(src: dict[str, torch.Tensor], rb: TensorDictReplayBuffer,
          lambda: [touch(small) for _ in range(NUM_MINI_BATCH)]),
         ("  (not used) the epoch without the ReplayBuffer: 32 x (sampler.sample + storage.get), same reads",
          bare_epoch),
-        ("  (not used) reference epoch: randperm, 32 x 12 index_select of flat rows, same reads", flat_epoch),
-        ("  (not used) the same intrinsic normalisation with discounted_cumsum + RunningMeanStd.update",
-         scan_normaliser),
+        ("  (not used) reference epoch: randperm, 32 x index_select of flat rows per leaf, same reads", flat_epoch),
     ]
 
 
@@ -578,13 +549,12 @@ def main() -> int:
 
     # Filling: not timed, wall time once for information.
     t0 = time.perf_counter()
-    rb, state = build_ext(src), ExtState(src)
+    rb, critic = build_ext(src), Critic(src)
     fill = {EXT: time.perf_counter() - t0}
-    impls = [Impl(EXT, f"torchrl_ext: `{torchrl_ext_update.__name__}` on `RolloutStorage({T})` + "
-                       f"`FeedForwardMinibatchSampler({NUM_MINI_BATCH})`", lambda: torchrl_ext_update(rb, state))]
-    halves = [Impl(EXT_ADV, "torchrl_ext advantages only (`torchrl_ext_advantages`)",
-                   lambda: torchrl_ext_advantages(rb, state)),
-              Impl(EXT_EPOCH, "torchrl_ext epoch only (`for batch in rb`)", lambda: torchrl_ext_epoch(rb))]
+    impls = [Impl(EXT, f"torchrl_ext `OnPolicyReplayBuffer({T})`: `compute_returns(critic)` + "
+                       f"`generate_batches(num_mini_batch={NUM_MINI_BATCH})`", lambda: torchrl_ext_update(rb, critic))]
+    halves = [Impl(EXT_ADV, "torchrl_ext `compute_returns(critic)` only", lambda: rb.compute_returns(critic)),
+              Impl(EXT_EPOCH, "torchrl_ext `generate_batches` epoch only", lambda: torchrl_ext_epoch(rb))]
     if PEER_ERROR is None:
         t0 = time.perf_counter()
         peer = PytorchrlPeer(src)
@@ -607,11 +577,11 @@ def main() -> int:
     targets = report_targets(results, checks_ok)
 
     diag_reps, diag_rep_s = (3, 0.05) if a.quick else (5, 0.2)
-    diagnostics = diagnose("torchrl_ext's update, piece by piece", ext_pieces(src, rb, state), diag_reps,
+    diagnostics = diagnose("torchrl_ext's update, piece by piece", ext_pieces(src, rb, critic), diag_reps,
                            diag_rep_s, a, unit="ms")
     failed = PRL in rows and rows[PRL]["median_ms"] / rows[EXT]["median_ms"] < TARGETS[0][3]
     if a.profile or failed:
-        profile("torchrl_ext update", lambda: torchrl_ext_update(rb, state), 50, a.profile or 25)
+        profile("torchrl_ext update", lambda: torchrl_ext_update(rb, critic), 50, a.profile or 25)
 
     load_end, wall = loadavg(), time.perf_counter() - wall0
     print(f"Peak RSS (VmHWM) {proc_status('VmHWM') / 2**20:,.0f} MiB. Wall time {wall:.0f} s.\n")
