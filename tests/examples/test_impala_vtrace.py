@@ -4,36 +4,23 @@ and the V-trace path of the example's helpers checked against plain discounted r
 from __future__ import annotations
 
 import csv
-import importlib.util
 import math
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-EXAMPLE_DIR = Path(__file__).resolve().parents[2] / "examples" / "impala_vtrace"
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+from tests.examples._load import EXAMPLES_DIR, PNG_MAGIC, load_example
+
+EXAMPLE_DIR = EXAMPLES_DIR / "impala_vtrace"
 
 
-def _load_example() -> ModuleType:
-    """Import ``train.py`` by path: ``examples/`` is not a package."""
-    name = "impala_vtrace_train"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, EXAMPLE_DIR / "train.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.slow
 def test_impala_vtrace_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from hydra import compose, initialize_config_dir
 
-    example = _load_example()
+    example = load_example("impala_vtrace")
     overrides = [
         "collector.total_frames=500",  # rounded up to 512 = 8 rollouts of 4 envs x 16 steps
         "env.num_envs=4",
@@ -96,7 +83,7 @@ def test_refresh_with_the_collecting_actor_gives_discounted_returns() -> None:
 
     from torchrl_ext.replay_buffers import VTraceReplayBuffer
 
-    example = _load_example()
+    example = load_example("impala_vtrace")
     torch.manual_seed(0)
     num_envs, steps, gamma = 3, 40, 0.9
     env = example.make_env("CartPole-v1", num_envs, seed=0)
@@ -144,7 +131,7 @@ def test_actor_lag_trails_the_learner_by_lag_updates() -> None:
     import torch
     from torch import nn
 
-    example = _load_example()
+    example = load_example("impala_vtrace")
     learner = nn.Linear(1, 1, bias=False)
     lag = example.ActorLag(learner, 2)
     seen = []

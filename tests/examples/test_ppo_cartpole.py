@@ -3,37 +3,25 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import math
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-EXAMPLE_DIR = Path(__file__).resolve().parents[2] / "examples" / "ppo_cartpole"
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+from tests.examples._load import EXAMPLES_DIR, PNG_MAGIC, load_example
+
+EXAMPLE_DIR = EXAMPLES_DIR / "ppo_cartpole"
 
 
-def _load_example() -> ModuleType:
-    """Import ``train.py`` by path: ``examples/`` is not a package."""
-    name = "ppo_cartpole_train"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, EXAMPLE_DIR / "train.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.slow
 def test_ppo_cartpole_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from hydra import compose, initialize_config_dir
 
-    example = _load_example()
+    example = load_example("ppo_cartpole")
     frames_per_batch, total_frames = 256, 512
     overrides = [
         f"collector.total_frames={total_frames}",

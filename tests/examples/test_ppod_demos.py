@@ -3,32 +3,20 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import math
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-EXAMPLE_DIR = Path(__file__).resolve().parents[2] / "examples" / "ppod_demos"
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+from tests.examples._load import EXAMPLES_DIR, PNG_MAGIC, load_example
+
+EXAMPLE_DIR = EXAMPLES_DIR / "ppod_demos"
 
 
-def _load_example() -> ModuleType:
-    name = "ppod_demos_train"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, EXAMPLE_DIR / "train.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_scripted_demo_reaches_the_goal() -> None:
-    example = _load_example()
+    example = load_example("ppod_demos")
     demo = example.scripted_demo(5, 20)
     assert demo["reward"].sum() == 1.0 and len(demo["action"]) == 8
     assert demo["action"].shape == (8, 4) and demo["observation"].shape == (8, 2)
@@ -40,7 +28,7 @@ def test_ppod_demos_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
 
     from torchrl_ext.demos import load_demo
 
-    example = _load_example()
+    example = load_example("ppod_demos")
     overrides = [
         "env.num_envs=2",
         "env.size=5",

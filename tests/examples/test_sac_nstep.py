@@ -2,31 +2,22 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-EXAMPLE_DIR = Path(__file__).resolve().parents[2] / "examples" / "sac_nstep"
+from tests.examples._load import EXAMPLES_DIR, load_example
+
+EXAMPLE_DIR = EXAMPLES_DIR / "sac_nstep"
 
 
-def _load_example():
-    name = "sac_nstep_train"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, EXAMPLE_DIR / "train.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
 
 
 @pytest.mark.slow
 def test_sac_nstep_smoke(tmp_path, monkeypatch):
     from hydra import compose, initialize_config_dir
 
-    example = _load_example()
+    example = load_example("sac_nstep")
     monkeypatch.chdir(tmp_path)
     with initialize_config_dir(config_dir=str(EXAMPLE_DIR), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[
