@@ -21,12 +21,12 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 from torchrl.data import TensorDictReplayBuffer as _TorchRLTensorDictReplayBuffer
 from torchrl.data.replay_buffers.replay_buffers.base import _storage_index
 from torchrl.data.replay_buffers.storages import Storage, TensorStorage
 
-from torchrl_ext.storages.fast import gather_rows
+from torchrl_ext.storages.fast import gather_coordinates, gather_rows
 from torchrl_ext.samplers.prioritized import (
     PrioritizedSampler,
     PrioritizedSamplerWithoutReplacement,
@@ -175,20 +175,9 @@ class TensorDictReplayBuffer(_TorchRLTensorDictReplayBuffer):
         ``index_select`` of flat rows per leaf (TensorDict's advanced indexing
         costs several times more)."""
         stored = self._storage._storage
-        coords = torch.broadcast_tensors(*index)
-        shape = coords[0].shape
-        flat = torch.zeros_like(coords[0])
-        for coord, size in zip(coords, stored.batch_size):
-            flat = flat * size + coord
-        flat = flat.reshape(-1).to(stored.device) if stored.device is not None else flat.reshape(-1)
-        ndim = len(coords)
-        entries = {
-            key: leaf.reshape(-1, *leaf.shape[ndim:]).index_select(0, flat).reshape(*shape, *leaf.shape[ndim:])
-            for key, leaf in self._leaves_of(stored)
-        }
-        for key, value in _info_entries(info, shape[0]).items():
-            entries[key] = value
-        return TensorDict(entries, batch_size=shape, device=stored.device)
+        batch = torch.broadcast_shapes(*(i.shape for i in index))[0]
+        extra = _info_entries(info, batch)
+        return gather_coordinates(stored, index, extra=extra, leaves=self._leaves_of(stored))
 
     def _leaves_of(self, stored: TensorDictBase) -> list[tuple[Any, torch.Tensor]]:
         # The storage's TensorDict and its leaves are fixed once initialised;

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 from torchrl.data.replay_buffers.checkpointers import StorageCheckpointerBase
 from torchrl.data.replay_buffers.storages import Storage
 
@@ -31,6 +31,7 @@ from torchrl_ext.io.state_files import (
     tensordict_from_state,
     tensordict_state,
 )
+from torchrl_ext.storages.fast import gather_coordinates
 
 __all__ = ["RolloutStorage"]
 
@@ -264,20 +265,9 @@ class RolloutStorage(Storage):
             isinstance(index, tuple) and len(index) == len(batch)
             and all(isinstance(i, torch.Tensor) and not i.dtype.is_floating_point for i in index)
         ):
-            # Coordinates from a sampler: one index_select of flat rows per
-            # entry, 3-5x faster than TensorDict's advanced indexing here.
-            coords = torch.broadcast_tensors(*index)
-            flat = torch.zeros_like(coords[0])
-            for coord, size in zip(coords, batch):
-                flat = flat * size + coord
-            shape, flat = flat.shape, flat.reshape(-1).to(self._device)
-            rows = batch.numel()
-            return TensorDict(
-                {key: leaf.reshape(rows, *leaf.shape[len(batch):]).index_select(0, flat)
-                 .reshape(*shape, *leaf.shape[len(batch):])
-                 for key, leaf in self._storage.items(True, True)},
-                batch_size=shape, device=self._device,
-            )
+            # Coordinates from a sampler: flat rows, 3-5x faster than
+            # TensorDict's advanced indexing here.
+            return gather_coordinates(self._storage, index)
         return self._storage[: self._num_steps][index]
 
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
