@@ -237,3 +237,17 @@ def test_bad_layouts_and_keys():
     empty = TensorDictReplayBuffer(storage=FastTensorStorage(10, ndim=2), sampler=NStepSampler(2))
     with pytest.raises(RuntimeError, match="empty storage"):
         empty.sample(2)
+
+
+def test_grid_views_are_built_once_per_stored_tensordict():
+    import pickle
+
+    sampler = NStepSampler(2, gamma=0.5)
+    rb = TensorDictReplayBuffer(storage=FastTensorStorage(20, ndim=2), sampler=sampler)
+    rb.extend(TensorDict({"obs": torch.zeros(2, 5, 1), "next": {
+        "reward": torch.ones(2, 5, 1), "done": torch.zeros(2, 5, 1, dtype=torch.bool)}}, [2, 5]))
+    rb.sample(4)
+    views = sampler._grid_streams
+    rb.sample(4)
+    assert sampler._grid_streams is views
+    assert "_grid_streams" not in pickle.loads(pickle.dumps(sampler)).__dict__

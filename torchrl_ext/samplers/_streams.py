@@ -62,7 +62,7 @@ class GridStreams:
 
     def __init__(self, storage: TensorStorage) -> None:
         self.storage = storage
-        stored = storage._storage
+        self.source = stored = storage._storage
         self.rows, self.num_envs = int(stored.shape[0]), int(stored.shape[1])
         self._leaves = [
             (key, leaf.reshape(-1, *leaf.shape[2:]))
@@ -111,7 +111,12 @@ def streams_of(sampler: Any, storage: Any) -> RingStreams | GridStreams:
         stored = getattr(storage, "_storage", None)
         if not isinstance(stored, TensorDictBase) or not storage.initialized:
             raise RuntimeError("Cannot sample from an empty storage.")
-        return GridStreams(storage)
+        # The flattened leaf views are fixed for a given stored TensorDict (a
+        # new one after loads or empty replaces it): build them once, not per sample.
+        cached = getattr(sampler, "_grid_streams", None)
+        if cached is None or cached.storage is not storage or cached.source is not stored:
+            cached = sampler._grid_streams = GridStreams(storage)
+        return cached
     layout = (
         f"a {storage.ndim}-D {type(storage).__name__}" if isinstance(storage, TensorStorage)
         else type(storage).__name__

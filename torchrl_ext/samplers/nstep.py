@@ -110,6 +110,11 @@ class NStepSampler(StatelessSampler):
         self.done_key = nested_key(done_key, "done_key")
         self.agent_group = agent_group
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("_grid_streams", None)  # views of a storage: rebuilt on the next sample
+        return state
+
     def __repr__(self) -> str:
         group = "" if self.agent_group is None else f", agent_group={self.agent_group!r}"
         return f"{type(self).__name__}(n_step={self.n_step}, gamma={self.gamma}{group})"
