@@ -96,7 +96,7 @@ def test_fill_next_gives_the_bootstrap_values():
 
 def test_bad_input():
     rollout = filled()
-    with pytest.raises(RuntimeError, match="already holds num_steps=4 steps; call after_update"):
+    with pytest.raises(RuntimeError, match="holds 4 of num_steps=4 steps and cannot take 1 more; call after_update"):
         rollout.insert(step(9))
     rollout.after_update()
     with pytest.raises(ValueError, match=r"step keys differ from the rollout's \(missing: \[\"\('next', 'reward'\)\"\]"):
@@ -124,3 +124,70 @@ def test_checkpoint_round_trip(tmp_path):
         assert torch.equal(fresh.data[key], rollout.data[key]), key
     fresh.insert(step(2))
     assert fresh.data["state"][3, 0, 0] == 103.0
+
+
+# ---------------------------------------------------------------------------
+# Blocks of steps: insert_steps and rb.extend through RolloutWriter
+def collector_batch(t0, length, n_envs=N):
+    """A collector's [N, L] batch (time last) of steps t0 ... t0 + L - 1."""
+    return torch.stack([step(t, n_envs) for t in range(t0, t0 + length)], dim=1)
+
+
+@pytest.mark.parametrize("splits", [(4,), (1, 3), (2, 2), (1, 1, 1, 1)])
+def test_insert_steps_equals_step_by_step_inserts(splits):
+    reference = filled()
+    rollout, t0 = RolloutStorage(T), 0
+    for length in splits:
+        rollout.insert_steps(collector_batch(t0, length))
+        t0 += length
+    assert rollout.step == T
+    assert (rollout.data == reference.data).all()
+
+
+def test_insert_steps_time_dim_and_single_env():
+    reference = RolloutStorage(T)
+    for t in range(T):
+        reference.insert(step(t, 1))
+    time_major = RolloutStorage(T)
+    time_major.insert_steps(collector_batch(0, T, 1).transpose(0, 1), time_dim=0)  # [L, N]
+    one_env = RolloutStorage(T)
+    one_env.insert_steps(collector_batch(0, T, 1)[0])  # [L]: stored as N = 1
+    for rollout in (time_major, one_env):
+        assert rollout.data.shape == torch.Size([T + 1, 1])
+        assert (rollout.data == reference.data).all()
+
+
+def test_insert_steps_overflow_raises_and_keeps_the_data():
+    rollout = RolloutStorage(T)
+    rollout.insert_steps(collector_batch(0, 3))
+    before = rollout.data.clone()
+    with pytest.raises(RuntimeError, match="holds 3 of num_steps=4 steps and cannot take 2 more"):
+        rollout.insert_steps(collector_batch(3, 2))
+    with pytest.raises(ValueError, match="time_dim=2 is out of range"):
+        rollout.insert_steps(collector_batch(3, 1), time_dim=2)
+    with pytest.raises(TypeError, match="data must be a TensorDict with a time dim"):
+        rollout.insert_steps(torch.zeros(3))
+    assert rollout.step == 3 and (rollout.data == before).all()
+
+
+def test_extend_appends_collector_batches_and_iterates_one_epoch():
+    rb = TensorDictReplayBuffer(storage=RolloutStorage(T), sampler=FeedForwardMinibatchSampler(mini_batch_size=5))
+    for _ in range(2):  # a second rollout after empty() reuses the tensors
+        rb.empty()
+        index = rb.extend(collector_batch(0, T))
+        assert index.shape == torch.Size([T * N, 2])
+        assert (rb.storage.data == filled().data).all()
+        seen = torch.cat([batch["state"][:, 0] for batch in rb])  # state = 100 + t
+        assert sorted(seen.tolist()) == sorted((100.0 + torch.arange(T).repeat(N)).tolist())
+    rb.empty()  # the rollout keeps its N = 3 envs: a one-env batch does not fit
+    with pytest.raises(ValueError, match=r"step has batch size \[1\] but the rollout holds \[3\] envs"):
+        rb.extend(collector_batch(0, 1, 1)[0])
+    assert len(rb) == 0
+
+
+def test_rollout_writer_needs_a_rollout_storage():
+    from torchrl_ext.storages import FastTensorStorage
+    from torchrl_ext.writers import RolloutWriter
+
+    with pytest.raises(TypeError, match="RolloutWriter writes into a RolloutStorage, got storage=FastTensorStorage"):
+        TensorDictReplayBuffer(storage=FastTensorStorage(4), writer=RolloutWriter())

@@ -27,6 +27,9 @@ from torchrl.data.replay_buffers.replay_buffers.base import _storage_index
 from torchrl.data.replay_buffers.storages import Storage, TensorStorage
 
 from torchrl_ext.storages.fast import gather_coordinates, gather_rows
+from torchrl_ext.samplers.minibatch import _EpochMinibatchSampler
+from torchrl_ext.storages.rollout import RolloutStorage
+from torchrl_ext.writers.rollout import RolloutWriter
 from torchrl_ext.samplers.prioritized import (
     PrioritizedSampler,
     PrioritizedSamplerWithoutReplacement,
@@ -96,8 +99,19 @@ class TensorDictReplayBuffer(_TorchRLTensorDictReplayBuffer):
         # collate function; TorchRL only knows its own storage classes.
         if kwargs.get("collate_fn") is None and getattr(kwargs.get("storage"), "returns_tensordicts", False):
             kwargs["collate_fn"] = identity_collate
+        if kwargs.get("writer") is None and isinstance(kwargs.get("storage"), RolloutStorage):
+            # rb.extend(collector_batch) appends steps to the rollout, as TorchRL users expect.
+            kwargs["writer"] = RolloutWriter()
+        if kwargs.get("batch_size") is None and isinstance(kwargs.get("sampler"), _EpochMinibatchSampler):
+            # The minibatch sampler sizes its minibatches; TorchRL only needs a batch size to iterate.
+            kwargs["batch_size"] = 1
         super().__init__(**kwargs)
         self._gather_cache: tuple[Any, list[tuple[Any, torch.Tensor]]] | None = None
+
+    def _transpose(self, data: Any) -> Any:
+        if isinstance(self._storage, RolloutStorage) and isinstance(data, TensorDictBase) and data.batch_dims == 1:
+            return data.unsqueeze(1)  # [T] from one env: T steps of N = 1
+        return super()._transpose(data)
 
     # ------------------------------------------------------------------
     def _lean_path(self) -> bool:
@@ -210,6 +224,12 @@ class TensorDictReplayBuffer(_TorchRLTensorDictReplayBuffer):
             shape = list(tensordict.shape)
             shape[0], shape[dim] = shape[dim], shape[0]
             index = index.reshape(*shape, index.shape[-1]).transpose(0, dim)
+            tensordict.set("index", index)
+            return
+        if (
+            isinstance(index, torch.Tensor) and index.ndim == 2 and tensordict.ndim == 1
+            and self._storage.ndim > 1 and index.shape[0] == tensordict.numel()
+        ):  # one env's [T] steps in a [T, N = 1] rollout: one (time, env) row per step
             tensordict.set("index", index)
             return
         super()._set_index_in_td(tensordict, index)

@@ -12,6 +12,9 @@ It is written step by step with TorchRL step TensorDicts (``[N]`` with a
 the step in slot ``t`` and copies the *carried* entries of its ``"next"``
 (by default every key present both at the root and under ``"next"``, such as
 ``"observation"`` or ``("agents", "observation")``) into slot ``t + 1``.
+:meth:`insert_steps` writes a block of steps at once (a collector's ``[N, L]``
+batch), and so does ``rb.extend(batch)`` on torchrl_ext's
+``TensorDictReplayBuffer`` (through :class:`~torchrl_ext.writers.RolloutWriter`).
 Samplers see the ``T`` filled steps as a ``[T, N]`` storage, so the on-policy
 minibatch samplers work on it directly.
 """
@@ -146,15 +149,59 @@ class RolloutStorage(Storage):
         """
         if not isinstance(step, TensorDictBase):
             raise TypeError(f"step must be a TensorDict, got {type(step).__name__}.")
-        if self._step >= self._num_steps:
+        self._write_steps(step.unsqueeze(0))
+
+    def insert_steps(self, data: TensorDictBase, *, time_dim: int | None = None) -> None:
+        """Writes a block of consecutive steps, such as a collector batch, at the current step.
+
+        Args:
+            data: steps with a time dim, in TorchRL's collector layout by
+                default: ``[N, L]`` (time last) from a collector over ``N``
+                envs, or ``[L]`` from one env (stored as ``N = 1``).
+
+        Keyword Args:
+            time_dim: the time dim of ``data`` (default: its last batch dim).
+
+        Raises:
+            RuntimeError: when the ``L`` steps do not fit in the rollout's free slots.
+            ValueError: when keys or shapes differ from the rollout's steps.
+
+        Examples:
+            >>> import torch
+            >>> from tensordict import TensorDict
+            >>> from torchrl_ext.storages import RolloutStorage
+            >>> rollout = RolloutStorage(num_steps=3)
+            >>> batch = TensorDict({"observation": torch.arange(3.0).view(1, 3, 1), "next": {
+            ...     "observation": torch.arange(1.0, 4.0).view(1, 3, 1)}}, [1, 3])  # [N=1, L=3]
+            >>> rollout.insert_steps(batch)
+            >>> rollout.data["observation"].flatten().tolist(), rollout.step
+            ([0.0, 1.0, 2.0, 3.0], 3)
+        """
+        if not isinstance(data, TensorDictBase) or data.batch_dims < 1:
+            raise TypeError(
+                "data must be a TensorDict with a time dim ([N, L] from a collector, or [L]), got "
+                f"{type(data).__name__}{list(data.batch_size) if isinstance(data, TensorDictBase) else ''}."
+            )
+        if time_dim is None:
+            time_dim = data.batch_dims - 1
+        if not -data.batch_dims <= time_dim < data.batch_dims:
+            raise ValueError(
+                f"time_dim={time_dim} is out of range for data of batch size {list(data.batch_size)}."
+            )
+        steps = data.movedim(time_dim, 0) if data.batch_dims > 1 else data.unsqueeze(1)
+        self._write_steps(steps)
+
+    def _write_steps(self, steps: TensorDictBase) -> None:
+        """Writes ``steps`` ``[L, N]`` into slots ``t ... t + L - 1`` (carried entries one later)."""
+        length = steps.shape[0]
+        if self._step + length > self._num_steps:
             raise RuntimeError(
-                f"the rollout already holds num_steps={self._num_steps} steps; call "
-                "after_update() (or empty()) before inserting more."
+                f"the rollout holds {self._step} of num_steps={self._num_steps} steps and cannot "
+                f"take {length} more; call after_update() (or empty()) before inserting more."
             )
         if self._storage is None:
-            self._allocate(step)
-        stored = self._storage[self._step]
-        step_keys = set(step.keys(True, True))
+            self._allocate(steps[0])
+        step_keys = set(steps.keys(True, True))
         if step_keys != self._step_keys:
             missing = sorted(map(str, self._step_keys - step_keys))
             extra = sorted(map(str, step_keys - self._step_keys))
@@ -162,15 +209,17 @@ class RolloutStorage(Storage):
                 f"step keys differ from the rollout's (missing: {missing}, extra: {extra}); "
                 "insert the same entries at every step."
             )
-        if step.batch_size != stored.batch_size:
+        if steps.batch_size[1:] != self._storage.batch_size[1:]:
             raise ValueError(
-                f"step has batch size {list(step.batch_size)} but the rollout holds "
-                f"{list(stored.batch_size)} envs per step."
+                f"step has batch size {list(steps.batch_size[1:])} but the rollout holds "
+                f"{list(self._storage.batch_size[1:])} envs per step."
             )
-        self._storage[self._step] = step.to(self._device)
+        first = self._step
+        self._storage[first:first + length] = steps.to(self._device)
+        carried = self._storage[first + 1:first + length + 1]
         for key in self._carry_keys:
-            self._storage[self._step + 1].set_(key, step.get(_next(key)).to(self._device))
-        self._step += 1
+            carried.set_(key, steps.get(_next(key)).to(self._device))
+        self._step += length
         self._bump_mutation_revision()
 
     def _allocate(self, step: TensorDictBase) -> None:
@@ -272,8 +321,9 @@ class RolloutStorage(Storage):
 
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
         raise RuntimeError(
-            f"{type(self).__name__} is written with insert(step), one step at a time; a "
-            "ReplayBuffer over it is for sampling minibatches."
+            f"{type(self).__name__} is written with insert(step), insert_steps(batch), or a "
+            "buffer's extend(batch) through RolloutWriter (torchrl_ext's TensorDictReplayBuffer "
+            "uses it by default), which appends steps instead of writing at indices."
         )
 
     def contains(self, item: Any) -> bool:
