@@ -28,10 +28,10 @@ def config_node(name: str) -> type:
     if name in configs.__all__:
         return getattr(configs, name)
     group, _, short = name.rpartition("/")
-    found = [node for (g, n), node in configs._REGISTRY.items() if n == short and group in ("", g)]
+    found = [node for (g, n), node in configs.REGISTRY.items() if n == short and group in ("", g)]
     if len(found) == 1:
         return found[0]
-    known = sorted(f"{g}/{n}" for g, n in configs._REGISTRY)
+    known = sorted(f"{g}/{n}" for g, n in configs.REGISTRY)
     reason = "is ambiguous: prefix its group" if found else "is not a registered config"
     raise ValueError(f"config name {name!r} {reason}; known: {', '.join(known)}.")
 
@@ -100,7 +100,7 @@ def instantiate_from_config(source: str | Path | Mapping[str, Any], name: str | 
         ...     "gama": 0.9}, name="ext_l2r_ppo")
         Traceback (most recent call last):
         ...
-        ValueError: L2RPPOBufferConfig: bad entry 'gama': Key 'gama' not in 'L2RPPOBufferConfig'. Valid keys: act_dim, batch_size, device, eps, gamma, lam, obs_dim, size.
+        ValueError: L2RPPOBufferConfig: bad entry 'gama': Key 'gama' not in 'L2RPPOBufferConfig'. Valid keys: act_dim, batch_size, device, eps, gamma, generator, lam, obs_dim, size.
     """
     cfg = validated_config(source, name)
     return instantiate(cfg, **overrides)

@@ -1,13 +1,17 @@
-"""Train PPO on gymnasium ``CartPole-v1`` with TorchRL and ``torchrl_ext``'s GAE.
+"""Train PPO on gymnasium ``CartPole-v1`` with TorchRL and torchrl_ext's rollout buffer and GAE.
 
 Run from the repository root::
 
     python examples/ppo_cartpole/train.py
-    python examples/ppo_cartpole/train.py collector.total_frames=4000 optim.epochs=4
+    python examples/ppo_cartpole/train.py experiment=ppo_cartpole_smoke
+    python examples/ppo_cartpole/train.py buffer=torchrl_lazy collector.total_frames=4096
 
-Hydra creates a run directory (``outputs/<date>/<time>`` relative to the
-current working directory) that receives the resolved config, ``metrics.csv``
-(one row per collected batch) and ``learning_curve.png``.
+The config is ``conf/ppo_cartpole.yaml``, which composes ``conf/buffer/rollout.yaml``
+(``RolloutStorage`` + ``FeedForwardMinibatchSampler``), ``conf/value/gae.yaml``
+and ``conf/env/cartpole.yaml``. Hydra creates a run directory
+(``outputs/<date>/<time>`` relative to the current working directory) that
+receives the resolved config, ``metrics.csv`` (one row per collected batch) and
+``learning_curve.png``.
 
 The training loop lives in :func:`train`, a plain function of the config, so it
 can be driven from tests or notebooks through Hydra's compose API without the
@@ -16,15 +20,18 @@ can be driven from tests or notebooks through Hydra's compose API without the
 
 from __future__ import annotations
 
-import csv
 import logging
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import hydra
 from omegaconf import DictConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _common import MetricsLog, run_dir, save_learning_curve, summary_line  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -45,20 +52,18 @@ CSV_COLUMNS: tuple[str, ...] = (
 )
 
 
-def make_env(env_name: str, device: str, seed: int) -> Any:
-    """Build the seeded TorchRL environment.
+def make_env(env_cfg: DictConfig, seed: int) -> Any:
+    """Build the seeded TorchRL environment from its config (``conf/env``).
 
     ``RewardSum`` accumulates the undiscounted return into ``("next",
     "episode_reward")``, which the logging reads when an episode ends;
     ``StepCounter`` adds ``step_count`` so collected batches show where each
     episode is, which is what one looks at first when returns look wrong.
     """
-    from torchrl.envs import Compose, GymEnv, RewardSum, StepCounter, TransformedEnv
+    from hydra.utils import instantiate
+    from torchrl.envs import Compose, RewardSum, StepCounter, TransformedEnv
 
-    env = TransformedEnv(
-        GymEnv(env_name, device=device),
-        Compose(StepCounter(), RewardSum()),
-    )
+    env = TransformedEnv(instantiate(env_cfg), Compose(StepCounter(), RewardSum()))
     env.set_seed(seed)
     return env
 
@@ -150,46 +155,26 @@ def evaluate(actor: Any, env: Any, episodes: int, max_steps: int = 10_000) -> fl
     return sum(returns) / len(returns)
 
 
-def save_learning_curve(rows: list[dict[str, float]], path: Path, title: str) -> None:
-    """Plot episode return against frames with the Agg canvas (no display needed)."""
-    # Using Figure + FigureCanvasAgg directly avoids pyplot's global state and
-    # never touches the user's interactive backend.
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6, 4), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
-    ax.plot([r["frames"] for r in rows], [r["episode_return"] for r in rows], marker=".")
-    ax.set_xlabel("frames")
-    ax.set_ylabel("mean episode return")
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, format="png")
-
-
 def train(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, Any]:
     """Train PPO as described by ``cfg`` and write metrics and a plot to ``output_dir``.
 
     Args:
-        cfg: the composed config (see ``config.yaml`` next to this file).
+        cfg: the composed config (``conf/ppo_cartpole.yaml`` and its groups).
         output_dir: where ``metrics.csv`` and ``learning_curve.png`` go.
             Defaults to the current working directory.
 
     Returns:
         A dict with ``final_return`` (mean return of episodes finished in the
         last batch), ``eval_return`` (greedy evaluation, ``nan`` if disabled),
-        ``frames``, ``elapsed_s``, ``rows`` (the CSV rows) and the paths
-        ``output_dir``, ``csv_path`` and ``png_path``.
+        ``reached_at`` (first frame count whose batch reached
+        ``target_return``, or ``None``), ``frames``, ``elapsed_s``, ``rows``
+        (the CSV rows) and the paths ``output_dir``, ``csv_path`` and ``png_path``.
     """
     import torch
+    from hydra.utils import instantiate
     from torchrl.collectors import Collector
-    from torchrl.data import LazyTensorStorage, SamplerWithoutReplacement, TensorDictReplayBuffer
     from torchrl.objectives import ClipPPOLoss
     from tqdm import tqdm
-
-    from torchrl_ext.value import GAE
 
     out = Path(output_dir) if output_dir is not None else Path.cwd()
     out.mkdir(parents=True, exist_ok=True)
@@ -207,17 +192,13 @@ def train(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, An
         rounded = -(-total_frames // frames_per_batch) * frames_per_batch
         log.info(
             "collector.total_frames=%d is not a multiple of frames_per_batch=%d; "
-            "collecting %d frames",
-            total_frames,
-            frames_per_batch,
-            rounded,
+            "collecting %d frames", total_frames, frames_per_batch, rounded,
         )
         total_frames = rounded
-    env_seed = int(cfg.env.seed)
+    seed = int(cfg.seed)
 
-    env = make_env(cfg.env.name, device, env_seed)
+    env = make_env(cfg.env, seed)
     actor, critic = make_modules(env, list(cfg.model.hidden_sizes), device)
-
     collector = Collector(
         env,
         actor,
@@ -228,13 +209,8 @@ def train(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, An
         # FutureWarning about auto-appending an InitTracker it doesn't need.
         auto_register_policy_transforms=False,
     )
-
-    adv_module = GAE(
-        gamma=float(cfg.loss.gamma),
-        lmbda=float(cfg.loss.lmbda),
-        value_network=critic,
-        average_gae=bool(cfg.loss.average_gae),
-    )
+    # conf/value: torchrl_ext.value.GAE by default (partial: the critic is ours).
+    adv_module = instantiate(cfg.value)(value_network=critic)
     loss_module = ClipPPOLoss(
         actor_network=actor,
         critic_network=critic,
@@ -245,17 +221,11 @@ def train(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, An
         loss_critic_type=str(cfg.loss.loss_critic_type),
         normalize_advantage=bool(cfg.loss.normalize_advantage),
     )
-
-    minibatch_size = int(cfg.optim.minibatch_size)
-    buffer = TensorDictReplayBuffer(
-        storage=LazyTensorStorage(frames_per_batch, device=device),
-        sampler=SamplerWithoutReplacement(),
-        batch_size=minibatch_size,
-    )
-    # ceil so every transition is seen once per epoch; a short last minibatch
-    # is topped up by the sampler from a fresh permutation.
-    minibatches_per_epoch = -(-frames_per_batch // minibatch_size)
+    # conf/buffer: a RolloutStorage read one epoch at a time by the minibatch
+    # sampler (or TorchRL's LazyTensorStorage + SamplerWithoutReplacement).
+    buffer = instantiate(cfg.buffer)
     epochs = int(cfg.optim.epochs)
+    minibatches_per_epoch = -(-frames_per_batch // int(cfg.optim.minibatch_size))
     total_updates = (total_frames // frames_per_batch) * epochs * minibatches_per_epoch
 
     lr = float(cfg.optim.lr)
@@ -266,24 +236,21 @@ def train(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, An
     eval_env = None
     if int(cfg.eval.episodes) > 0:
         # A different seed so evaluation starts from unseen initial states.
-        eval_env = make_env(cfg.env.name, device, env_seed + 10_000)
+        eval_env = make_env(cfg.env, seed + 10_000)
 
-    rows: list[dict[str, float]] = []
     loss_keys = ("loss_objective", "loss_critic", "loss_entropy", "entropy")
     pbar = tqdm(total=total_frames, unit="frame", disable=not bool(cfg.logging.progress))
-    frames = 0
-    updates = 0
+    target = float(cfg.target_return)
+    frames = updates = 0
     start = time.perf_counter()
 
-    with csv_path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
-        writer.writeheader()
+    with MetricsLog(csv_path, CSV_COLUMNS, target=("episode_return", target)) as metrics:
         for iteration, data in enumerate(collector):
             frames += data.numel()
             episode_return, episodes_finished = _episode_return(data)
 
             # Advantages are computed once per batch with the pre-update
-            # critic, as in torchrl's PPO examples; the loss then skips GAE
+            # critic, as in TorchRL's PPO examples; the loss then skips GAE
             # because "advantage" is already present in each minibatch.
             with torch.no_grad():
                 data = adv_module(data)
@@ -292,17 +259,15 @@ def train(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, An
             # column informative about the scale of the learning signal.
             adv = data["value_target"] - data["state_value"]
             buffer.empty()
-            buffer.extend(data.reshape(-1))
+            buffer.extend(data)
 
             sums = dict.fromkeys(loss_keys, 0.0)
             n_steps = 0
             for _ in range(epochs):
-                for _ in range(minibatches_per_epoch):
+                for batch in buffer:  # one epoch: every step once
                     if anneal_lr:
-                        cur_lr = lr * (1.0 - updates / total_updates)
                         for group in optim.param_groups:
-                            group["lr"] = cur_lr
-                    batch = buffer.sample()
+                            group["lr"] = lr * max(0.0, 1.0 - updates / total_updates)
                     losses = loss_module(batch)
                     loss = losses["loss_objective"] + losses["loss_critic"] + losses["loss_entropy"]
                     optim.zero_grad(set_to_none=True)
@@ -317,7 +282,7 @@ def train(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, An
             # copy if it holds its own (e.g. another device); cheap either way.
             collector.update_policy_weights_()
 
-            row = {
+            metrics.write({
                 "iteration": iteration,
                 "frames": frames,
                 "episode_return": episode_return,
@@ -327,10 +292,7 @@ def train(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, An
                 "advantage_std": adv.std().item(),
                 "lr": optim.param_groups[0]["lr"],
                 "elapsed_s": time.perf_counter() - start,
-            }
-            rows.append(row)
-            writer.writerow(row)
-            f.flush()  # so a long run can be watched with `tail -f`
+            })
             # refresh=False: update() redraws once, with the new postfix.
             pbar.set_postfix(ret=f"{episode_return:.1f}", refresh=False)
             pbar.update(data.numel())
@@ -343,10 +305,12 @@ def train(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, An
         eval_env.close()
     env.close()
 
-    save_learning_curve(rows, png_path, f"PPO on {cfg.env.name}")
+    rows = metrics.rows
+    save_learning_curve(rows, png_path, f"PPO on {cfg.env.env_name}", target=target)
     return {
         "final_return": rows[-1]["episode_return"] if rows else float("nan"),
         "eval_return": eval_return,
+        "reached_at": metrics.reached_at,
         "frames": frames,
         "elapsed_s": time.perf_counter() - start,
         "rows": rows,
@@ -356,20 +320,11 @@ def train(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, An
     }
 
 
-@hydra.main(config_path=".", config_name="config", version_base="1.3")
+@hydra.main(config_path="../../conf", config_name="ppo_cartpole", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    """Hydra entry point: run :func:`train` in Hydra's run directory and report."""
-    from hydra.core.hydra_config import HydraConfig
-
-    run_dir = HydraConfig.get().runtime.output_dir
-    result = train(cfg, output_dir=run_dir)
-    print(f"run dir: {result['output_dir']}")
-    greedy = result["eval_return"]
-    greedy_msg = "" if math.isnan(greedy) else f" (greedy eval: {greedy:.1f})"
-    print(
-        f"final mean return: {result['final_return']:.1f}{greedy_msg} "
-        f"after {result['frames']} frames in {result['elapsed_s']:.1f}s"
-    )
+    """Hydra entry point: run :func:`train` in Hydra's run directory and print one summary line."""
+    result = train(cfg, output_dir=run_dir())
+    print(summary_line("ppo_cartpole", result, target=float(cfg.target_return)))
 
 
 if __name__ == "__main__":

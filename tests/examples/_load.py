@@ -7,6 +7,7 @@ from pathlib import Path
 from types import ModuleType
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
+CONF_DIR = EXAMPLES_DIR.parent / "conf"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

@@ -302,7 +302,7 @@ class PrioritizedReplayBuffer(TensorDictReplayBuffer):
         sampler_device: torch.device | str | None = None,
         **kwargs: Any,
     ) -> None:
-        if "sampler" in kwargs:
+        if kwargs.pop("sampler", None) is not None:  # None: a config's unset field
             raise TypeError(
                 "PrioritizedReplayBuffer builds its own sampler; pass alpha/beta/... "
                 "instead of sampler=, or use TensorDictReplayBuffer(sampler=...)."

@@ -42,7 +42,8 @@ class PrioritizedSampler(_TorchRLPrioritizedSampler):
         alpha: priority exponent, ``>= 0`` (0 is uniform sampling).
         beta: importance-sampling exponent in ``[0, 1]``.
         eps: added to every priority before the exponent. Defaults to 1e-8.
-        dtype: dtype of the stored priorities. Defaults to ``torch.float32``.
+        dtype: dtype of the stored priorities, ``torch.float32`` (default) or
+            ``torch.float64`` (also accepted as ``"float32"`` / ``"float64"``).
         reduction: how a multi-element priority per sample (per agent, per
             step of a stored trajectory) is reduced: ``"max"``, ``"min"``,
             ``"mean"``, ``"median"`` or ``"sum"``. Defaults to ``"max"``.
@@ -119,6 +120,8 @@ class PrioritizedSampler(_TorchRLPrioritizedSampler):
             )
         _check_real("eps", eps, low=0.0)
         _check_real("initial_priority", initial_priority, low=0.0)
+        if dtype in ("float32", "float64"):  # configs name dtypes as strings
+            dtype = getattr(torch, dtype)
         if dtype not in (torch.float32, torch.float64):
             raise TypeError(f"dtype must be torch.float32 or torch.float64, got dtype={dtype!r}.")
         self._max_capacity = max_capacity

@@ -129,8 +129,10 @@ class ValueNorm(nn.Module):
             )
         if not epsilon > 0.0:
             raise ValueError(f"`epsilon` must be > 0, got {epsilon!r}; the default is 1e-5.")
-        if not dtype.is_floating_point:
-            raise TypeError(f"`dtype` must be a floating dtype, got {dtype}; use torch.float32.")
+        if isinstance(dtype, str):  # configs name dtypes as strings ("float32")
+            dtype = getattr(torch, dtype, dtype)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"`dtype` must be a floating dtype, got {dtype!r}; use torch.float32.")
         self.input_shape = shape
         self.norm_axes = norm_axes
         self.beta = float(beta)

@@ -31,7 +31,7 @@ from torchrl_ext.storages import (
 )
 from torchrl_ext.writers import EnvRingWriter
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
 @pytest.mark.parametrize(

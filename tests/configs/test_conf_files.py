@@ -1,0 +1,124 @@
+"""The YAML files under ``conf/``: every group file instantiates, every example config composes,
+every smoke experiment is run by a test, and Hydra names bad options and keys."""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException, MissingConfigException
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+from torchrl.data import ReplayBuffer
+
+import torchrl_ext.configs  # noqa: F401  (registers the ext_* nodes)
+
+ROOT = Path(__file__).resolve().parents[2]
+CONF = ROOT / "conf"
+PRIMARY = sorted(p.stem for p in CONF.glob("*.yaml"))
+SMOKE = sorted(p.stem for p in (CONF / "experiment").glob("*_smoke.yaml"))
+
+
+def group_files(group: str) -> list[Path]:
+    return sorted((CONF / group).glob("*.yaml"))
+
+
+def test_the_layout_is_there() -> None:
+    for group in ("buffer", "value", "env", "experiment"):
+        assert group_files(group), f"conf/{group}/ is empty"
+    assert "ppo_cartpole" in PRIMARY and "ppo_cartpole_smoke" in SMOKE
+
+
+@pytest.mark.parametrize("path", group_files("buffer"), ids=lambda p: p.stem)
+def test_every_buffer_yaml_instantiates_on_its_own(path: Path) -> None:
+    buffer = instantiate(OmegaConf.load(path))
+    assert isinstance(buffer, ReplayBuffer)
+
+
+def _critic_and_actor():
+    from tensordict.nn import TensorDictModule
+    from torch import nn
+    from torchrl.modules import OneHotCategorical, ProbabilisticActor
+
+    critic = TensorDictModule(nn.Linear(4, 1), in_keys=["observation"], out_keys=["state_value"])
+    actor = ProbabilisticActor(
+        TensorDictModule(nn.Linear(4, 2), in_keys=["observation"], out_keys=["logits"]),
+        in_keys=["logits"], distribution_class=OneHotCategorical, return_log_prob=True,
+    )
+    return critic, actor
+
+
+@pytest.mark.parametrize("path", group_files("value"), ids=lambda p: p.stem)
+def test_every_value_yaml_gives_an_estimator_once_given_networks(path: Path) -> None:
+    from torchrl.objectives.value import ValueEstimatorBase
+
+    node = instantiate(OmegaConf.load(path))
+    assert isinstance(node, functools.partial), "value configs are partial: the networks come later"
+    critic, actor = _critic_and_actor()
+    kwargs = {"value_network": critic}
+    if "actor_network" in node.func.__init__.__code__.co_varnames:
+        kwargs["actor_network"] = actor
+    assert isinstance(node(**kwargs), ValueEstimatorBase)
+
+
+@pytest.mark.parametrize("path", group_files("env"), ids=lambda p: p.stem)
+def test_every_env_yaml_instantiates_and_resets(path: Path) -> None:
+    cfg = OmegaConf.load(path)
+    if "Vmas" in str(cfg._target_):
+        pytest.importorskip("vmas")
+    env = instantiate(cfg)
+    try:
+        td = env.reset()
+        assert td.batch_size == env.batch_size
+    finally:
+        env.close()
+
+
+def compose_example(name: str, *overrides: str):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name=name, overrides=list(overrides))
+
+
+@pytest.mark.parametrize("name", PRIMARY)
+def test_every_example_config_composes_and_builds_its_buffer(name: str) -> None:
+    for overrides in ((), (f"experiment={name}_smoke",)):
+        cfg = compose_example(name, *overrides)
+        assert isinstance(instantiate(cfg.buffer), ReplayBuffer)
+
+
+@pytest.mark.parametrize("name", PRIMARY)
+def test_every_example_has_a_smoke_experiment_that_a_test_runs(name: str) -> None:
+    assert f"{name}_smoke" in SMOKE, f"conf/experiment/{name}_smoke.yaml is missing"
+    assert (ROOT / "examples" / name / "train.py").is_file()
+    assert (ROOT / "examples" / name / "README.md").is_file()
+    test_file = ROOT / "tests" / "examples" / f"test_{name}.py"
+    assert f"experiment={name}_smoke" in test_file.read_text(), f"{test_file.name} does not run the smoke config"
+
+
+def test_swapping_a_buffer_is_one_override() -> None:
+    from torchrl.data import LazyTensorStorage
+
+    from torchrl_ext.storages import RolloutStorage
+
+    assert isinstance(instantiate(compose_example("ppo_cartpole").buffer).storage, RolloutStorage)
+    swapped = instantiate(compose_example("ppo_cartpole", "buffer=torchrl_lazy").buffer)
+    assert type(swapped.storage) is LazyTensorStorage and swapped.storage.max_size == 1024
+
+
+def test_unknown_option_or_key_is_a_hydra_error_naming_it() -> None:
+    with pytest.raises(MissingConfigException, match="Could not find 'buffer/no_such_buffer'"):
+        compose_example("ppo_cartpole", "buffer=no_such_buffer")
+    with pytest.raises(ConfigCompositionException, match="Could not override 'optim.learning_rate'"):
+        compose_example("ppo_cartpole", "optim.learning_rate=0.1")
+    with pytest.raises(MissingConfigException, match="Could not find 'experiment/no_such_smoke'"):
+        compose_example("ppo_cartpole", "experiment=no_such_smoke")
+
+
+def test_a_misspelt_constructor_argument_is_an_error_naming_it() -> None:
+    cfg = compose_example("ppo_cartpole", "+buffer.sampler.mini_batchsize=64")
+    with pytest.raises(Exception, match="mini_batchsize"):
+        instantiate(cfg.buffer)
+    with pytest.raises(Exception, match="num_stepz"):
+        instantiate(torchrl_ext.configs.RolloutStorageConfig, num_stepz=3)

@@ -1,0 +1,88 @@
+"""Configs of the storages and writers (groups ``storage`` and ``writer``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from torchrl.trainers.algorithms.configs.data import (
+    LazyMemmapStorageConfig,
+    LazyTensorStorageConfig,
+    StorageConfig,
+    WriterConfig,
+)
+
+from torchrl_ext.configs._base import RecordedReturns, Validated
+
+__all__ = [
+    "DedupEnvRingStorageConfig",
+    "EnvRingStorageConfig",
+    "EnvRingWriterConfig",
+    "EpisodicEnvRingStorageConfig",
+    "FastMemmapStorageConfig",
+    "FastTensorStorageConfig",
+    "RolloutStorageConfig",
+    "RolloutWriterConfig",
+]
+
+
+@dataclass
+class EnvRingStorageConfig(Validated, StorageConfig):
+    num_envs: int = 1
+    max_length: int = 1024
+    device: str = "cpu"
+    checkpointer: Any = None
+    _target_: str = "torchrl_ext.storages.EnvRingStorage"
+
+
+@dataclass
+class EpisodicEnvRingStorageConfig(RecordedReturns, Validated, StorageConfig):
+    num_envs: int = 1
+    max_length: int = 1024
+    device: str = "cpu"
+    step_type_key: Any = "step_type"
+    _target_: str = "torchrl_ext.storages.EpisodicEnvRingStorage"
+
+
+@dataclass
+class DedupEnvRingStorageConfig(RecordedReturns, Validated, StorageConfig):
+    # No step_type_key: the storage finds episode ends from done_key.
+    num_envs: int = 1
+    max_length: int = 1024
+    device: str = "cpu"
+    obs_key: Any = "observation"
+    num_stack: int = 1
+    stack_dim: int = 0
+    padding: str = "reset"
+    done_key: Any = ("next", "done")
+    check_next: bool = True
+    _target_: str = "torchrl_ext.storages.DedupEnvRingStorage"
+
+
+@dataclass
+class RolloutStorageConfig(Validated, StorageConfig):
+    num_steps: int = 128
+    carry_keys: Optional[Any] = None
+    device: str = "cpu"
+    _target_: str = "torchrl_ext.storages.RolloutStorage"
+
+
+@dataclass
+class FastTensorStorageConfig(LazyTensorStorageConfig):
+    _target_: str = "torchrl_ext.storages.FastTensorStorage"
+
+
+@dataclass
+class FastMemmapStorageConfig(LazyMemmapStorageConfig):
+    _target_: str = "torchrl_ext.storages.FastMemmapStorage"
+
+
+@dataclass
+class EnvRingWriterConfig(Validated, WriterConfig):
+    env_id_key: Any = "env_id"
+    _target_: str = "torchrl_ext.writers.EnvRingWriter"
+
+
+@dataclass
+class RolloutWriterConfig(Validated, WriterConfig):
+    compilable: bool = False
+    _target_: str = "torchrl_ext.writers.RolloutWriter"
