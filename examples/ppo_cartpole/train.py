@@ -7,7 +7,7 @@ Run from the repository root::
     python examples/ppo_cartpole/train.py buffer=torchrl_lazy collector.total_frames=4096
 
 The config is ``conf/ppo_cartpole.yaml``, which composes ``conf/buffer/rollout.yaml``
-(``RolloutStorage`` + ``FeedForwardMinibatchSampler``), ``conf/value/gae.yaml``
+(``RolloutStorage`` + ``FeedForwardMinibatchSampler``), ``conf/value/gae_lambda.yaml``
 and ``conf/env/cartpole.yaml``. Hydra creates a run directory
 (``outputs/<date>/<time>`` relative to the current working directory) that
 receives the resolved config, ``metrics.csv`` (one row per collected batch) and
