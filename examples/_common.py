@@ -83,6 +83,32 @@ def save_learning_curve(
     fig.savefig(path, format="png")
 
 
+def run_result(
+    metrics: MetricsLog,
+    *,
+    frames: int,
+    elapsed_s: float,
+    output_dir: Path,
+    png_path: Path,
+    eval_return: float = float("nan"),
+    **extra: Any,
+) -> dict[str, Any]:
+    """What every ``train()`` returns: the last row's return, the target crossing, paths and ``extra``."""
+    rows = metrics.rows
+    return {
+        "final_return": rows[-1]["episode_return"] if rows else float("nan"),
+        "eval_return": eval_return,
+        "reached_at": metrics.reached_at,
+        "frames": frames,
+        "elapsed_s": elapsed_s,
+        "rows": rows,
+        "output_dir": Path(output_dir),
+        "csv_path": metrics.path,
+        "png_path": Path(png_path),
+        **extra,
+    }
+
+
 def run_dir() -> Path:
     """Hydra's run directory of the current ``@hydra.main`` job."""
     from hydra.core.hydra_config import HydraConfig
