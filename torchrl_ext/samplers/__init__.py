@@ -9,6 +9,7 @@ from torchrl_ext.samplers.prioritized import (
     PrioritizedSampler,
     PrioritizedSamplerWithoutReplacement,
 )
+from torchrl_ext.samplers.prioritized_nstep import PrioritizedNStepSampler
 from torchrl_ext.samplers.prioritized_trajectory import PrioritizedTrajectorySampler
 from torchrl_ext.samplers.trajectory import TrajectorySampler
 from torchrl_ext.samplers.uniform import DistinctUniformSampler
@@ -19,6 +20,7 @@ __all__ = [
     "FeedForwardMinibatchSampler",
     "NaiveRecurrentMinibatchSampler",
     "NStepSampler",
+    "PrioritizedNStepSampler",
     "PrioritizedSampler",
     "PrioritizedSamplerWithoutReplacement",
     "PrioritizedTrajectorySampler",

@@ -129,6 +129,12 @@ class NStepSampler(StatelessSampler):
         return leaf
 
     def sample(self, storage: Any, batch_size: int) -> tuple[Any, dict[Any, Any]]:
+        streams = self._streams(storage, batch_size)
+        env, start = streams.draw(batch_size)
+        return self._chains(streams, env, start)
+
+    def _streams(self, storage: Any, batch_size: int) -> Any:
+        """The stream view of ``storage`` once ``batch_size`` and the fill level are checked."""
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got batch_size={batch_size!r}.")
         streams = streams_of(self, storage)
@@ -140,10 +146,18 @@ class NStepSampler(StatelessSampler):
                 f"{type(self).__name__} needs at least batch_size={batch_size} stored transitions, "
                 f"the buffer holds {stored}: collect more first (a warm-up) or sample fewer."
             )
+        return streams
+
+    def _chains(self, streams: Any, env: torch.Tensor, start: torch.Tensor) -> tuple[Any, dict[Any, Any]]:
+        """The n-step chains from the drawn starts ``(env, start)`` ``[B]``: ``(index, info)``.
+
+        Shared by every way of drawing starts (uniform here, by priority in
+        :class:`~torchrl_ext.samplers.PrioritizedNStepSampler`).
+        """
+        batch_size = env.shape[0]
         per_agent = self.agent_group is not None
         done_leaf = self._leaf(streams, self.done_key, required=not per_agent)
         reward_leaf = self._leaf(streams, self.reward_key, required=not per_agent)
-        env, start = streams.draw(batch_size)
         # Steps past the env's newest one are held there; a chain stops at it.
         to_newest = streams.steps_to_newest(env, start)
         steps = start.unsqueeze(1) + torch.minimum(self._k, to_newest.unsqueeze(1))

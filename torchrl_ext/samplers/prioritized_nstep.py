@@ -1,0 +1,259 @@
+"""Prioritized n-step replay: starts drawn by priority, chains as :class:`NStepSampler` builds them.
+
+Prioritized experience replay (Schaul et al., 2015) keeps one priority per
+stored step; n-step returns (as in Rainbow or Ape-X) turn each drawn step into
+a transition that sums up to ``n_step`` discounted rewards of the same episode.
+Here the start of every transition is drawn from the sum tree of
+:class:`~torchrl_ext.samplers.PrioritizedSampler` and the chain from it is the
+one :class:`~torchrl_ext.samplers.NStepSampler` follows: it stops at the first
+done step and at its env's newest step, and carries ``steps_to_next_obs`` and
+``nstep_discount``.
+
+The priority belongs to the start cell ``(time row, env)``: a priority written
+back from a TD error of an n-step transition lands on the step the transition
+starts at, which is the one drawn again.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torchrl.data.replay_buffers.storages import Storage, TensorStorage
+
+from torchrl_ext.samplers._streams import streams_of
+from torchrl_ext.samplers.nstep import NStepSampler
+from torchrl_ext.samplers.prioritized import PrioritizedSampler
+
+__all__ = ["PrioritizedNStepSampler"]
+
+
+class PrioritizedNStepSampler(PrioritizedSampler):
+    r"""n-step transitions whose starts are drawn with probability proportional to priority.
+
+    A stored step ``i`` (one cell of the ``[T, num_envs]`` storage) starts a
+    transition with probability :math:`(p_i + \epsilon)^\alpha / \sum_j (p_j +
+    \epsilon)^\alpha`; new steps get the largest priority seen so far (at
+    least ``initial_priority``), as with
+    :class:`~torchrl_ext.samplers.PrioritizedSampler`, of which this is a
+    subclass: TorchRL's buffers write new data's priority through
+    ``mark_update`` and priorities back through ``update_priority`` /
+    ``update_tensordict_priority`` exactly as for plain prioritized replay.
+    The chain from each start is :class:`~torchrl_ext.samplers.NStepSampler`'s:
+    up to ``n_step`` steps of the same env, stopping at the first done step and
+    at the env's newest step.
+
+    Works on tensor storages with ``ndim=2`` (``FastTensorStorage(max_size,
+    ndim=2)``, ``FastMemmapStorage`` or TorchRL's ``LazyTensorStorage``)
+    extended with ``[num_envs, T]`` collector batches, which TorchRL stores
+    time-major as ``[rows, num_envs]``. Per-env rings
+    (:class:`~torchrl_ext.storages.EnvRingStorage`) are not supported: use
+    :class:`NStepSampler` there.
+
+    Args:
+        max_capacity: number of cells of the storage, ``rows * num_envs``. The
+            storage's ``max_size`` when it is a multiple of ``num_envs`` (a
+            ``[num_envs, T]`` storage rounds its rows up otherwise).
+        alpha: priority exponent, ``>= 0`` (0 gives uniform starts).
+        beta: importance-sampling exponent in ``[0, 1]`` (schedulable).
+        eps: added to every priority before the exponent. Defaults to 1e-8.
+
+    Keyword Args:
+        n_step: maximum steps per transition (``1`` gives plain transitions).
+        gamma: discount in ``[0, 1]`` of the summed rewards.
+        reward_key, done_key, agent_group: where the chains read rewards and
+            episode ends, see :class:`NStepSampler`.
+        dtype, reduction, max_priority_within_buffer, device, initial_priority,
+            weights, fanout: see :class:`~torchrl_ext.samplers.PrioritizedSampler`.
+
+    Shape contract:
+        ``sample(storage, B)`` returns the start coordinates ``(row [B], env
+        [B])`` (a buffer stores them as ``"index"`` ``[B, 2]``, which
+        ``update_tensordict_priority`` reads back) and ``info`` with
+        ``priority_weight`` ``[B]`` plus :class:`NStepSampler`'s entries:
+        ``("next", reward)`` ``[B, *reward_shape]`` (the discounted sum),
+        ``steps_to_next_obs`` (int64) and ``nstep_discount`` (float32) shaped
+        like the reward, and every other ``"next"`` entry taken at the chain
+        end. ``update_priority(index, priority)`` takes ``index`` ``[N, 2]``
+        (or a tuple of two ``[N]``) and ``priority`` ``[N]``, ``[N, *extra]``
+        (reduced with ``reduction``) or a scalar. Through the buffer, give
+        ``priority_key`` as ``[B]`` or ``[B, 1]``: TorchRL's buffer flattens the
+        extra dims of a priority over a 2-D storage, so reduce per-agent TD
+        errors first (or pass them to the sampler's ``update_priority`` with
+        ``storage=rb.storage``).
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from torchrl_ext.replay_buffers import TensorDictReplayBuffer
+        >>> from torchrl_ext.samplers import PrioritizedNStepSampler
+        >>> from torchrl_ext.storages import FastTensorStorage
+        >>> sampler = PrioritizedNStepSampler(16, alpha=1.0, beta=0.5, n_step=3, gamma=0.5)
+        >>> rb = TensorDictReplayBuffer(storage=FastTensorStorage(16, ndim=2), sampler=sampler,
+        ...                             batch_size=4)
+        >>> obs = torch.arange(8.0).reshape(2, 4, 1)  # [num_envs=2, T=4]: env 1 sees 4, 5, 6, 7
+        >>> _ = rb.extend(TensorDict({"obs": obs, "next": {
+        ...     "obs": obs + 1, "reward": torch.ones(2, 4, 1),
+        ...     "done": torch.zeros(2, 4, 1, dtype=torch.bool)}}, [2, 4]))
+        >>> rb.update_priority(torch.tensor([[0, 0], [0, 1]]), torch.tensor([0.0, 100.0]))
+        >>> batch = rb.sample()  # (row 0, env 1) holds almost all the mass
+        >>> batch["index"][0].tolist(), batch["obs"][0].item(), batch["next", "obs"][0].item()
+        ([0, 1], 4.0, 7.0)
+        >>> batch["next", "reward"][0].item(), batch["steps_to_next_obs"][0].item()
+        (1.75, 3)
+        >>> batch["td_error"] = torch.full((4,), 0.5)
+        >>> rb.update_tensordict_priority(batch)  # written back to the start cells
+    """
+
+    def __init__(
+        self,
+        max_capacity: int,
+        alpha: float,
+        beta: float,
+        eps: float = 1e-8,
+        *,
+        n_step: int = 1,
+        gamma: float = 0.99,
+        reward_key: Any = ("next", "reward"),
+        done_key: Any = ("next", "done"),
+        agent_group: str | None = None,
+        dtype: torch.dtype = torch.float32,
+        reduction: str = "max",
+        max_priority_within_buffer: bool = False,
+        device: torch.device | str | None = None,
+        initial_priority: float = 1.0,
+        weights: str = "per",
+        fanout: int = 32,
+    ) -> None:
+        # The chain half validates n_step, gamma and the keys first: its
+        # messages name the argument, the value and what is allowed.
+        self._nstep = NStepSampler(
+            n_step, gamma, reward_key=reward_key, done_key=done_key, agent_group=agent_group
+        )
+        super().__init__(
+            max_capacity,
+            alpha,
+            beta,
+            eps,
+            dtype=dtype,
+            reduction=reduction,
+            max_priority_within_buffer=max_priority_within_buffer,
+            device=device,
+            initial_priority=initial_priority,
+            weights=weights,
+            fanout=fanout,
+        )
+
+    def __repr__(self) -> str:
+        group = "" if self.agent_group is None else f", agent_group={self.agent_group!r}"
+        return (
+            f"{type(self).__name__}(max_capacity={self._max_capacity}, alpha={self._alpha}, "
+            f"beta={self._beta}, eps={self._eps}, n_step={self.n_step}, gamma={self.gamma}"
+            f"{group}, weights={self._weights!r}, device={self.device})"
+        )
+
+    # ------------------------------------------------------------------
+    # The chain settings live in the NStepSampler this sampler delegates to.
+    @property
+    def n_step(self) -> int:
+        """Maximum steps per transition; settable (takes effect at the next sample)."""
+        return self._nstep.n_step
+
+    @n_step.setter
+    def n_step(self, value: int) -> None:
+        self._rebuild_chains(n_step=value)
+
+    @property
+    def gamma(self) -> float:
+        """Discount of the summed rewards; settable (takes effect at the next sample)."""
+        return self._nstep.gamma
+
+    @gamma.setter
+    def gamma(self, value: float) -> None:
+        self._rebuild_chains(gamma=value)
+
+    @property
+    def reward_key(self) -> Any:
+        return self._nstep.reward_key
+
+    @property
+    def done_key(self) -> Any:
+        return self._nstep.done_key
+
+    @property
+    def agent_group(self) -> str | None:
+        return self._nstep.agent_group
+
+    def _rebuild_chains(self, **changes: Any) -> None:
+        chains = self._nstep
+        settings = {"n_step": chains.n_step, "gamma": chains.gamma} | changes
+        self._nstep = NStepSampler(
+            settings["n_step"],
+            settings["gamma"],
+            reward_key=chains.reward_key,
+            done_key=chains.done_key,
+            agent_group=chains.agent_group,
+        )
+
+    # ------------------------------------------------------------------
+    # Sampling
+    def sample(self, storage: Storage, batch_size: int) -> tuple[Any, dict[Any, Any]]:
+        self._check_storage(storage)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got batch_size={batch_size!r}.")
+        # Draws are with replacement, as for PrioritizedSampler: unlike the
+        # uniform NStepSampler, no minimum fill is asked for.
+        streams = streams_of(self._nstep, storage)
+        self._check_capacity(storage)
+        # The sum tree's flat leaf of cell (row, env) is row * num_envs + env,
+        # the order in which GridStreams counts cells: the parent's draw
+        # unravels it into the chain starts.
+        (row, env), weights = super().sample(storage, batch_size)
+        index, info = self._nstep._chains(streams, env, row)
+        info["priority_weight"] = weights["priority_weight"]
+        return index, info
+
+    def mark_update(self, index: int | torch.Tensor, *, storage: Storage | None = None) -> None:
+        # The buffer reports every write here (new data gets the default
+        # priority): an unsupported storage or a too-small tree fails at the
+        # first extend rather than at the first sample.
+        if storage is not None:
+            self._check_storage(storage)
+            self._check_capacity(storage)
+        super().mark_update(index, storage=storage)
+
+    def _check_storage(self, storage: Any) -> None:
+        if isinstance(storage, TensorStorage) and storage.ndim == 2:
+            return
+        layout = (
+            f"a {storage.ndim}-D {type(storage).__name__}" if isinstance(storage, TensorStorage)
+            else type(storage).__name__
+        )
+        raise TypeError(
+            f"{type(self).__name__} supports tensor storages with ndim=2 extended with "
+            "[num_envs, T] collector batches (FastTensorStorage(max_size, ndim=2), "
+            f"FastMemmapStorage(max_size, ndim=2), LazyTensorStorage(max_size, ndim=2)), got "
+            f"{layout}; for per-env rings (EnvRingStorage) use NStepSampler."
+        )
+
+    def _check_capacity(self, storage: TensorStorage) -> None:
+        stored = getattr(storage, "_storage", None)
+        if not storage.initialized or stored is None:
+            return
+        rows, num_envs = int(stored.shape[0]), int(stored.shape[1])
+        cells = rows * num_envs
+        if cells > self._max_capacity:
+            raise ValueError(
+                f"max_capacity={self._max_capacity} is smaller than the storage's {cells} cells "
+                f"({rows} rows x {num_envs} envs): build the sampler with max_capacity={cells} "
+                f"(or give the storage a max_size that is a multiple of num_envs={num_envs})."
+            )
+
+    # ------------------------------------------------------------------
+    # Checkpointing: the trees as the parent saves them, plus the chain settings.
+    def state_dict(self) -> dict[str, Any]:
+        return super().state_dict() | {"n_step": self.n_step, "gamma": self.gamma}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        if "n_step" in state_dict:  # a plain PrioritizedSampler's state keeps the current ones
+            self._rebuild_chains(n_step=int(state_dict["n_step"]), gamma=float(state_dict["gamma"]))
