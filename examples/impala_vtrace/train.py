@@ -3,7 +3,11 @@
 Run from the repository root::
 
     python examples/impala_vtrace/train.py
+    python examples/impala_vtrace/train.py experiment=impala_vtrace_smoke   # a few seconds
     python examples/impala_vtrace/train.py vtrace.actor_lag=8 vtrace.refresh=false
+
+The config is ``conf/impala_vtrace.yaml``; it picks ``conf/buffer/vtrace_on_policy.yaml``
+and ``conf/env/cartpole.yaml``.
 
 The rollouts are collected by a *behaviour* copy of the actor and critic that
 is ``vtrace.actor_lag`` learner updates old, as IMPALA's actors are. Each
@@ -23,17 +27,20 @@ driven by the tests through Hydra's compose API.
 from __future__ import annotations
 
 import copy
-import csv
-import functools
 import logging
 import math
+import sys
 import time
 from collections import deque
 from pathlib import Path
 from typing import Any, Callable
 
 import hydra
+from hydra.utils import instantiate
 from omegaconf import DictConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _common import MetricsLog, run_dir, save_learning_curve, summary_line  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -55,17 +62,20 @@ CSV_COLUMNS: tuple[str, ...] = (
 )
 
 
-def make_env(env_name: str, num_envs: int, seed: int) -> Any:
-    """``num_envs`` gymnasium envs stepped in turn in this process, seeded ``seed, seed + 1, ...``.
+def make_env(create_env_fn: Callable[[], Any], num_envs: int, seed: int) -> Any:
+    """``num_envs`` envs of ``create_env_fn`` stepped in turn in this process, seeded ``seed, seed + 1, ...``.
+
+    ``create_env_fn`` is the env group's config instantiated with ``_partial_=True``
+    (``functools.partial(GymEnv, env_name=..., device=...)``).
 
     ``StepCounter`` and ``RewardSum`` sit outside the ``SerialEnv``: one
     transform call per batched step instead of one per env, which halves the
     collection time on CartPole.
     """
-    from torchrl.envs import Compose, GymEnv, RewardSum, SerialEnv, StepCounter, TransformedEnv
+    from torchrl.envs import Compose, RewardSum, SerialEnv, StepCounter, TransformedEnv
 
     env = TransformedEnv(
-        SerialEnv(num_envs, functools.partial(GymEnv, env_name)),
+        SerialEnv(num_envs, create_env_fn),
         Compose(StepCounter(), RewardSum()),
     )
     env.set_seed(seed)
@@ -227,37 +237,20 @@ def evaluate(actor: Any, env: Any, episodes: int, max_steps: int = 10_000) -> fl
     return sum(returns) / len(returns)
 
 
-def save_learning_curve(rows: list[dict[str, float]], path: Path, title: str) -> None:
-    """Episode return against frames, drawn with the Agg canvas (no display needed)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6, 4), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
-    ax.plot([r["frames"] for r in rows], [r["episode_return"] for r in rows], marker=".")
-    ax.set_xlabel("frames")
-    ax.set_ylabel("mean episode return")
-    ax.set_title(title)
-    ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, format="png")
-
-
 def train(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, Any]:
     """Train as described by ``cfg``; write ``metrics.csv`` and ``learning_curve.png`` to ``output_dir``.
 
     Returns:
-        A dict with ``final_return``, ``eval_return`` (``nan`` if disabled),
-        ``frames``, ``elapsed_s``, ``rows`` and the paths ``output_dir``,
-        ``csv_path`` and ``png_path``.
+        A dict with ``final_return`` (the last rollout's ``episode_return``),
+        ``eval_return`` (``nan`` if disabled), ``reached_at`` (frames when
+        ``logging.target`` was first reached, or ``None``), ``frames``, ``elapsed_s``,
+        ``rows`` and the paths ``output_dir``, ``csv_path`` and ``png_path``.
     """
     import torch
     from tensordict.nn import TensorDictSequential
     from torchrl.collectors import Collector
+    from torchrl.envs import RewardSum, TransformedEnv
     from tqdm import tqdm
-
-    from torchrl_ext.replay_buffers import VTraceReplayBuffer
 
     out = Path(output_dir) if output_dir is not None else Path.cwd()
     out.mkdir(parents=True, exist_ok=True)
@@ -265,13 +258,19 @@ def train(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, An
 
     torch.set_num_threads(int(cfg.threads))
     torch.manual_seed(int(cfg.seed))
-    num_envs, rollout_length = int(cfg.env.num_envs), int(cfg.collector.rollout_length)
+    num_envs, rollout_length = int(cfg.collector.num_envs), int(cfg.collector.rollout_length)
+    env_seed = int(cfg.collector.env_seed)
+    if int(cfg.buffer.num_steps) != rollout_length:
+        # compute_vtrace fills exactly rollout_length slots; a longer buffer would compute
+        # targets over stale slots, a shorter one would overflow.
+        raise ValueError(f"buffer.num_steps={cfg.buffer.num_steps} must equal "
+                         f"collector.rollout_length={rollout_length}.")
     frames_per_batch = num_envs * rollout_length
     total_frames = -(-int(cfg.collector.total_frames) // frames_per_batch) * frames_per_batch
     if total_frames != int(cfg.collector.total_frames):
         log.info("collecting %d frames (a multiple of num_envs * rollout_length)", total_frames)
 
-    env = make_env(cfg.env.name, num_envs, int(cfg.env.seed))
+    env = make_env(instantiate(cfg.env, _partial_=True), num_envs, env_seed)
     actor, critic = make_modules(env, list(cfg.model.hidden_sizes))
     lag = ActorLag(TensorDictSequential(actor, critic), int(cfg.vtrace.actor_lag))
     collector = Collector(
@@ -279,12 +278,8 @@ def train(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, An
         frames_per_batch=frames_per_batch, total_frames=total_frames,
         auto_register_policy_transforms=False,  # feed-forward policy: no InitTracker needed
     )
-    rb = VTraceReplayBuffer(
-        rollout_length, gamma=float(cfg.loss.gamma),
-        rho_thresh=float(cfg.vtrace.rho_thresh), c_thresh=float(cfg.vtrace.c_thresh),
-        normalize_advantage=bool(cfg.loss.normalize_advantage),
-        generator=torch.Generator().manual_seed(int(cfg.seed)),
-    )
+    # A generator cannot be written in YAML; passed here, the minibatch order follows `seed`.
+    rb = instantiate(cfg.buffer, generator=torch.Generator().manual_seed(int(cfg.seed)))
     params = list(actor.parameters()) + list(critic.parameters())
     optim = torch.optim.Adam(params, lr=float(cfg.optim.lr), eps=1e-5)
     entropy_coef, value_coef = float(cfg.loss.entropy_coef), float(cfg.loss.value_coef)
@@ -292,18 +287,16 @@ def train(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, An
 
     eval_env = None
     if int(cfg.eval.episodes) > 0:
-        from torchrl.envs import GymEnv, RewardSum, TransformedEnv
+        # A different seed so evaluation starts from unseen initial states.
+        eval_env = TransformedEnv(instantiate(cfg.env), RewardSum())
+        eval_env.set_seed(env_seed + 10_000)
 
-        eval_env = TransformedEnv(GymEnv(cfg.env.name), RewardSum())
-        eval_env.set_seed(int(cfg.env.seed) + 10_000)
-
-    rows: list[dict[str, float]] = []
+    target = float(cfg.logging.target)
+    metrics = MetricsLog(csv_path, CSV_COLUMNS, target=("episode_return", target))
     loss_keys = ("loss_policy", "loss_value", "loss_entropy", "entropy")
     pbar = tqdm(total=total_frames, unit="frame", disable=not bool(cfg.logging.progress))
     frames, start = 0, time.perf_counter()
-    with csv_path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
-        writer.writeheader()
+    with metrics:
         for iteration, data in enumerate(collector):
             frames += data.numel()
             episode_return, episodes_finished = _episode_return(data)
@@ -311,8 +304,8 @@ def train(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, An
             value_target_mean = rb.storage.data["value_target"][:rollout_length].mean().item()
 
             sums, updates = dict.fromkeys(loss_keys, 0.0), 0
-            for batch in rb.generate_batches(num_mini_batch=int(cfg.optim.num_mini_batch),
-                                             num_epochs=int(cfg.optim.epochs)):
+            # The buffer's num_mini_batch (linked to optim.num_mini_batch) sets the split.
+            for batch in rb.generate_batches(num_epochs=int(cfg.optim.epochs)):
                 dist = actor.get_dist(batch)
                 log_pi = dist.log_prob(batch["action"]).unsqueeze(-1)
                 entropy = dist.entropy().unsqueeze(-1).mean()
@@ -334,7 +327,7 @@ def train(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, An
                     sums[k] += losses[k].detach().item()
             rb.after_update()
 
-            row = {
+            metrics.write({
                 "iteration": iteration,
                 "frames": frames,
                 "episode_return": episode_return,
@@ -343,25 +336,25 @@ def train(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, An
                 **stats,
                 "value_target_mean": value_target_mean,
                 "elapsed_s": time.perf_counter() - start,
-            }
-            rows.append(row)
-            writer.writerow(row)
-            f.flush()  # so a long run can be watched with `tail -f`
+            })
+            # refresh=False: update() redraws once, with the new postfix.
             pbar.set_postfix(ret=f"{episode_return:.1f}", refresh=False)
             pbar.update(data.numel())
     pbar.close()
-    collector.shutdown()
+    collector.shutdown()  # also closes the training env
 
     eval_return = float("nan")
     if eval_env is not None:
         eval_return = evaluate(actor, eval_env, int(cfg.eval.episodes))
         eval_env.close()
-    # collector.shutdown() has closed the training env.
 
-    save_learning_curve(rows, png_path, f"V-trace (actor lag {int(cfg.vtrace.actor_lag)}) on {cfg.env.name}")
+    rows = metrics.rows
+    title = f"V-trace (actor lag {int(cfg.vtrace.actor_lag)}) on {cfg.env.env_name}"
+    save_learning_curve(rows, png_path, title, target=target)
     return {
         "final_return": rows[-1]["episode_return"] if rows else float("nan"),
         "eval_return": eval_return,
+        "reached_at": metrics.reached_at,
         "frames": frames,
         "elapsed_s": time.perf_counter() - start,
         "rows": rows,
@@ -371,19 +364,11 @@ def train(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, An
     }
 
 
-@hydra.main(config_path=".", config_name="config", version_base="1.3")
+@hydra.main(config_path="../../conf", config_name="impala_vtrace", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    """Hydra entry point: run :func:`train` in Hydra's run directory and report."""
-    from hydra.core.hydra_config import HydraConfig
-
-    result = train(cfg, output_dir=HydraConfig.get().runtime.output_dir)
-    print(f"run dir: {result['output_dir']}")
-    greedy = result["eval_return"]
-    greedy_msg = "" if math.isnan(greedy) else f" (greedy eval: {greedy:.1f})"
-    print(
-        f"final mean return: {result['final_return']:.1f}{greedy_msg} "
-        f"after {result['frames']} frames in {result['elapsed_s']:.1f}s"
-    )
+    """Hydra entry point: run :func:`train` in Hydra's run directory and print the summary."""
+    result = train(cfg, output_dir=run_dir())
+    print(summary_line("impala_vtrace", result, target=float(cfg.logging.target)))
 
 
 if __name__ == "__main__":

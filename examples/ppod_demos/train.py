@@ -3,7 +3,12 @@
 Run from the repository root::
 
     python examples/ppod_demos/train.py
-    python examples/ppod_demos/train.py demos.rho=0 demos.phi=0   # plain PPO, no demos
+    python examples/ppod_demos/train.py experiment=ppod_demos_smoke   # a few seconds
+    python examples/ppod_demos/train.py demos.rho=0 demos.phi=0       # plain PPO, no demos
+
+The config is ``conf/ppod_demos.yaml``; it picks ``conf/buffer/on_policy_gae.yaml``. The env
+is this script's own :class:`SparseGrid`, configured under ``env:`` in the primary config
+(no env group: it is not a gymnasium id that a ``_target_`` config could build).
 
 The task (:class:`SparseGrid`): an agent starts in the bottom-left corner of a ``size x size``
 grid and gets reward 1 only on reaching the top-right corner (then the episode terminates);
@@ -23,9 +28,7 @@ reward demos, :func:`~torchrl_ext.demos.save_top_demos`).
 
 from __future__ import annotations
 
-import csv
-import logging
-import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -33,9 +36,11 @@ from typing import Any
 import gymnasium as gym
 import hydra
 import numpy as np
+from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-log = logging.getLogger(__name__)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _common import MetricsLog, run_dir, save_learning_curve, summary_line  # noqa: E402
 
 CSV_COLUMNS: tuple[str, ...] = (
     "iteration",
@@ -153,37 +158,22 @@ def evaluate(actor: Any, cfg: DictConfig, episodes: int) -> float:
     return wins / episodes
 
 
-def save_learning_curve(rows: list[dict[str, float]], path: Path, title: str) -> None:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6, 4), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
-    ax.plot([r["frames"] for r in rows], [r["env_success_rate"] for r in rows], marker=".",
-            label="env episodes reaching the goal")
-    ax.plot([r["frames"] for r in rows], [r["rho"] for r in rows], label="rho")
-    ax.set_xlabel("frames")
-    ax.set_ylim(-0.05, 1.05)
-    ax.set_title(title)
-    ax.legend()
-    ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, format="png")
-
-
 def train(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, Any]:
     """Train PPO+D as described by ``cfg``; writes metrics, plot and demos to ``output_dir``.
 
     Returns ``final_success`` (success rate of the env episodes of the last rollouts, see
-    ``logging.final_window``), ``eval_success`` (greedy; ``nan`` if disabled), ``frames``,
-    ``elapsed_s``, ``rows`` and the paths ``output_dir``, ``csv_path``, ``png_path``.
+    ``logging.final_window``), ``eval_success`` (greedy; ``nan`` if disabled),
+    ``reached_at`` (frames when a rollout's success rate first reached
+    ``logging.target``, or ``None``), ``frames``, ``elapsed_s``, ``rows`` and the paths
+    ``output_dir``, ``csv_path``, ``png_path``. ``final_return`` and ``eval_return``
+    repeat ``final_success`` and ``eval_success`` for :func:`summary_line`: the only
+    reward is 1 at the goal, so an episode's return is whether it succeeded.
     """
     import torch
     from tensordict import TensorDict
+    from tqdm import tqdm
 
     from torchrl_ext.demos import DemoMixer, DemoStore, load_demo_dir, save_demo, save_top_demos
-    from torchrl_ext.replay_buffers import OnPolicyReplayBuffer
 
     out = Path(output_dir) if output_dir is not None else Path.cwd()
     out.mkdir(parents=True, exist_ok=True)
@@ -191,6 +181,11 @@ def train(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, An
     torch.set_num_threads(int(cfg.threads))
     torch.manual_seed(int(cfg.seed))
     num_envs, steps = int(cfg.env.num_envs), int(cfg.collector.rollout_length)
+    if int(cfg.buffer.num_steps) != steps:
+        # compute_returns runs over the buffer's num_steps slots; each rollout fills
+        # exactly rollout_length of them.
+        raise ValueError(f"buffer.num_steps={cfg.buffer.num_steps} must equal "
+                         f"collector.rollout_length={steps}.")
     iterations = -(-int(cfg.collector.total_frames) // (num_envs * steps))
 
     store = DemoStore(
@@ -210,10 +205,8 @@ def train(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, An
     env = make_env(cfg)
     actor, critic = make_modules(list(cfg.model.hidden_sizes))
     mixer = DemoMixer(store, num_envs)
-    rb = OnPolicyReplayBuffer(
-        steps, gamma=float(cfg.loss.gamma), gae_lambda=float(cfg.loss.lmbda),
-        normalize_advantage=True, generator=torch.Generator().manual_seed(int(cfg.seed)),
-    )
+    # A generator cannot be written in YAML; passed here, the minibatch order follows `seed`.
+    rb = instantiate(cfg.buffer, generator=torch.Generator().manual_seed(int(cfg.seed)))
     params = list(actor.parameters()) + list(critic.parameters())
     optim = torch.optim.Adam(params, lr=float(cfg.optim.lr), eps=1e-5)
     clip, ent_coef = float(cfg.loss.clip_epsilon), float(cfg.loss.entropy_coef)
@@ -221,12 +214,13 @@ def train(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, An
     def reset_fn(mask: torch.Tensor) -> Any:
         return env.reset(TensorDict({"_reset": mask.unsqueeze(-1)}, [num_envs]))
 
-    rows: list[dict[str, float]] = []
+    target = float(cfg.logging.target)
+    metrics = MetricsLog(csv_path, CSV_COLUMNS, target=("env_success_rate", target))
+    pbar = tqdm(total=iterations * num_envs * steps, unit="frame",
+                disable=not bool(cfg.logging.progress))
     frames, start = 0, time.perf_counter()
     td = mixer.reset(env.reset())
-    with csv_path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
-        writer.writeheader()
+    with metrics:
         for iteration in range(iterations):
             with torch.no_grad():
                 for _ in range(steps):
@@ -237,8 +231,8 @@ def train(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, An
                 rb.compute_returns(value_network=critic)
             frames += num_envs * steps
             sums, updates = {"loss_policy": 0.0, "loss_value": 0.0, "entropy": 0.0}, 0
-            for batch in rb.generate_batches(num_mini_batch=int(cfg.optim.num_mini_batch),
-                                             num_epochs=int(cfg.optim.epochs)):
+            # The buffer's num_mini_batch (linked to optim.num_mini_batch) sets the split.
+            for batch in rb.generate_batches(num_epochs=int(cfg.optim.epochs)):
                 dist = actor.get_dist(batch)
                 log_pi = dist.log_prob(batch["action"])
                 ratio = (log_pi - batch["action_log_prob"]).exp()
@@ -277,25 +271,30 @@ def train(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, An
                 **{k: v / max(updates, 1) for k, v in sums.items()},
                 "elapsed_s": time.perf_counter() - start,
             }
-            rows.append(row)
-            writer.writerow(row)
-            f.flush()
-            if bool(cfg.logging.progress) and iteration % 10 == 0:
-                log.info("iter %d frames %d success %.2f rho %.2f reward demos %d", iteration,
-                         frames, row["env_success_rate"], store.rho, row["reward_demos"])
+            metrics.write(row)
+            # refresh=False: update() redraws once, with the new postfix.
+            pbar.set_postfix(success=f"{row['env_success_rate']:.2f}", rho=f"{store.rho:.2f}",
+                             demos=row["reward_demos"], refresh=False)
+            pbar.update(num_envs * steps)
+    pbar.close()
     env.close()
     if cfg.demos.save_dir:
         save_top_demos(store, out / cfg.demos.save_dir, frame_skip=1)
     eval_success = float("nan")
     if int(cfg.eval.episodes) > 0:
         eval_success = evaluate(actor, cfg, int(cfg.eval.episodes))
-    save_learning_curve(rows, png_path, f"PPO+D on SparseGrid {cfg.env.size}x{cfg.env.size}")
+    rows = metrics.rows
+    save_learning_curve(rows, png_path, f"PPO+D on SparseGrid {cfg.env.size}x{cfg.env.size}",
+                        y="env_success_rate", target=target)
     window = rows[-int(cfg.logging.final_window):]
     episodes = sum(r["env_episodes"] for r in window)
     final = sum(r["env_success_rate"] * r["env_episodes"] for r in window) / max(episodes, 1)
     return {
         "final_success": final,
         "eval_success": eval_success,
+        "final_return": final,
+        "eval_return": eval_success,
+        "reached_at": metrics.reached_at,
         "frames": frames,
         "elapsed_s": time.perf_counter() - start,
         "rows": rows,
@@ -305,16 +304,12 @@ def train(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, An
     }
 
 
-@hydra.main(config_path=".", config_name="config", version_base="1.3")
+@hydra.main(config_path="../../conf", config_name="ppod_demos", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    from hydra.core.hydra_config import HydraConfig
-
-    result = train(cfg, output_dir=HydraConfig.get().runtime.output_dir)
-    print(f"run dir: {result['output_dir']}")
-    greedy = result["eval_success"]
-    greedy_msg = "" if math.isnan(greedy) else f" (greedy eval success: {greedy:.2f})"
-    print(f"final env success rate: {result['final_success']:.2f}{greedy_msg} "
-          f"after {result['frames']} frames in {result['elapsed_s']:.1f}s")
+    """Hydra entry point: run :func:`train` in Hydra's run directory and print the summary."""
+    result = train(cfg, output_dir=run_dir())
+    # "return" is the success rate here: the only reward is 1 at the goal.
+    print(summary_line("ppod_demos", result, target=float(cfg.logging.target)))
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
-"""Smoke test for ``examples/impala_vtrace``: a tiny V-trace run through Hydra's compose API,
-and the V-trace path of the example's helpers checked against plain discounted returns."""
+"""Smoke test for ``examples/impala_vtrace``: ``conf/impala_vtrace.yaml`` with
+``experiment=impala_vtrace_smoke``, and the V-trace path of the example's helpers checked
+against plain discounted returns."""
 
 from __future__ import annotations
 
 import csv
+import functools
 import math
 from pathlib import Path
 
@@ -11,9 +13,7 @@ import pytest
 
 from tests.examples._load import EXAMPLES_DIR, PNG_MAGIC, load_example
 
-EXAMPLE_DIR = EXAMPLES_DIR / "impala_vtrace"
-
-
+CONF_DIR = EXAMPLES_DIR.parent / "conf"
 
 
 @pytest.mark.slow
@@ -21,19 +21,13 @@ def test_impala_vtrace_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     from hydra import compose, initialize_config_dir
 
     example = load_example("impala_vtrace")
-    overrides = [
-        "collector.total_frames=500",  # rounded up to 512 = 8 rollouts of 4 envs x 16 steps
-        "env.num_envs=4",
-        "collector.rollout_length=16",
-        "optim.num_mini_batch=2",
-        "vtrace.actor_lag=3",
-        "eval.episodes=1",
-        "logging.progress=false",
-    ]
     # Anything written relative to the cwd must land in tmp_path, not the repo.
     monkeypatch.chdir(tmp_path)
-    with initialize_config_dir(config_dir=str(EXAMPLE_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=overrides)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="impala_vtrace", overrides=["experiment=impala_vtrace_smoke"])
+    # 500 frames rounded up to 512 = 8 rollouts of 4 envs x 16 steps; the buffer follows.
+    assert (cfg.collector.num_envs, cfg.collector.rollout_length) == (4, 16)
+    assert (cfg.buffer.num_steps, cfg.buffer.num_mini_batch, cfg.vtrace.actor_lag) == (16, 2, 3)
 
     result = example.train(cfg, output_dir=tmp_path / "run")
 
@@ -79,6 +73,7 @@ def test_refresh_with_the_collecting_actor_gives_discounted_returns() -> None:
     return and the advantage is ``vs - V``. With a changed actor the refresh takes effect."""
     import torch
     from tensordict.nn import TensorDictSequential
+    from torchrl.envs import GymEnv
     from torchrl.envs.utils import ExplorationType, set_exploration_type
 
     from torchrl_ext.replay_buffers import VTraceReplayBuffer
@@ -86,7 +81,7 @@ def test_refresh_with_the_collecting_actor_gives_discounted_returns() -> None:
     example = load_example("impala_vtrace")
     torch.manual_seed(0)
     num_envs, steps, gamma = 3, 40, 0.9
-    env = example.make_env("CartPole-v1", num_envs, seed=0)
+    env = example.make_env(functools.partial(GymEnv, "CartPole-v1"), num_envs, seed=0)
     actor, critic = example.make_modules(env, [16, 16])
     # Sampled actions, as the collector takes them (env.rollout defaults to the mode).
     with torch.no_grad(), set_exploration_type(ExplorationType.RANDOM):

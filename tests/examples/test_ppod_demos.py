@@ -1,4 +1,4 @@
-"""Smoke test for ``examples/ppod_demos``: a tiny PPO+D run through Hydra's compose API."""
+"""Smoke test for ``examples/ppod_demos``: ``conf/ppod_demos.yaml`` with ``experiment=ppod_demos_smoke``."""
 
 from __future__ import annotations
 
@@ -10,9 +10,7 @@ import pytest
 
 from tests.examples._load import EXAMPLES_DIR, PNG_MAGIC, load_example
 
-EXAMPLE_DIR = EXAMPLES_DIR / "ppod_demos"
-
-
+CONF_DIR = EXAMPLES_DIR.parent / "conf"
 
 
 def test_scripted_demo_reaches_the_goal() -> None:
@@ -29,21 +27,13 @@ def test_ppod_demos_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     from torchrl_ext.demos import load_demo
 
     example = load_example("ppod_demos")
-    overrides = [
-        "env.num_envs=2",
-        "env.size=5",
-        "env.max_steps=12",
-        "collector.rollout_length=32",
-        "collector.total_frames=192",
-        "demos.rho=0.5",
-        "demos.phi=0.3",
-        "demos.save_every=1",
-        "optim.epochs=1",
-        "logging.progress=false",
-    ]
     monkeypatch.chdir(tmp_path)
-    with initialize_config_dir(config_dir=str(EXAMPLE_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=overrides)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="ppod_demos", overrides=["experiment=ppod_demos_smoke"])
+    # 3 rollouts of 2 envs x 32 steps on a 5x5 grid; the buffer follows the rollout length.
+    assert (cfg.env.num_envs, cfg.env.size, cfg.collector.rollout_length) == (2, 5, 32)
+    assert (cfg.buffer.num_steps, cfg.buffer.gae_lambda) == (32, cfg.loss.lmbda)
+    assert (cfg.demos.rho, cfg.demos.save_every) == (0.5, 1)
     result = example.train(cfg, output_dir=tmp_path / "run")
 
     with Path(result["csv_path"]).open(newline="") as f:

@@ -1,30 +1,28 @@
-"""Smoke test for ``examples/sac_nstep``: a tiny n-step SAC run through Hydra's compose API."""
+"""Smoke test for ``examples/sac_nstep``: ``conf/sac_nstep.yaml`` with ``experiment=sac_nstep_smoke``."""
 from __future__ import annotations
 
 import csv
 import math
+from pathlib import Path
 
 import pytest
 
-from tests.examples._load import EXAMPLES_DIR, load_example
+from tests.examples._load import EXAMPLES_DIR, PNG_MAGIC, load_example
 
-EXAMPLE_DIR = EXAMPLES_DIR / "sac_nstep"
-
-
+CONF_DIR = EXAMPLES_DIR.parent / "conf"
 
 
 @pytest.mark.slow
-def test_sac_nstep_smoke(tmp_path, monkeypatch):
+def test_sac_nstep_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from hydra import compose, initialize_config_dir
 
     example = load_example("sac_nstep")
     monkeypatch.chdir(tmp_path)
-    with initialize_config_dir(config_dir=str(EXAMPLE_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[
-            "collector.total_frames=800", "collector.frames_per_batch=200",
-            "collector.init_random_frames=200", "optim.updates_per_batch=4",
-            "optim.batch_size=32", "model.hidden_sizes=[32,32]", "buffer.n_step=3",
-        ])
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="sac_nstep", overrides=["experiment=sac_nstep_smoke"])
+    # The smoke config shrinks the run; the primary config links the buffer to it.
+    assert cfg.buffer.batch_size == cfg.optim.batch_size == 32
+    assert cfg.buffer.sampler.n_step == 3 and cfg.buffer.sampler.gamma == cfg.loss.gamma
     result = example.train(cfg, output_dir=tmp_path / "run")
     with open(result["csv_path"], newline="") as handle:
         rows = list(csv.DictReader(handle))
@@ -35,3 +33,7 @@ def test_sac_nstep_smoke(tmp_path, monkeypatch):
         # Pendulum episodes last 200 steps: most 3-step chains are whole, none is longer.
         assert 1.0 <= float(row["mean_steps_to_next_obs"]) <= 3.0
     assert math.isfinite(result["eval_return"])
+    assert result["frames"] == 800
+    assert Path(result["png_path"]).read_bytes()[: len(PNG_MAGIC)] == PNG_MAGIC
+    # Nothing leaked into the working directory besides the run dir.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
