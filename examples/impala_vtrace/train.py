@@ -147,7 +147,7 @@ def buffer_steps(data: Any) -> Any:
     """The entries of a collected batch ``[N, T]`` that the buffer needs, under its key names.
 
     TorchRL 0.14's ``ProbabilisticActor`` writes ``"action_log_prob"`` shaped
-    ``[N, T]``; the buffer reads ``"sample_log_prob"`` shaped like the values,
+    ``[N, T]``; the buffer reads it under the same key, shaped like the values,
     ``[N, T, 1]``.
     """
     from tensordict import TensorDict
@@ -156,7 +156,7 @@ def buffer_steps(data: Any) -> Any:
         {
             "observation": data["observation"],
             "action": data["action"],
-            "sample_log_prob": data["action_log_prob"].unsqueeze(-1),
+            "action_log_prob": data["action_log_prob"].unsqueeze(-1),
             "state_value": data["state_value"],
             "next": {key: data["next", key] for key in ("observation", "reward", "done", "terminated")},
         },
@@ -169,7 +169,7 @@ def make_refresh(actor: Any, critic: Any, rho_thresh: float, stats: dict[str, fl
     """The buffer's ``refresh`` hook: current log-probs of the stored actions and current values.
 
     It receives the filled steps ``[T, N]`` with the behaviour policy's
-    ``"sample_log_prob"``; if ``stats`` is given, it records the mean and
+    ``"action_log_prob"``; if ``stats`` is given, it records the mean and
     largest importance ratio ``pi / mu`` and the mean clipped ratio
     ``min(rho_thresh, pi / mu)`` that weighs the TD errors, before
     overwriting the behaviour log-probs.
@@ -180,11 +180,11 @@ def make_refresh(actor: Any, critic: Any, rho_thresh: float, stats: dict[str, fl
         with torch.no_grad():
             log_pi = actor.get_dist(steps).log_prob(steps["action"]).unsqueeze(-1)
             if stats is not None:
-                ratio = (log_pi - steps["sample_log_prob"]).exp()
+                ratio = (log_pi - steps["action_log_prob"]).exp()
                 stats["ratio_mean"] = ratio.mean().item()
                 stats["ratio_max"] = ratio.max().item()
                 stats["rho_mean"] = ratio.clamp(max=rho_thresh).mean().item()
-            steps.set("sample_log_prob", log_pi)
+            steps.set("action_log_prob", log_pi)
             critic(steps)  # overwrites "state_value"
         return steps
 

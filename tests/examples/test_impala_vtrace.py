@@ -118,7 +118,7 @@ def test_refresh_with_the_collecting_actor_gives_discounted_returns() -> None:
     assert abs(stats["ratio_max"] - 1.0) > 1e-3
     with torch.no_grad():
         current = actor.get_dist(data.clone()).log_prob(data["action"])
-    torch.testing.assert_close(rb.storage.data["sample_log_prob"][:steps].squeeze(-1).T, current)
+    torch.testing.assert_close(rb.storage.data["action_log_prob"][:steps].squeeze(-1).T, current)
     assert not torch.allclose(rb.storage.data["value_target"][:steps].squeeze(-1).T, expected, atol=1e-3)
 
 

@@ -13,7 +13,7 @@ from torchrl_ext.presets import l2r_ppo_buffer, l2r_simple_replay_buffer
 def ppo_step(obs, act, rew, val, logp) -> TensorDict:
     f = lambda x: torch.as_tensor(np.asarray(x), dtype=torch.float32)  # noqa: E731
     return TensorDict({"observation": f(obs), "action": f(act), "state_value": f(val).reshape(1),
-                       "sample_log_prob": f(logp).reshape(1), "next": {"reward": f(rew).reshape(1)}}, [])
+                       "action_log_prob": f(logp).reshape(1), "next": {"reward": f(rew).reshape(1)}}, [])
 
 
 def fill_vectors(paths):

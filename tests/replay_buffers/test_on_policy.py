@@ -22,7 +22,7 @@ def step(obs, value, reward, done, terminated=None, ireward=None, ivalue=None, l
         data["next"]["intrinsic_reward"] = col(ireward)
         data["intrinsic_state_value"] = col(ivalue)
     if log_prob is not None:
-        data["sample_log_prob"] = col(log_prob)
+        data["action_log_prob"] = col(log_prob)
     return TensorDict(data, [n])
 
 
@@ -242,7 +242,7 @@ def test_vtrace_against_a_float64_reference(rho_bar, c_bar):
     boot = rng.normal(size=envs)
 
     def refresh(td):  # the current actor and critic on the stored steps
-        td.set("sample_log_prob", torch.from_numpy(log_pi).float().unsqueeze(-1))
+        td.set("action_log_prob", torch.from_numpy(log_pi).float().unsqueeze(-1))
         td.set("state_value", torch.from_numpy(new_value).float().unsqueeze(-1))
         return td
 
@@ -255,9 +255,9 @@ def test_vtrace_against_a_float64_reference(rho_bar, c_bar):
     torch.testing.assert_close(got["advantage"][:steps, :, 0].double(), normalise(torch.from_numpy(adv), 1e-8),
                                rtol=1e-4, atol=1e-5)
     # The refreshed log-probs replace the behaviour ones: a PPO ratio now starts at 1.
-    torch.testing.assert_close(got["sample_log_prob"][:steps, :, 0], torch.from_numpy(log_pi).float())
-    with pytest.raises(ValueError, match="refresh must return the steps with 'sample_log_prob'"):
-        rb.compute_returns(refresh=lambda td: td.exclude("sample_log_prob"))
+    torch.testing.assert_close(got["action_log_prob"][:steps, :, 0], torch.from_numpy(log_pi).float())
+    with pytest.raises(ValueError, match="refresh must return the steps with 'action_log_prob'"):
+        rb.compute_returns(refresh=lambda td: td.exclude("action_log_prob"))
     with pytest.raises(ValueError, match="rho_thresh must be a positive number, got rho_thresh=0"):
         VTraceReplayBuffer(3, rho_thresh=0)
 

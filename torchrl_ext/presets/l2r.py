@@ -35,7 +35,7 @@ def l2r_ppo_buffer(
     l2r                                           torchrl_ext
     ============================================  ==========================================
     ``store({"obs", "act": ActionSample, "rew"})``  ``rb.store(step)``: ``"observation"``, ``"action"``,
-                                                  ``"state_value"``, ``"sample_log_prob"``, ``("next", "reward")``
+                                                  ``"state_value"``, ``"action_log_prob"``, ``("next", "reward")``
     ``finish_path(action_obj)``                   ``rb.finish_path(last_val)`` (0 at a terminal state, else ``V(s_T)``)
     ``sample_batch()`` -> obs, act, ret, adv, logp  ``rb.sample_batch()`` -> ``value_target``, ``advantage``, ...
     ============================================  ==========================================

@@ -40,7 +40,7 @@ def pytorchrl_on_policy_buffer(
     ``used_capacity``                           ``rb.used_capacity`` (filled steps)
     ``update_storage_parameter(name, value)``   same; unknown names raise
     ``Observation`` / ``Reward`` / ``Done``     ``"observation"`` / ``("next", "reward")`` / ``("next", "done")``
-    ``Value`` / ``LogProbability``              ``"state_value"`` / ``"sample_log_prob"``
+    ``Value`` / ``LogProbability``              ``"state_value"`` / ``"action_log_prob"``
     ``IntrinsicReward`` / ``IntrinsicValue``    ``("next", "intrinsic_reward")`` / ``"intrinsic_state_value"``
     ``ExternalReturn`` / ``Advantage``          ``"value_target"`` / ``"advantage"``
     ``IntrinsicReturn`` / ``IntrinsicAdvantage``  ``"intrinsic_value_target"`` / ``"intrinsic_advantage"``

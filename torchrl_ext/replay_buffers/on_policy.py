@@ -41,7 +41,7 @@ class OnPolicyKeys:
     done: Any = ("next", "done")
     terminated: Any = ("next", "terminated")
     value: Any = "state_value"
-    log_prob: Any = "sample_log_prob"
+    log_prob: Any = "action_log_prob"
     intrinsic_reward: Any = ("next", "intrinsic_reward")
     intrinsic_value: Any = "intrinsic_state_value"
     advantage: Any = "advantage"
