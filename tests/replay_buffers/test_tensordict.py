@@ -14,6 +14,7 @@ from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ListStorage
 from torchrl.envs.transforms import Transform
 
 from torchrl_ext.replay_buffers import PrioritizedReplayBuffer
+from torchrl_ext.samplers import PrioritizedSampler
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -220,8 +221,13 @@ def test_empty_resets_everything():
 
 # --------------------------------------------------------------------------- construction
 def test_rejects_a_sampler_argument():
+    from torchrl.data import RandomSampler
+
     with pytest.raises(TypeError, match="builds its own sampler"):
-        PrioritizedReplayBuffer(alpha=0.6, beta=0.4, storage=LazyTensorStorage(10), sampler=None)
+        PrioritizedReplayBuffer(alpha=0.6, beta=0.4, storage=LazyTensorStorage(10), sampler=RandomSampler())
+    # None is what a config's unset `sampler` field passes: the buffer still builds its own.
+    rb = PrioritizedReplayBuffer(alpha=0.6, beta=0.4, storage=LazyTensorStorage(10), sampler=None)
+    assert isinstance(rb.sampler, PrioritizedSampler)
 
 
 def test_rejects_a_non_storage():

@@ -175,6 +175,25 @@ def test_bad_writes_raise_before_touching_stored_data(case):
     assert len(storage) == 8
 
 
+
+@pytest.mark.parametrize("case", BAD_WRITES)
+def test_the_write_after_a_refused_one_lands_at_the_old_cursor(case):
+    """TorchRL's writer moves its cursor before the storage checks; torchrl_ext's buffer puts it back.
+
+    (TorchRL's own ``TensorDictReplayBuffer`` keeps the moved cursor.)
+    """
+    from torchrl_ext.replay_buffers import TensorDictReplayBuffer as ExtTensorDictReplayBuffer
+
+    data, match = BAD_WRITES[case]
+    rb = ExtTensorDictReplayBuffer(storage=FastTensorStorage(10))
+    rb.extend(chunk(0, 8))
+    with pytest.raises(ValueError, match=match):
+        rb.extend(data)
+    assert rb.writer._cursor == 8 and rb.write_count == 8
+    rb.extend(chunk(100, 1))
+    assert len(rb) == 9
+    assert rb.storage.get(torch.arange(9))["obs"][:, 0].tolist() == [*range(8), 100]
+
 def test_a_first_batch_larger_than_the_capacity_is_rejected():
     with pytest.raises(ValueError, match="capacity 4"):
         TensorDictReplayBuffer(storage=FastTensorStorage(4)).extend(chunk(0, 5))

@@ -17,7 +17,8 @@ code, so behaviour never differs, only speed.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -95,6 +96,11 @@ class TensorDictReplayBuffer(_TorchRLTensorDictReplayBuffer):
     """
 
     def __init__(self, **kwargs: Any) -> None:
+        storage = kwargs.get("storage")
+        if callable(storage) and not isinstance(storage, Storage):
+            # A factory (functools.partial(RolloutStorage, ...), as RayReplayBuffer and
+            # configs pass it): build it now so the defaults below see the storage.
+            kwargs["storage"] = storage()
         # torchrl_ext storages that return one TensorDict per read need no
         # collate function; TorchRL only knows its own storage classes.
         if kwargs.get("collate_fn") is None and getattr(kwargs.get("storage"), "returns_tensordicts", False):
@@ -112,6 +118,36 @@ class TensorDictReplayBuffer(_TorchRLTensorDictReplayBuffer):
         if isinstance(self._storage, RolloutStorage) and isinstance(data, TensorDictBase) and data.batch_dims == 1:
             return data.unsqueeze(1)  # [T] from one env: T steps of N = 1
         return super()._transpose(data)
+
+    # ------------------------------------------------------------------
+    def extend(self, tensordicts: TensorDictBase, *, update_priority: bool | None = None) -> torch.Tensor:
+        """TorchRL's ``extend``; a write the storage refuses leaves the writer's cursor unmoved."""
+        with self._replay_lock, self._writer_restored_on_error():
+            return super().extend(tensordicts, update_priority=update_priority)
+
+    def add(self, data: Any) -> Any:
+        """TorchRL's ``add``; a write the storage refuses leaves the writer's cursor unmoved."""
+        with self._replay_lock, self._writer_restored_on_error():
+            return super().add(data)
+
+    @contextmanager
+    def _writer_restored_on_error(self) -> Iterator[None]:
+        """Puts the writer's cursor and write count back when a write raises before changing the storage.
+
+        TorchRL's writers advance their cursor before the storage checks the
+        data, so a refused write would make the next one skip rows and expose
+        never-written (garbage) rows as stored data.
+        """
+        writer, storage = self._writer, self._storage
+        saved = {name: getattr(writer, name) for name in ("_cursor", "_write_count") if hasattr(writer, name)}
+        revision = getattr(storage, "_mutation_revision", None)
+        try:
+            yield
+        except BaseException:
+            if revision is not None and getattr(storage, "_mutation_revision", None) == revision:
+                for name, value in saved.items():
+                    setattr(writer, name, value)
+            raise
 
     # ------------------------------------------------------------------
     def _lean_path(self) -> bool:

@@ -217,8 +217,15 @@ class _SliceWritesIndexSelectReads:
             and isinstance(stored, TensorDictBase)
         ):
             low, high = (int(x) for x in torch.aminmax(index))
-            if 0 <= low and high < len(self):
+            size = len(self)
+            if 0 <= low and high < size:
                 return gather_rows(stored, index)
+            if low < -size or high >= size:
+                bad = high if high >= size else low
+                raise IndexError(
+                    f"index {bad} is out of range for a storage holding {size} items; read "
+                    f"indices in [0, {size - 1}] (negative ones count from the end)."
+                )
         return super().get(index)
 
 

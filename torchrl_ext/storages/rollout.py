@@ -214,6 +214,14 @@ class RolloutStorage(Storage):
                 f"step has batch size {list(steps.batch_size[1:])} but the rollout holds "
                 f"{list(self._storage.batch_size[1:])} envs per step."
             )
+        stored = self._storage
+        for key, leaf in steps.items(include_nested=True, leaves_only=True):
+            expected = stored.get(key).shape[2:]
+            if isinstance(leaf, torch.Tensor) and leaf.shape[2:] != expected:
+                raise ValueError(
+                    f"key {key!r}: the rollout's steps have item shape {list(expected)}, got "
+                    f"{list(leaf.shape[2:])}; insert the same per-env shapes at every step."
+                )
         first = self._step
         self._storage[first:first + length] = steps.to(self._device)
         carried = self._storage[first + 1:first + length + 1]
