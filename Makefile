@@ -26,14 +26,14 @@ comma := ,
 demo: $(VENV)/.installed-examples
 	$(VENV)/bin/python examples/ppo_cartpole/train.py $(DEMO_ARGS)
 
-test: $(VENV)/.installed-test+examples
+test: $(VENV)/.installed-test+examples+ray
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 $(NIGHTLY_VENV)/.installed: pyproject.toml .ci/requirements.py
 	$(PYTHON) -m venv $(NIGHTLY_VENV)
 	$(NIGHTLY_VENV)/bin/python -m pip install "$(TORCH_SPEC)" torchrl-nightly tensordict-nightly
 	$(NIGHTLY_VENV)/bin/python -m pip install --no-deps -e .
-	$(PYTHON) .ci/requirements.py --without torch torchrl tensordict --extras test examples > $(NIGHTLY_VENV)/requirements.txt
+	$(PYTHON) .ci/requirements.py --without torch torchrl tensordict --extras test examples ray > $(NIGHTLY_VENV)/requirements.txt
 	$(NIGHTLY_VENV)/bin/python -m pip install -r $(NIGHTLY_VENV)/requirements.txt
 	touch $@
 

@@ -1,7 +1,7 @@
 """A TorchRL replay buffer over per-environment rings (ALF's ``ReplayBuffer`` data path)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from tensordict import TensorDictBase
@@ -27,9 +27,10 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
     Keyword Args:
         num_envs, max_length: ring geometry (ignored when ``storage`` is given).
         device: device of the data (ignored when ``storage`` is given).
-        storage: an :class:`~torchrl_ext.storages.EnvRingStorage`.
-        writer: defaults to :class:`~torchrl_ext.writers.EnvRingWriter`.
-        sampler: defaults to ``TrajectorySampler(batch_length=1)``.
+        storage: an :class:`~torchrl_ext.storages.EnvRingStorage`, or a zero-argument
+            factory of one (``functools.partial(EnvRingStorage, 4, 100)``).
+        writer: defaults to :class:`~torchrl_ext.writers.EnvRingWriter` (or a factory).
+        sampler: defaults to ``TrajectorySampler(batch_length=1)`` (or a factory).
         **kwargs: the rest of ``TensorDictReplayBuffer``'s arguments.
 
     Shape contract:
@@ -58,11 +59,16 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
         num_envs: int | None = None,
         max_length: int | None = None,
         device: torch.device | str = "cpu",
-        storage: EnvRingStorage | None = None,
-        writer: EnvRingWriter | None = None,
-        sampler: Sampler | None = None,
+        storage: EnvRingStorage | Callable[[], EnvRingStorage] | None = None,
+        writer: EnvRingWriter | Callable[[], EnvRingWriter] | None = None,
+        sampler: Sampler | Callable[[], Sampler] | None = None,
         **kwargs: Any,
     ) -> None:
+        # Factories (functools.partial, a class) as TorchRL accepts them: what a
+        # RayReplayBuffer or a config sends so that the parts are built in place.
+        storage, writer, sampler = (
+            _build(part) for part in (storage, writer, sampler)
+        )
         if storage is None:
             if num_envs is None or max_length is None:
                 raise ValueError(
@@ -200,6 +206,54 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
         # would then carry an extra key into the strict storage. extend returns it.
         return
 
+    def update_tensordict_priority(self, data: TensorDictBase) -> None:
+        """Writes ``data[priority_key]`` back as the priority of each sampled window.
+
+        ``data`` is a sample ``[B, T]`` (or ``[B]``) with its ``index``; a
+        ``[B, T]`` priority is reduced with ``max`` over time. TorchRL's version
+        only serves its own ``PrioritizedSampler`` and silently does nothing for
+        a :class:`~torchrl_ext.samplers.PrioritizedTrajectorySampler`.
+
+        Raises:
+            KeyError: if ``data`` has no ``priority_key`` entry or no ``index``.
+        """
+        if not hasattr(self._sampler, "update_window_priority"):
+            return super().update_tensordict_priority(data)
+        for key in (self.priority_key, "index"):
+            if key not in data.keys(include_nested=True):
+                raise KeyError(
+                    f"update_tensordict_priority needs {key!r} in data (a sample of this buffer "
+                    f"with data[{self.priority_key!r}] set), got keys {sorted(map(str, data.keys()))}."
+                )
+        priority = data.get(self.priority_key)
+        if priority.ndim > data.ndim:
+            priority = priority.reshape(*data.shape, -1).amax(-1)
+        self.update_priority(data.get("index"), priority)
+
+    def update_window_priority(self, env_ids: Any, positions: Any, priorities: Any) -> None:
+        """Sets the priority of the windows starting at ``positions`` of ``env_ids``.
+
+        The buffer-level (locked) form of the sampler's
+        ``update_window_priority``; it is also what a Ray client calls, since
+        ``rb.sampler`` cannot be reached over the wire. ``env_ids``, ``positions``
+        and ``priorities`` broadcast to one ``[B]`` shape (a sample's
+        ``batch["env_ids"][:, 0]`` and ``batch["positions"][:, 0]``).
+
+        Raises:
+            TypeError: if the sampler has no window priorities (not a
+                :class:`~torchrl_ext.samplers.PrioritizedTrajectorySampler`).
+        """
+        update = getattr(self._sampler, "update_window_priority", None)
+        if update is None:
+            raise TypeError(
+                f"{type(self._sampler).__name__} keeps no window priorities; build the buffer "
+                "with sampler=PrioritizedTrajectorySampler(...) (alf_replay_buffer("
+                "prioritized_sampling=True))."
+            )
+        with self._replay_lock, self._write_lock:
+            self._sampler._storage_ref = self._storage
+            update(env_ids, positions, priorities)
+
     def dequeue(self, n: int = 1, env_ids: Any = None) -> TensorDictBase:
         """Removes and returns the ``n`` oldest steps of each env, ``[len(env_ids), n]``."""
         with self._replay_lock:
@@ -235,6 +289,13 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
     def empty(self, empty_write_count: bool = True) -> None:
         super().empty(empty_write_count=empty_write_count)
         self._writer.notify_room()
+
+
+def _build(part: Any) -> Any:
+    """A component, or what its zero-argument factory (class, ``functools.partial``) builds."""
+    if part is None or isinstance(part, (EnvRingStorage, EnvRingWriter, Sampler)):
+        return part
+    return part() if callable(part) else part
 
 
 def _broadcast(value: torch.Tensor, shape: torch.Size) -> torch.Tensor:

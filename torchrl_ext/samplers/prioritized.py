@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from multiprocessing.context import get_spawning_popen
 from typing import Any
 
 import torch
@@ -418,6 +419,25 @@ class PrioritizedSampler(_TorchRLPrioritizedSampler):
     def loads(self, path: str | Path) -> None:
         """Restores what :meth:`dumps` wrote."""
         self.load_state_dict(load_state(path, tensors_file=_TREES, metadata_file=_METADATA))
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickling for Ray, deepcopy or a checkpoint is fine; handing the sampler
+        # to a spawned process is not: the trees would be copied, and priorities
+        # of writes made in one process would never reach the other's trees.
+        if get_spawning_popen() is not None:
+            raise RuntimeError(SHARING_REFUSED.format(name=type(self).__name__))
+        return super().__getstate__()
+
+
+#: Why a flat prioritized sampler cannot be handed to another process, and the fixes.
+SHARING_REFUSED = (
+    "{name} cannot be shared between processes: its priority trees live in one process, so "
+    "priorities of items written by other processes would never reach them. Fix: use a "
+    "per-env prioritized ring (torchrl_ext.presets.alf_replay_buffer(..., "
+    "prioritized_sampling=True)), whose sampler rebuilds its priorities in the sampling "
+    "process from the shared ring cursors, or keep the whole buffer in one Ray actor "
+    "(torchrl_ext.distributed.ray_replay_buffer) and write to it from any process."
+)
 
 
 class PrioritizedSamplerWithoutReplacement(PrioritizedSampler):

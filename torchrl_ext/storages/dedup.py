@@ -271,6 +271,17 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
         return out
 
     # ------------------------------------------------------------------
+    def share_memory_(self, example: TensorDictBase | None = None) -> DedupEnvRingStorage:
+        """Refused: the terminal-frame table grows by reallocation and the free-row
+        list is a Python list, so neither can live in shared memory."""
+        raise RuntimeError(
+            f"{type(self).__name__} cannot be shared between processes: its terminal-frame "
+            "table grows by reallocation and its free rows are a Python list. Fix: keep it in "
+            "one process and send it data (one Ray actor: "
+            "torchrl_ext.distributed.ray_replay_buffer), or share an EnvRingStorage / "
+            "EpisodicEnvRingStorage, which store every frame."
+        )
+
     def reset(self, env_ids: torch.Tensor | None = None) -> None:
         rows = torch.arange(self._num_envs) if env_ids is None else torch.as_tensor(env_ids).cpu().reshape(-1)
         slots = (rows.unsqueeze(1) * self._max_length + torch.arange(self._max_length)).reshape(-1)
