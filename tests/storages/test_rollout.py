@@ -144,6 +144,21 @@ def test_insert_steps_equals_step_by_step_inserts(splits):
     assert (rollout.data == reference.data).all()
 
 
+def test_insert_steps_keeps_reset_observations_inside_the_block():
+    """After a reset at step 2, slot 2 holds the reset observation, not step 1's final one."""
+    steps = [step(t) for t in range(T)]
+    steps[2]["agents", "observation"] = torch.full((N, A, 2), -7.0)  # the env reset before step 2
+    steps[2]["state"] = torch.full((N, 5), -70.0)
+    reference = RolloutStorage(T)
+    for s in steps:
+        reference.insert(s)
+    block = RolloutStorage(T)
+    block.insert_steps(torch.stack(steps, dim=1))  # the collector's [N, T]
+    assert (block.data == reference.data).all()
+    assert (block.data["agents", "observation"][2] == -7.0).all()
+    assert (block.data["state"][T] == 100.0 + T).all()  # the bootstrap slot: carried from step T - 1
+
+
 def test_insert_steps_time_dim_and_single_env():
     reference = RolloutStorage(T)
     for t in range(T):

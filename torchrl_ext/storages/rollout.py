@@ -224,9 +224,14 @@ class RolloutStorage(Storage):
                 )
         first = self._step
         self._storage[first:first + length] = steps.to(self._device)
-        carried = self._storage[first + 1:first + length + 1]
+        # Only the slot after the block gets carried "next" entries: inside the
+        # block, slot t + 1 keeps what the policy saw at step t + 1 (after a reset
+        # that is the reset observation, not the final one), as inserting the
+        # steps one by one leaves it.
+        after = self._storage[first + length]
+        last = steps[length - 1]
         for key in self._carry_keys:
-            carried.set_(key, steps.get(_next(key)).to(self._device))
+            after.set_(key, last.get(_next(key)).to(self._device))
         self._step += length
         self._bump_mutation_revision()
 
