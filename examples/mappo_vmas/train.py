@@ -5,6 +5,8 @@ Run from the repository root::
     python examples/mappo_vmas/train.py                                   # the full run
     python examples/mappo_vmas/train.py experiment=mappo_vmas_smoke      # a few seconds
     python examples/mappo_vmas/train.py env.n_agents=2 optim.epochs=8    # any key
+    python examples/mappo_vmas/train.py model.recurrent=true              # GRU actor, chunked minibatches
+    python examples/mappo_vmas/train.py model.critic_layout=FP            # per-agent critic input
 
 The config is ``conf/mappo_vmas.yaml`` (buffer ``harl_rollout``, value ``gae``,
 env ``vmas_navigation``). Hydra's run directory (``outputs/<date>/<time>``)
@@ -27,6 +29,20 @@ all ``T + 1`` slots at once, :meth:`~torchrl_ext.storages.RolloutStorage.fill_ne
 shifts them into ``("next", "agents", "state_value")`` and
 :class:`torchrl_ext.value.GAE` broadcasts the team ``done`` over the agent dim
 of the per-agent values and rewards.
+
+Critic layouts (``model.critic_layout``), HARL's EP and FP in keys::
+
+    EP  "state"              [N, A * obs]        all agents' observations, one per env;
+                                                  one value per env, broadcast to the agents
+    FP  ("agents", "state")  [N, A, obs + A * obs] own observation + the global state;
+                                                  one value per agent
+
+Recurrent actor (``model.recurrent=true``): a GRU shared by all agents, its
+hidden state stored per step under ``("agents", "rnn_state")``
+``[N, A, 1, H]`` (``InitTracker`` marks episode starts in ``"is_init"``). The
+buffer cuts the rollout into ``[k, L]`` chunks and the update reruns the GRU
+over each chunk from the stored state at its first step, restarting from the
+(zero) stored state wherever ``is_init`` is set inside the chunk.
 """
 from __future__ import annotations
 
@@ -37,7 +53,9 @@ from pathlib import Path
 from typing import Any
 
 import hydra
+import torch
 from omegaconf import DictConfig
+from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _common import MetricsLog, run_dir, save_learning_curve, summary_line  # noqa: E402
@@ -53,6 +71,14 @@ EPISODE_REWARD = (GROUP, "episode_reward")
 VALUE = (GROUP, "state_value")
 ADVANTAGE = (GROUP, "advantage")
 VALUE_TARGET = (GROUP, "value_target")
+# Critic inputs: HARL's EP share_obs (one per env) and FP share_obs (one per agent).
+STATE_EP = "state"
+STATE_FP = (GROUP, "state")
+# Recurrent actor: the GRU's input hidden state of each step, and its output features.
+RNN_STATE = (GROUP, "rnn_state")
+RNN_OUT = (GROUP, "rnn_out")
+IS_INIT = "is_init"  # team-level like "done": VMAS resets all agents of an env together
+CRITIC_LAYOUTS = ("EP", "FP")
 
 # Column order of metrics.csv; the smoke test checks against this tuple.
 CSV_COLUMNS: tuple[str, ...] = (
@@ -70,14 +96,73 @@ CSV_COLUMNS: tuple[str, ...] = (
 )
 
 
-def make_env(env_cfg: DictConfig) -> Any:
-    """Instantiate the VMAS env from its group config and add a per-agent episode return.
+def _critic_state_key(model_cfg: DictConfig) -> Any | None:
+    """The critic's input key: ``"state"`` (EP), ``("agents", "state")`` (FP), or ``None`` (IPPO)."""
+    if not bool(model_cfg.centralised_critic):
+        return None  # IPPO: the critic reads each agent's own observation
+    return STATE_EP if str(model_cfg.critic_layout) == "EP" else STATE_FP
+
+
+def _make_critic_state_transform(layout: str) -> Any:
+    """A transform writing the critic input of ``layout`` next to the agents' observations.
+
+    It acts on reset and step outputs alike, so the state sits at the root and
+    under ``"next"`` of every step; the rollout storage then carries it into
+    slot ``t + 1`` like the observation, and the critic can value all
+    ``T + 1`` slots from stored data.
+    """
+    from torchrl.data import Unbounded
+    from torchrl.envs import Transform
+
+    class CriticState(Transform):
+        """Builds ``"state"`` (EP) or ``("agents", "state")`` (FP) from ``("agents", "observation")``."""
+
+        def __init__(self) -> None:
+            super().__init__(in_keys=[OBS], out_keys=[STATE_EP if layout == "EP" else STATE_FP])
+
+        def _call(self, next_tensordict: Any) -> Any:
+            obs = next_tensordict.get(OBS)  # [..., A, obs]
+            joint = obs.flatten(-2, -1)  # [..., A * obs]: every agent's observation
+            if layout == "EP":
+                next_tensordict.set(STATE_EP, joint)
+            else:
+                shared = joint.unsqueeze(-2).expand(*obs.shape[:-1], joint.shape[-1])
+                next_tensordict.set(STATE_FP, torch.cat([obs, shared], dim=-1))
+            return next_tensordict
+
+        def _reset(self, tensordict: Any, tensordict_reset: Any) -> Any:
+            return self._call(tensordict_reset)
+
+        def transform_observation_spec(self, observation_spec: Any) -> Any:
+            obs_spec = observation_spec[OBS]  # [N, A, obs]
+            *batch, agents, dim = obs_spec.shape
+            if layout == "EP":
+                observation_spec[STATE_EP] = Unbounded(
+                    shape=(*batch, agents * dim), dtype=obs_spec.dtype, device=obs_spec.device
+                )
+            else:
+                observation_spec[STATE_FP] = Unbounded(
+                    shape=(*batch, agents, dim + agents * dim), dtype=obs_spec.dtype,
+                    device=obs_spec.device,
+                )
+            return observation_spec
+
+    return CriticState()
+
+
+def make_env(env_cfg: DictConfig, model_cfg: DictConfig | None = None) -> Any:
+    """Instantiate the VMAS env from its group config and add what the models read.
 
     ``RewardSum`` keeps the running per-agent return in
     ``("next", "agents", "episode_reward")``; it is reset by the team-level
-    ``done``, which VMAS raises for every agent at once.
+    ``done``, which VMAS raises for every agent at once. With ``model_cfg``,
+    the critic's EP/FP state is added and, for a recurrent actor,
+    ``InitTracker`` (``"is_init"``, the reset marker TorchRL's recurrent
+    modules need) and a primer that zeroes ``("agents", "rnn_state")`` at
+    every (partial) reset.
     """
-    from torchrl.envs import RewardSum, TransformedEnv
+    from torchrl.data import Unbounded
+    from torchrl.envs import InitTracker, RewardSum, TensorDictPrimer, TransformedEnv
 
     if not bool(env_cfg.get("continuous_actions", True)):
         raise ValueError("env.continuous_actions must be true: the actor is a TanhNormal policy.")
@@ -88,21 +173,110 @@ def make_env(env_cfg: DictConfig) -> Any:
             f"{sorted(getattr(env, 'group_map', {}))}. VMAS scenarios with heterogeneous "
             "agents are not supported here."
         )
-    return TransformedEnv(env, RewardSum(in_keys=[env.reward_key], out_keys=[EPISODE_REWARD]))
+    env = TransformedEnv(env, RewardSum(in_keys=[env.reward_key], out_keys=[EPISODE_REWARD]))
+    if model_cfg is None:
+        return env
+    n_agents = int(env.n_agents)
+    if _critic_state_key(model_cfg) is not None:
+        env.append_transform(_make_critic_state_transform(str(model_cfg.critic_layout)))
+    if bool(model_cfg.recurrent):
+        env.append_transform(InitTracker(init_key=IS_INIT))
+        hidden = int(model_cfg.rnn_hidden_size)
+        # [N, A, num_layers=1, H]: the layout GRUModule reads once agents are folded into its batch.
+        spec = Unbounded(shape=(*env.batch_size, n_agents, 1, hidden), device=env.device)
+        env.append_transform(TensorDictPrimer({RNN_STATE: spec}, expand_specs=False))
+    return env
+
+
+def _make_agent_gru(obs_dim: int, hidden_size: int, device: str) -> Any:
+    """A GRU over each agent's observation, shared by all agents, as a TensorDict module.
+
+    TorchRL's :class:`~torchrl.modules.GRUModule` expects time as the *last*
+    batch dim of what it is given. The rollout minibatches are ``[k, L]`` at
+    the root with the agents after time (``("agents", ...)`` is ``[k, L,
+    A]``), so in recurrent mode the agents' entries are moved to ``[k, A, L]``
+    and every (chunk, agent) pair becomes one sequence of the shared GRU. The
+    team-level ``"is_init"`` is broadcast to the agents, so each agent's
+    sequence restarts where the env reset.
+    """
+    from tensordict import TensorDict
+    from tensordict.nn import TensorDictModuleBase
+    from torchrl.modules import GRUModule
+
+    class AgentGRU(TensorDictModuleBase):
+        """Reads ``("agents", "observation")``, ``("agents", "rnn_state")``, ``"is_init"``;
+        writes ``("agents", "rnn_out")`` and ``("next", "agents", "rnn_state")``."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.gru = GRUModule(
+                input_size=obs_dim,
+                hidden_size=hidden_size,
+                num_layers=1,
+                in_keys=["observation", "rnn_state", IS_INIT],
+                out_keys=["rnn_out", ("next", "rnn_state")],
+                device=device,
+            )
+            self.in_keys = [OBS, RNN_STATE, IS_INIT]
+            self.out_keys = [RNN_OUT, ("next", *RNN_STATE)]
+
+        def forward(self, tensordict: Any) -> Any:
+            obs = tensordict.get(OBS)
+            # [..., A] from the observation: a gathered minibatch's "agents"
+            # sub-TensorDict may not carry the agent dim in its batch size.
+            lead = obs.shape[:-1]
+            is_init = tensordict.get(IS_INIT)  # [..., 1], one flag per env
+            per_agent = TensorDict(
+                {
+                    "observation": obs,
+                    "rnn_state": tensordict.get(RNN_STATE),
+                    IS_INIT: is_init.unsqueeze(-2).expand(*lead, 1),
+                },
+                batch_size=lead,
+            )
+            # A root [k, L] minibatch: time must be last for GRUModule. A
+            # collector step ([N], or [] for one env) has no time dim and
+            # GRUModule takes it as single steps.
+            over_time = self.gru.recurrent_mode and tensordict.batch_dims >= 1
+            if over_time:
+                if tensordict.batch_dims == 1:  # one sequence [L]: add the batch dim
+                    per_agent = per_agent.unsqueeze(0)
+                per_agent = per_agent.transpose(-1, -2)  # [k, A, L]
+            out = self.gru(per_agent)
+            if over_time:
+                out = out.transpose(-1, -2)
+                if tensordict.batch_dims == 1:
+                    out = out.squeeze(0)
+            tensordict.set(RNN_OUT, out.get("rnn_out"))
+            tensordict.set(("next", *RNN_STATE), out.get(("next", "rnn_state")))
+            return tensordict
+
+    return AgentGRU()
 
 
 def make_modules(env: Any, model_cfg: DictConfig, device: str) -> tuple[Any, Any]:
-    """Return ``(actor, critic)``: a shared decentralised actor and a centralised critic.
+    """Return ``(actor, critic)``: a shared decentralised actor and a (centralised) critic.
 
-    Both are :class:`~torchrl.modules.MultiAgentMLP`. The actor sees each
-    agent's own observation (``centralised=False``), the critic the
-    concatenation of all of them (``centralised=True``, MAPPO; ``false`` gives
-    IPPO), and both write one output per agent.
+    Actor: a :class:`~torchrl.modules.MultiAgentMLP` on each agent's own
+    observation or, with ``model.recurrent``, a GRU shared by all agents
+    followed by that MLP on the GRU's features. Critic by
+    ``model.critic_layout`` (with ``model.centralised_critic``):
+
+    * ``EP``: an MLP on the env-level ``"state"`` (all observations
+      concatenated) gives one value per env, broadcast to every agent. This is
+      what the earlier shared centralised ``MultiAgentMLP`` computed, with the
+      same network and initialisation, made explicit as a stored key.
+    * ``FP``: a ``MultiAgentMLP`` (decentralised over its input) on
+      ``("agents", "state")``: one value per agent from its own FP input.
+    * ``model.centralised_critic=false``: IPPO, a ``MultiAgentMLP`` on each
+      agent's own observation.
+
+    The value key is ``("agents", "state_value")`` ``[..., A, 1]`` in all
+    cases, so the GAE and loss code is the same.
     """
-    import torch
-    from tensordict.nn import NormalParamExtractor, TensorDictModule
+    from tensordict.nn import NormalParamExtractor, TensorDictModule, TensorDictSequential
     from torch import nn
-    from torchrl.modules import MultiAgentMLP, ProbabilisticActor, TanhNormal, ValueOperator
+    from torchrl.modules import MLP, MultiAgentMLP, ProbabilisticActor, TanhNormal, ValueOperator
 
     n_agents = int(env.n_agents)
     obs_dim = env.observation_spec[OBS].shape[-1]
@@ -112,10 +286,17 @@ def make_modules(env: Any, model_cfg: DictConfig, device: str) -> tuple[Any, Any
     depth, cells = int(model_cfg.depth), int(model_cfg.num_cells)
     if depth < 0 or cells < 1:
         raise ValueError(f"model.depth must be >= 0 and model.num_cells >= 1, got {depth}, {cells}.")
+    recurrent = bool(model_cfg.recurrent)
 
+    gru = None
+    head_inputs, head_in_key = obs_dim, OBS
+    if recurrent:
+        hidden = int(model_cfg.rnn_hidden_size)
+        gru = _make_agent_gru(obs_dim, hidden, device)
+        head_inputs, head_in_key = hidden, RNN_OUT
     actor_net = nn.Sequential(
         MultiAgentMLP(
-            n_agent_inputs=obs_dim,
+            n_agent_inputs=head_inputs,
             n_agent_outputs=2 * act_dim,  # loc and scale
             n_agents=n_agents,
             centralised=False,
@@ -127,8 +308,9 @@ def make_modules(env: Any, model_cfg: DictConfig, device: str) -> tuple[Any, Any
         ),
         NormalParamExtractor(),
     )
+    head = TensorDictModule(actor_net, in_keys=[head_in_key], out_keys=[(GROUP, "loc"), (GROUP, "scale")])
     actor = ProbabilisticActor(
-        module=TensorDictModule(actor_net, in_keys=[OBS], out_keys=[(GROUP, "loc"), (GROUP, "scale")]),
+        module=head if gru is None else TensorDictSequential(gru, head),
         spec=env.full_action_spec_unbatched,
         in_keys=[(GROUP, "loc"), (GROUP, "scale")],
         out_keys=[ACTION],
@@ -137,18 +319,35 @@ def make_modules(env: Any, model_cfg: DictConfig, device: str) -> tuple[Any, Any
         return_log_prob=True,
         log_prob_key=LOG_PROB,
     )
-    critic_net = MultiAgentMLP(
-        n_agent_inputs=obs_dim,
-        n_agent_outputs=1,
-        n_agents=n_agents,
-        centralised=bool(model_cfg.centralised_critic),
-        share_params=share,
-        depth=depth,
-        num_cells=cells,
-        activation_class=nn.Tanh,
-        device=device,
-    )
-    critic = ValueOperator(critic_net, in_keys=[OBS], out_keys=[VALUE])
+
+    state_key = _critic_state_key(model_cfg)
+    if state_key == STATE_EP:
+        # One value per env from the joint observation, broadcast over the
+        # agent dim so the per-agent GAE code is unchanged.
+        critic_net = nn.Sequential(
+            MLP(
+                in_features=n_agents * obs_dim,
+                out_features=1,
+                depth=depth,
+                num_cells=cells,
+                activation_class=nn.Tanh,
+                device=device,
+            ),
+            _BroadcastToAgents(n_agents),
+        )
+    else:
+        critic_net = MultiAgentMLP(
+            n_agent_inputs=env.observation_spec[state_key or OBS].shape[-1],
+            n_agent_outputs=1,
+            n_agents=n_agents,
+            centralised=False,  # FP inputs already hold the global state; IPPO has none
+            share_params=share,
+            depth=depth,
+            num_cells=cells,
+            activation_class=nn.Tanh,
+            device=device,
+        )
+    critic = ValueOperator(critic_net, in_keys=[state_key or OBS], out_keys=[VALUE])
 
     # One forward pass on the env's fake data fails here, not deep in the
     # collector, if keys or sizes disagree with the specs.
@@ -157,6 +356,17 @@ def make_modules(env: Any, model_cfg: DictConfig, device: str) -> tuple[Any, Any
         actor(td)
         critic(td)
     return actor, critic
+
+
+class _BroadcastToAgents(nn.Module):
+    """``[..., 1]`` -> ``[..., A, 1]``: the EP critic's one value per env, seen by every agent."""
+
+    def __init__(self, n_agents: int) -> None:
+        super().__init__()
+        self.n_agents = n_agents
+
+    def forward(self, value: torch.Tensor) -> torch.Tensor:
+        return value.unsqueeze(-2).expand(*value.shape[:-1], self.n_agents, value.shape[-1])
 
 
 def _episode_return(data: Any) -> tuple[float, int]:
@@ -195,6 +405,28 @@ def _check_config(cfg: DictConfig) -> tuple[int, int, int]:
         )
     if int(cfg.optim.epochs) < 1:
         raise ValueError(f"optim.epochs must be >= 1, got {cfg.optim.epochs}.")
+    layout = str(cfg.model.critic_layout)
+    if layout not in CRITIC_LAYOUTS:
+        raise ValueError(
+            f"model.critic_layout must be one of {CRITIC_LAYOUTS} (EP: one env-level 'state'; FP: "
+            f"per-agent ('agents', 'state')), got {layout!r}."
+        )
+    recurrent = bool(cfg.model.recurrent)
+    if recurrent != bool(cfg.buffer.use_recurrent_policy):
+        raise ValueError(
+            f"model.recurrent={recurrent} but buffer.use_recurrent_policy="
+            f"{bool(cfg.buffer.use_recurrent_policy)}: the GRU needs the chunked sampler (and a "
+            "feed-forward actor single steps); keep them equal."
+        )
+    if recurrent:
+        chunk = int(cfg.buffer.data_chunk_length)
+        if chunk < 1 or rollout_length % chunk:
+            raise ValueError(
+                f"buffer.data_chunk_length={chunk} must divide collector.rollout_length="
+                f"{rollout_length}: chunks never cross envs or rollouts."
+            )
+        if int(cfg.model.rnn_hidden_size) < 1:
+            raise ValueError(f"model.rnn_hidden_size must be >= 1, got {cfg.model.rnn_hidden_size}.")
     return rollout_length, num_envs, frames_per_batch
 
 
@@ -210,11 +442,12 @@ def train(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, An
         ``final_return`` (episode return of the last batch), ``frames`` (env
         steps; each holds one step of every agent), ``elapsed_s``, ``rows``
         (the CSV rows), ``last_batch`` (the last rollout ``[T + 1, N]`` with its
-        derived entries, for inspection) and the paths ``output_dir``,
+        derived entries, for inspection), the trained ``actor`` and ``critic``,
+        and the paths ``output_dir``,
         ``csv_path``, ``png_path``.
     """
-    import torch
     from torchrl.collectors import Collector
+    from torchrl.modules import set_recurrent_mode
     from torchrl.objectives import ClipPPOLoss
     from tqdm import tqdm
 
@@ -234,15 +467,19 @@ def train(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, An
             "collecting %d frames", int(cfg.collector.total_frames), frames_per_batch, total_frames,
         )
 
-    env = make_env(cfg.env)
+    env = make_env(cfg.env, cfg.model)
     actor, critic = make_modules(env, cfg.model, device)
+    recurrent = bool(cfg.model.recurrent)
+    critic_in = _critic_state_key(cfg.model) or OBS
     collector = Collector(
         env,
         actor,
         frames_per_batch=frames_per_batch,
         total_frames=total_frames,
         device=device,
-        # Feed-forward policy: no InitTracker needed (silences torchrl's FutureWarning).
+        # make_env already added InitTracker and the rnn_state primer for the
+        # GRU (nested under "agents", which the automatic registration does
+        # not do); this also silences torchrl's FutureWarning.
         auto_register_policy_transforms=False,
     )
 
@@ -295,7 +532,7 @@ def train(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, An
                 # T - 1. Where an env reset inside the batch, slot t + 1 holds
                 # the reset observation, but VMAS flags its time limit as
                 # `terminated` too, so those next values are masked out by GAE.
-                storage.set_derived(VALUE, critic(rollout.select(OBS))[VALUE])
+                storage.set_derived(VALUE, critic(rollout.select(critic_in))[VALUE])
                 storage.fill_next(VALUE)
                 steps = rollout[:rollout_length]
                 gae(steps, time_dim=0)
@@ -306,8 +543,14 @@ def train(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, An
             sums = dict.fromkeys(loss_keys, 0.0)
             updates = 0
             for _ in range(epochs):
-                for batch in rb:  # one epoch of [B] minibatches, agents inside each step
-                    losses = loss_module(batch)
+                # One epoch of [B] steps, or of [k, L] chunks with the recurrent
+                # actor, agents inside each step.
+                for batch in rb:
+                    # Recurrent mode: the GRU runs along each chunk from the
+                    # stored ("agents", "rnn_state") at its first step and
+                    # restarts from the stored (zero) state where "is_init" is set.
+                    with set_recurrent_mode(recurrent):
+                        losses = loss_module(batch)
                     loss = losses["loss_objective"] + losses["loss_critic"] + losses["loss_entropy"]
                     optim.zero_grad(set_to_none=True)
                     loss.backward()
@@ -340,13 +583,20 @@ def train(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, An
 
     rows = metrics.rows
     scenario = str(cfg.env.get("scenario", "vmas"))
-    save_learning_curve(rows, png_path, f"MAPPO on VMAS {scenario} ({int(env.n_agents)} agents)")
+    variant = f"{'GRU' if recurrent else 'MLP'} actor, {cfg.model.critic_layout} critic"
+    if not bool(cfg.model.centralised_critic):
+        variant = f"{'GRU' if recurrent else 'MLP'} actor, IPPO critic"
+    save_learning_curve(
+        rows, png_path, f"MAPPO on VMAS {scenario} ({int(env.n_agents)} agents; {variant})"
+    )
     return {
         "final_return": rows[-1]["episode_return"] if rows else float("nan"),
         "frames": frames,
         "elapsed_s": time.perf_counter() - start,
         "rows": rows,
         "last_batch": last_batch,
+        "actor": actor,
+        "critic": critic,
         "output_dir": out,
         "csv_path": csv_path,
         "png_path": png_path,
