@@ -280,6 +280,24 @@ class OnPolicyReplayBuffer(TensorDictReplayBuffer):
         self._storage.set_derived(key, padded)
 
     # ------------------------------------------------------------------
+    def _extra_state(self) -> dict[str, Any]:
+        """Adds the intrinsic reward normalizer (running statistics, forward filter)."""
+        state = super()._extra_state()
+        normalizer = self.intrinsic_normalizer.state_dict()
+        state["intrinsic_normalizer"] = {"names": list(normalizer),
+                                         "values": [t.clone() for t in normalizer.values()]}
+        log_prob = getattr(self, "behaviour_log_prob", None)
+        state["behaviour_log_prob"] = [] if log_prob is None else [log_prob.clone()]
+        return state
+
+    def _load_extra_state(self, state: dict[str, Any]) -> None:
+        super()._load_extra_state(state)
+        saved = state["intrinsic_normalizer"]
+        values = saved["values"] if isinstance(saved["values"], list) else []
+        self.intrinsic_normalizer.load_state_dict(dict(zip(saved["names"], values)))
+        if state.get("behaviour_log_prob"):
+            self.behaviour_log_prob = state["behaviour_log_prob"][0]
+
     def generate_batches(
         self,
         num_mini_batch: int | None = None,

@@ -152,13 +152,19 @@ class PathGAEReplayBuffer(TensorDictReplayBuffer):
         batch.set("advantage", (batch.get("advantage") - mean) / (std + self.eps))
         return batch
 
-    def state_dict(self) -> dict[str, Any]:
-        state = super().state_dict()
-        state["_finished"], state["_path_length"] = self._finished.clone(), self._path_length
+    def _extra_state(self) -> dict[str, Any]:
+        """Adds which steps are finished and the current path's length (saved by ``dumps`` and ``state_dict``)."""
+        state = super()._extra_state()
+        state["finished"], state["path_length"] = [self._finished.clone()], self._path_length
         return state
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        state_dict = dict(state_dict)
-        self._finished.copy_(state_dict.pop("_finished"))
-        self._path_length = int(state_dict.pop("_path_length"))
-        super().load_state_dict(state_dict)
+    def _load_extra_state(self, state: dict[str, Any]) -> None:
+        super()._load_extra_state(state)
+        finished = state["finished"][0]
+        if finished.shape != self._finished.shape:
+            raise ValueError(
+                f"the checkpoint's ring holds {finished.numel()} steps but this buffer's size is "
+                f"{self._finished.numel()}; build it with size={finished.numel()}."
+            )
+        self._finished.copy_(finished)
+        self._path_length = int(state["path_length"])

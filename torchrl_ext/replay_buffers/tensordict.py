@@ -18,6 +18,7 @@ code, so behaviour never differs, only speed.
 from __future__ import annotations
 
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -27,6 +28,8 @@ from torchrl.data import TensorDictReplayBuffer as _TorchRLTensorDictReplayBuffe
 from torchrl.data.replay_buffers.replay_buffers.base import _storage_index
 from torchrl.data.replay_buffers.storages import Storage, TensorStorage
 
+from torchrl_ext.io.atomic_dir import atomic_save_dir, committed_dir
+from torchrl_ext.io.state_files import load_state, save_state
 from torchrl_ext.storages.fast import gather_coordinates, gather_rows
 from torchrl_ext.samplers.minibatch import _EpochMinibatchSampler
 from torchrl_ext.storages.rollout import RolloutStorage
@@ -37,6 +40,9 @@ from torchrl_ext.samplers.prioritized import (
 )
 
 __all__ = ["PrioritizedReplayBuffer", "TensorDictReplayBuffer"]
+
+# Files of the state TorchRL's dumps leaves out (see TensorDictReplayBuffer._extra_state).
+_EXTRA_TENSORS, _EXTRA_METADATA = "torchrl_ext_state.safetensors", "torchrl_ext_state.json"
 
 
 def identity_collate(data: Any) -> Any:
@@ -269,6 +275,68 @@ class TensorDictReplayBuffer(_TorchRLTensorDictReplayBuffer):
             tensordict.set("index", index)
             return
         super()._set_index_in_td(tensordict, index)
+
+    # ------------------------------------------------------------------
+    def _extra_state(self) -> dict[str, Any]:
+        """State that decides the next draws but that TorchRL's ``dumps`` leaves out.
+
+        Here: a tensor storage's last written row (TorchRL's storage
+        checkpointer does not save it; n-step chains stop at it). Subclasses
+        add theirs. Values are numbers, strings, ``None`` and lists of tensors
+        (see :func:`torchrl_ext.io.save_state`).
+        """
+        cursor = getattr(self._storage, "_last_cursor_index", None) if isinstance(self._storage, TensorStorage) \
+            else None
+        return {"storage_last_cursor": None if cursor is None else int(cursor)}
+
+    def _load_extra_state(self, state: dict[str, Any]) -> None:
+        """Restores what :meth:`_extra_state` returned."""
+        cursor = state.get("storage_last_cursor")
+        if cursor is not None and isinstance(self._storage, TensorStorage):
+            self._storage._set_last_cursor(int(cursor))
+
+    def state_dict(self) -> dict[str, Any]:
+        """TorchRL's ``state_dict`` plus :meth:`_extra_state` under ``"_torchrl_ext"``."""
+        state = super().state_dict()
+        state["_torchrl_ext"] = self._extra_state()
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """TorchRL's ``load_state_dict``; also restores ``"_torchrl_ext"`` when present."""
+        state_dict = dict(state_dict)
+        extra = state_dict.pop("_torchrl_ext", None)
+        super().load_state_dict(state_dict)
+        if extra is not None:
+            self._load_extra_state(extra)
+
+    def dumps(self, path: str | Path) -> None:
+        """TorchRL's ``dumps`` plus :meth:`_extra_state`, all swapped in at once.
+
+        The files are written to a hidden sibling folder and renamed over
+        ``path`` (:func:`torchrl_ext.io.atomic_dir.atomic_save_dir`), so a
+        crash during the save leaves the previous checkpoint or the new one,
+        never a mix; :meth:`loads` applies the recovery rule.
+        """
+        atomic_save_dir(path, super().dumps)
+
+    def _dump_prefetch_state(self, path: Path, prefetch_state: dict[str, Any]) -> None:
+        # TorchRL's dumps calls this last, with the replay lock held: the extra
+        # state is captured at the same point as the storage, sampler and writer.
+        super()._dump_prefetch_state(path, prefetch_state)
+        save_state(path, self._extra_state(), tensors_file=_EXTRA_TENSORS, metadata_file=_EXTRA_METADATA)
+
+    def loads(self, path: str | Path) -> None:
+        """Loads what :meth:`dumps` (or TorchRL's ``dumps``) wrote at ``path``.
+
+        After a save that was killed, the folder to read follows the recovery
+        rule of :mod:`torchrl_ext.io.atomic_dir` (files are not touched).
+        """
+        folder = committed_dir(path)
+        super().loads(folder)
+        if (folder / _EXTRA_METADATA).is_file():
+            state = load_state(folder, tensors_file=_EXTRA_TENSORS, metadata_file=_EXTRA_METADATA)
+            with self._replay_lock:
+                self._load_extra_state(state)
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()

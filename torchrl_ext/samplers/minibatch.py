@@ -178,6 +178,8 @@ class _EpochMinibatchSampler(Sampler):
         self._splits = [s.clone() for s in splits] if splits else None
         self._next, self._ran_out = int(state_dict["next"]), bool(state_dict["ran_out"])
         self._epoch_units = int(state_dict["units"])
+        if self._splits:  # the prefetcher's count of batches left in this epoch
+            self._remaining_batches = len(self._splits) - self._next
 
     def dumps(self, path: str | Path) -> None:
         save_state(path, self.state_dict(), tensors_file=_TENSORS, metadata_file=_METADATA)

@@ -1,0 +1,140 @@
+"""Whole-folder atomic saves: a multi-file checkpoint is replaced all at once or not at all.
+
+``rb.dumps(path)`` writes several files (storage, sampler, writer, RNG,
+metadata, ...). Replacing them one by one in place would let a crash leave a
+mix of two saves. :func:`atomic_save_dir` instead writes the new checkpoint
+into a hidden sibling folder and swaps folders with renames; the buffers of
+:mod:`torchrl_ext.replay_buffers` save and load through it.
+
+Names, for a checkpoint folder ``ckpt/buffer``:
+
+* ``ckpt/buffer``: the committed checkpoint;
+* ``ckpt/.buffer.new``: the save in progress; it holds the marker file
+  ``.complete`` once every file in it is written and fsynced;
+* ``ckpt/.buffer.old``: the previous checkpoint, moved aside during the swap.
+
+A save (1) recovers any interrupted save (below) and deletes a leftover
+``.buffer.new``, (2) writes ``.buffer.new`` and fsyncs its files, then writes
+and fsyncs ``.complete``, (3) renames ``buffer`` -> ``.buffer.old``, (4)
+renames ``.buffer.new`` -> ``buffer`` and (5) deletes ``.buffer.old``; the
+parent folder is fsynced after each rename.
+
+Recovery rule (:func:`committed_dir`, used by every load): if ``buffer``
+exists it is the checkpoint (a crash before step 3 left the old one, after
+step 4 the new one). Otherwise a crash fell between steps 3 and 4: the new
+checkpoint is complete, so ``.buffer.new`` is loaded (roll forward), or
+``.buffer.old`` if ``.buffer.new`` has no ``.complete`` marker. Loads never
+rename or delete anything; the next save finishes the rename. So a load after
+a crash at any point gives exactly the old or exactly the new checkpoint.
+Two processes saving to the same folder at once are not supported.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Callable
+
+__all__ = ["atomic_save_dir", "committed_dir", "COMPLETE_MARKER"]
+
+COMPLETE_MARKER = ".complete"
+
+
+def _siblings(path: Path) -> tuple[Path, Path]:
+    return path.with_name(f".{path.name}.new"), path.with_name(f".{path.name}.old")
+
+
+def committed_dir(path: str | Path) -> Path:
+    """The folder holding the last committed checkpoint saved at ``path`` (see the recovery rule).
+
+    Raises:
+        FileNotFoundError: nothing was ever committed at ``path``.
+    """
+    path = Path(path).absolute()
+    if path.is_dir():
+        return path
+    new, old = _siblings(path)
+    if (new / COMPLETE_MARKER).is_file():
+        return new
+    if old.is_dir():
+        return old
+    raise FileNotFoundError(
+        f"no checkpoint at {path} (nor an interrupted save of one in {new.name} / {old.name}); "
+        f"pass the folder given to dumps(path)."
+    )
+
+
+def atomic_save_dir(path: str | Path, write: Callable[[Path], None]) -> None:
+    """Calls ``write(folder)`` on a fresh hidden folder, then swaps it in as ``path`` atomically.
+
+    Examples:
+        >>> import tempfile
+        >>> root = Path(tempfile.mkdtemp())
+        >>> atomic_save_dir(root / "ckpt", lambda d: (d / "a.txt").write_text("1"))
+        >>> atomic_save_dir(root / "ckpt", lambda d: (d / "a.txt").write_text("2"))
+        >>> (committed_dir(root / "ckpt") / "a.txt").read_text(), sorted(p.name for p in root.iterdir())
+        ('2', ['ckpt'])
+    """
+    path = Path(path).absolute()
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(f"{path} is a file; dumps(path) needs a folder path (it creates it).")
+    parent = path.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    new, old = _siblings(path)
+    _recover(path)
+    shutil.rmtree(new, ignore_errors=True)  # an incomplete earlier save
+    new.mkdir()
+    try:
+        write(new)
+        _fsync_tree(new)
+        marker = new / COMPLETE_MARKER
+        with open(marker, "wb") as handle:
+            handle.flush()
+            os.fsync(handle.fileno())
+        _fsync_dir(new)
+        _fsync_dir(parent)
+    except BaseException:
+        shutil.rmtree(new, ignore_errors=True)
+        raise
+    if path.is_dir():
+        os.replace(path, old)
+        _fsync_dir(parent)
+    os.replace(new, path)
+    _fsync_dir(parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _recover(path: Path) -> None:
+    """Finishes a swap that was interrupted between its two renames, and drops stale siblings."""
+    new, old = _siblings(path)
+    if not path.is_dir():
+        if (new / COMPLETE_MARKER).is_file():
+            os.replace(new, path)
+        elif old.is_dir():
+            os.replace(old, path)
+        else:
+            return
+        _fsync_dir(path.parent)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _fsync_tree(folder: Path) -> None:
+    for root, dirs, files in os.walk(folder):
+        for name in files:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        for name in dirs:
+            _fsync_dir(Path(root) / name)
+
+
+def _fsync_dir(directory: Path) -> None:
+    if os.name == "nt":  # folders cannot be fsynced on Windows; renames are still atomic
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
