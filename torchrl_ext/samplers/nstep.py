@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from torchrl_ext._checks import check_batch_size, check_int
 from torchrl_ext._keys import nested_key
 from torchrl_ext.samplers._streams import streams_of
 from torchrl_ext.samplers.trajectory import StatelessSampler
@@ -96,8 +97,7 @@ class NStepSampler(StatelessSampler):
         agent_group: str | None = None,
     ) -> None:
         super().__init__()
-        if isinstance(n_step, bool) or not isinstance(n_step, int) or n_step < 1:
-            raise ValueError(f"n_step must be an int >= 1, got n_step={n_step!r}.")
+        check_int("n_step", n_step, minimum=1)
         if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0 <= gamma <= 1:
             raise ValueError(f"gamma must be a number in [0, 1], got gamma={gamma!r}.")
         if agent_group is not None and (not isinstance(agent_group, str) or not agent_group):
@@ -135,8 +135,7 @@ class NStepSampler(StatelessSampler):
 
     def _streams(self, storage: Any, batch_size: int) -> Any:
         """The stream view of ``storage`` once ``batch_size`` and the fill level are checked."""
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got batch_size={batch_size!r}.")
+        check_batch_size(batch_size)
         streams = streams_of(self, storage)
         stored = streams.stored()
         if stored == 0:

@@ -19,6 +19,7 @@ import torch
 from torchrl.data import PrioritizedSampler as _TorchRLPrioritizedSampler
 from torchrl.data.replay_buffers.storages import Storage
 
+from torchrl_ext._checks import check_batch_size
 from torchrl_ext.io.state_files import load_state, save_state
 from torchrl_ext.samplers._priority_tree import PrioritySegmentTree
 
@@ -223,8 +224,7 @@ class PrioritizedSampler(_TorchRLPrioritizedSampler):
             raise RuntimeError(
                 f"{EMPTY_STORAGE_ERROR} Extend the buffer before calling sample()."
             )
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got batch_size={batch_size!r}.")
+        check_batch_size(batch_size)
         tree = self._sum_tree
         prefix = tree._top_prefix()
         total = float(prefix[-1])

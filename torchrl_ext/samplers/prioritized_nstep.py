@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torchrl.data.replay_buffers.storages import Storage, TensorStorage
 
+from torchrl_ext._checks import check_batch_size
 from torchrl_ext.samplers._streams import streams_of
 from torchrl_ext.samplers.nstep import NStepSampler
 from torchrl_ext.samplers.prioritized import PrioritizedSampler
@@ -198,8 +199,7 @@ class PrioritizedNStepSampler(PrioritizedSampler):
     # Sampling
     def sample(self, storage: Storage, batch_size: int) -> tuple[Any, dict[Any, Any]]:
         self._check_storage(storage)
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got batch_size={batch_size!r}.")
+        check_batch_size(batch_size)
         # Draws are with replacement, as for PrioritizedSampler: unlike the
         # uniform NStepSampler, no minimum fill is asked for.
         streams = streams_of(self._nstep, storage)

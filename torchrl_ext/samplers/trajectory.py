@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torchrl.data.replay_buffers.samplers import Sampler
 
+from torchrl_ext._checks import check_batch_size, check_int
 from torchrl_ext.storages.ring import EnvRingStorage
 
 __all__ = ["TrajectorySampler"]
@@ -54,8 +55,7 @@ def check_ring_sample(sampler: Sampler, storage: Any, batch_size: Any, purpose: 
         raise TypeError(
             f"{type(sampler).__name__} {purpose} an EnvRingStorage, got {type(storage).__name__}."
         )
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got batch_size={batch_size!r}.")
+    check_batch_size(batch_size)
 
 
 class TrajectorySampler(StatelessSampler):
@@ -109,8 +109,8 @@ class TrajectorySampler(StatelessSampler):
     ) -> None:
         super().__init__()
         self.batch_length = batch_length
-        _check_int("num_earliest_frames_ignored", num_earliest_frames_ignored, minimum=0)
-        _check_int("recent_data_steps", recent_data_steps, minimum=1)
+        check_int("num_earliest_frames_ignored", num_earliest_frames_ignored, minimum=0)
+        check_int("recent_data_steps", recent_data_steps, minimum=1)
         ratio = recent_data_ratio
         if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1:
             raise ValueError(
@@ -127,7 +127,7 @@ class TrajectorySampler(StatelessSampler):
 
     @batch_length.setter
     def batch_length(self, value: int) -> None:
-        _check_int("batch_length", value, minimum=1)
+        check_int("batch_length", value, minimum=1)
         self._batch_length = value
 
     def __repr__(self) -> str:
@@ -255,8 +255,3 @@ class TrajectorySampler(StatelessSampler):
             stratum = torch.arange(rounds).repeat_interleave(k)
             cache = self._layout_cache = ((n, k), env, stratum)
         return cache[1], cache[2]
-
-
-def _check_int(name: str, value: Any, *, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {name}={value!r}.")

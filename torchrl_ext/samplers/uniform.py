@@ -5,6 +5,7 @@ from typing import Any
 
 import torch
 
+from torchrl_ext._checks import check_batch_size
 from torchrl_ext.samplers.trajectory import StatelessSampler
 
 __all__ = ["DistinctUniformSampler"]
@@ -38,8 +39,7 @@ class DistinctUniformSampler(StatelessSampler):
         self.among = among
 
     def sample(self, storage: Any, batch_size: int) -> tuple[torch.Tensor, dict]:
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got batch_size={batch_size!r}.")
+        check_batch_size(batch_size)
         eligible = None if self.among is None else self.among(storage)
         count = len(storage) if eligible is None else int(eligible.numel())
         if count == 0:
