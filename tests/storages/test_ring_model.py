@@ -20,11 +20,12 @@ import re
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from tensordict import TensorDict
 
+from tests._hypothesis import machine_settings
 from tests._vectors import vectors_path
 from torchrl_ext.replay_buffers import EnvRingReplayBuffer
 from torchrl_ext.samplers import TrajectorySampler
@@ -381,12 +382,7 @@ class EnvRingMachine(RuleBasedStateMachine):
                 assert_holds(td, uids)
 
 
-EnvRingMachine.TestCase.settings = settings(
-    max_examples=40,
-    stateful_step_count=30,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+EnvRingMachine.TestCase.settings = machine_settings(max_examples=40)
 TestEnvRingMachine = EnvRingMachine.TestCase
 
 
