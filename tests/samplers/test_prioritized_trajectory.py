@@ -229,3 +229,21 @@ def test_checkpoint_reproduces_the_next_samples(tmp_path):
     fresh.set_rng(torch.Generator().manual_seed(5))
     assert torch.equal(rb.sample(16)["x"], fresh.sample(16)["x"])
     assert torch.equal(rb._sampler._tree.leaves, fresh._sampler._tree.leaves)
+
+
+def test_sampler_takes_window_priorities_as_soon_as_its_buffer_exists():
+    import torch
+    from tensordict import TensorDict
+
+    from torchrl_ext.replay_buffers import EnvRingReplayBuffer
+    from torchrl_ext.samplers import PrioritizedTrajectorySampler
+
+    sampler = PrioritizedTrajectorySampler(1)
+    rb = EnvRingReplayBuffer(num_envs=1, max_length=4, sampler=sampler)
+    # Nothing stored yet: an update for a start that is not valid is skipped, not an error.
+    sampler.update_window_priority(torch.tensor([0]), torch.tensor([0]), torch.tensor([5.0]))
+    for t in range(2):
+        rb.extend(TensorDict({"x": torch.tensor([float(t)])}, [1]))
+    sampler.update_window_priority(torch.tensor([0]), torch.tensor([0]), torch.tensor([0.0]))
+    # Start 0 now has priority 0: every window drawn starts at 1.
+    assert (rb.sample(16)["x"][:, 0] == 1.0).all()

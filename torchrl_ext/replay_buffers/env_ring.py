@@ -89,6 +89,10 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
             sampler=TrajectorySampler() if sampler is None else sampler,
             **kwargs,
         )
+        if hasattr(self._sampler, "update_window_priority"):
+            # Window priorities index the rings: the sampler can take updates
+            # (sampler.update_window_priority) before its first sample.
+            self._sampler._storage_ref = self._storage
 
     # ------------------------------------------------------------------
     def extend(
