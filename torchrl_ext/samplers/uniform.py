@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torchrl.data.replay_buffers.storages import TensorStorage
 
 from torchrl_ext._checks import check_batch_size
 from torchrl_ext.samplers.trajectory import StatelessSampler
@@ -49,4 +50,15 @@ class DistinctUniformSampler(StatelessSampler):
             picks = torch.multinomial(torch.ones(count), take, replacement=False, generator=self._rng)
         else:
             picks = torch.randperm(count, generator=self._rng)[:take]
-        return (picks if eligible is None else eligible[picks]), {}
+        index = picks if eligible is None else eligible[picks]
+        ndim = getattr(storage, "ndim", 1)
+        if ndim == 1:
+            return index, {}
+        if not isinstance(storage, TensorStorage):
+            raise TypeError(
+                f"DistinctUniformSampler reads 1-D storages and {ndim}-D tensor storages, got a "
+                f"{ndim}-D {type(storage).__name__}; use TrajectorySampler on per-env rings."
+            )
+        # Flat cells of the filled rows, row-major: (row, env, ...) coordinates.
+        cells = storage.shape[1:]
+        return torch.unravel_index(index, (count // cells.numel(), *cells)), {}
