@@ -101,36 +101,50 @@ def test_sigkilled_save_loads_as_old_or_new(tmp_path: Path) -> None:
         server.send("save 0")  # the old checkpoint of the first trial
         duration = max(duration, float(server.read()[1]))
         rng = random.Random(0)
-        current, outcomes, interrupted = 0, [], 0
-        for trial in range(TRIALS):
+        state = {"current": 0, "interrupted": 0}
+        outcomes: list[str] = []
+
+        def trial(number: int, delay: float) -> None:
+            current = state["current"]
             new = 1 - current
             server.send(f"fork {new}")
             word, pid = server.read()
             assert word == "pid"
-            time.sleep(rng.uniform(0.0, duration))
+            time.sleep(delay)
             try:
                 os.kill(int(pid), signal.SIGKILL)
             except ProcessLookupError:  # the save had finished and the child exited
                 pass
             word, code = server.read()
             assert word == "exit" and int(code) in (0, -signal.SIGKILL), (word, code)
-            interrupted += int(code) == -signal.SIGKILL
+            state["interrupted"] += int(code) == -signal.SIGKILL
             rb = build()
             rb.loads(tmp_path / "buffer")  # never raises
             got = fingerprint(rb)
             if same(got, expected[new]):
                 outcomes.append("new")
-                current = new
+                state["current"] = new
             else:
                 assert same(got, expected[current]), (
-                    f"trial {trial}: the folder loads as neither the old version {current} nor the "
+                    f"trial {number}: the folder loads as neither the old version {current} nor the "
                     f"new version {new}: " + ", ".join(
                         k for k in got if not (torch.equal(got[k], expected[current][k])
                                                or torch.equal(got[k], expected[new][k]))))
                 outcomes.append("old")
+
+        # Kills spread over twice the measured save time: before, during and after the swap.
+        for number in range(TRIALS):
+            trial(number, rng.uniform(0.0, 2.0 * duration))
+        # A forked saver can run slower or faster than the measured one; make sure both
+        # outcomes were exercised (a kill before the swap, and a save that got through).
+        for extra in range(8):
+            if "new" not in outcomes:
+                trial(TRIALS + extra, (3.0 + extra) * duration)
+            elif "old" not in outcomes:
+                trial(TRIALS + extra, 0.0)
     finally:
         server.close()
-    # Random delays over the whole save: some kills land before the swap, some after it.
+    interrupted = state["interrupted"]
     assert interrupted >= TRIALS // 4, f"only {interrupted} of {TRIALS} savers were killed mid-save"
     assert {"old", "new"} <= set(outcomes), outcomes
 
