@@ -91,12 +91,16 @@ def run_result(
     output_dir: Path,
     png_path: Path,
     eval_return: float = float("nan"),
+    final_return: float | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
-    """What every ``train()`` returns: the last row's return, the target crossing, paths and ``extra``."""
+    """What every ``train()`` returns: the final return (by default the last row's
+    ``episode_return``), the target crossing, paths and ``extra``."""
     rows = metrics.rows
+    if final_return is None:
+        final_return = rows[-1]["episode_return"] if rows else float("nan")
     return {
-        "final_return": rows[-1]["episode_return"] if rows else float("nan"),
+        "final_return": final_return,
         "eval_return": eval_return,
         "reached_at": metrics.reached_at,
         "frames": frames,

@@ -40,7 +40,7 @@ import hydra
 from omegaconf import DictConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _common import MetricsLog, run_dir, save_learning_curve, summary_line  # noqa: E402
+from _common import MetricsLog, run_dir, run_result, save_learning_curve, summary_line  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -260,17 +260,8 @@ def train(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, An
     rows = metrics.rows
     save_learning_curve(rows, png_path, f"DQN + prioritized {sampler.n_step}-step replay, "
                         f"{cfg.env.env_name}", target=target)
-    return {
-        "final_return": rows[-1]["episode_return"] if rows else float("nan"),
-        "eval_return": eval_return,
-        "reached_at": metrics.reached_at,
-        "frames": frames,
-        "elapsed_s": time.perf_counter() - start,
-        "rows": rows,
-        "output_dir": out,
-        "csv_path": csv_path,
-        "png_path": png_path,
-    }
+    return run_result(metrics, frames=frames, elapsed_s=time.perf_counter() - start,
+                      output_dir=out, png_path=png_path, eval_return=eval_return)
 
 
 @hydra.main(config_path="../../conf", config_name="dqn_per", version_base="1.3")

@@ -40,7 +40,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _common import MetricsLog, run_dir, save_learning_curve, summary_line  # noqa: E402
+from _common import MetricsLog, run_dir, run_result, save_learning_curve, summary_line  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -351,17 +351,8 @@ def train(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, An
     rows = metrics.rows
     title = f"V-trace (actor lag {int(cfg.vtrace.actor_lag)}) on {cfg.env.env_name}"
     save_learning_curve(rows, png_path, title, target=target)
-    return {
-        "final_return": rows[-1]["episode_return"] if rows else float("nan"),
-        "eval_return": eval_return,
-        "reached_at": metrics.reached_at,
-        "frames": frames,
-        "elapsed_s": time.perf_counter() - start,
-        "rows": rows,
-        "output_dir": out,
-        "csv_path": csv_path,
-        "png_path": png_path,
-    }
+    return run_result(metrics, frames=frames, elapsed_s=time.perf_counter() - start,
+                      output_dir=out, png_path=png_path, eval_return=eval_return)
 
 
 @hydra.main(config_path="../../conf", config_name="impala_vtrace", version_base="1.3")

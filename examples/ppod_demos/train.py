@@ -40,7 +40,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _common import MetricsLog, run_dir, save_learning_curve, summary_line  # noqa: E402
+from _common import MetricsLog, run_dir, run_result, save_learning_curve, summary_line  # noqa: E402
 
 CSV_COLUMNS: tuple[str, ...] = (
     "iteration",
@@ -289,19 +289,10 @@ def train(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, An
     window = rows[-int(cfg.logging.final_window):]
     episodes = sum(r["env_episodes"] for r in window)
     final = sum(r["env_success_rate"] * r["env_episodes"] for r in window) / max(episodes, 1)
-    return {
-        "final_success": final,
-        "eval_success": eval_success,
-        "final_return": final,
-        "eval_return": eval_success,
-        "reached_at": metrics.reached_at,
-        "frames": frames,
-        "elapsed_s": time.perf_counter() - start,
-        "rows": rows,
-        "output_dir": out,
-        "csv_path": csv_path,
-        "png_path": png_path,
-    }
+    # The "return" of the summary line is the success rate over the final window.
+    return run_result(metrics, frames=frames, elapsed_s=time.perf_counter() - start,
+                      output_dir=out, png_path=png_path, eval_return=eval_success,
+                      final_return=final, final_success=final, eval_success=eval_success)
 
 
 @hydra.main(config_path="../../conf", config_name="ppod_demos", version_base="1.3")
