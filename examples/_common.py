@@ -83,6 +83,20 @@ def save_learning_curve(
     fig.savefig(path, format="png")
 
 
+def greedy_return(policy: Any, env: Any, episodes: int, max_steps: int = 10_000) -> float:
+    """Mean return of ``episodes`` episodes played with ``ExplorationType.DETERMINISTIC``
+    (the mode of a stochastic policy, the greedy action of an epsilon-greedy one)."""
+    import torch
+    from torchrl.envs.utils import ExplorationType, set_exploration_type
+
+    returns = []
+    with torch.no_grad(), set_exploration_type(ExplorationType.DETERMINISTIC):
+        for _ in range(episodes):
+            rollout = env.rollout(max_steps=max_steps, policy=policy, break_when_any_done=True)
+            returns.append(float(rollout["next", "reward"].sum()))
+    return sum(returns) / len(returns)
+
+
 def run_result(
     metrics: MetricsLog,
     *,

@@ -40,7 +40,7 @@ import hydra
 from omegaconf import DictConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _common import MetricsLog, run_dir, run_result, save_learning_curve, summary_line  # noqa: E402
+from _common import MetricsLog, greedy_return, run_dir, run_result, save_learning_curve, summary_line  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -122,19 +122,6 @@ def dqn_loss(q_net: Any, target_net: Any, batch: Any, *, double_dqn: bool, loss_
         raise ValueError(f"loss.loss_function must be 'smooth_l1' or 'l2', got {loss_function!r}.")
     loss = (batch["priority_weight"] * per_sample).mean()
     return loss, (q_taken - target).detach().abs()
-
-
-def evaluate(q_actor: Any, env: Any, episodes: int, max_steps: int = 1000) -> float:
-    """Mean return of ``episodes`` greedy episodes."""
-    import torch
-    from torchrl.envs.utils import ExplorationType, set_exploration_type
-
-    returns = []
-    with torch.no_grad(), set_exploration_type(ExplorationType.DETERMINISTIC):
-        for _ in range(episodes):
-            rollout = env.rollout(max_steps, q_actor, break_when_any_done=True)
-            returns.append(float(rollout["next", "reward"].sum()))
-    return sum(returns) / len(returns)
 
 
 def train(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, Any]:
@@ -253,7 +240,7 @@ def train(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, An
     collector.shutdown()
     eval_return = float("nan")
     if eval_env is not None:
-        eval_return = evaluate(q_actor, eval_env, int(cfg.eval.episodes))
+        eval_return = greedy_return(q_actor, eval_env, int(cfg.eval.episodes), max_steps=1000)
         eval_env.close()
     env.close(raise_if_closed=False)  # the collector may have closed it already
 

@@ -31,7 +31,7 @@ import hydra
 from omegaconf import DictConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from _common import MetricsLog, run_dir, run_result, save_learning_curve, summary_line  # noqa: E402
+from _common import MetricsLog, greedy_return, run_dir, run_result, save_learning_curve, summary_line  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -140,19 +140,6 @@ def _episode_return(data: Any) -> tuple[float, int]:
     if finished.numel() > 0:
         return finished.float().mean().item(), int(finished.numel())
     return ep_ret[..., -1, :].float().mean().item(), 0
-
-
-def evaluate(actor: Any, env: Any, episodes: int, max_steps: int = 10_000) -> float:
-    """Mean return of ``episodes`` greedy episodes (mode of the action distribution)."""
-    import torch
-    from torchrl.envs.utils import ExplorationType, set_exploration_type
-
-    returns = []
-    with torch.no_grad(), set_exploration_type(ExplorationType.DETERMINISTIC):
-        for _ in range(episodes):
-            td = env.rollout(max_steps=max_steps, policy=actor, break_when_any_done=True)
-            returns.append(td["next", "episode_reward"][-1].item())
-    return sum(returns) / len(returns)
 
 
 def train(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, Any]:
@@ -301,7 +288,7 @@ def train(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, An
 
     eval_return = float("nan")
     if eval_env is not None:
-        eval_return = evaluate(actor, eval_env, int(cfg.eval.episodes))
+        eval_return = greedy_return(actor, eval_env, int(cfg.eval.episodes))
         eval_env.close()
     env.close()
 
