@@ -13,7 +13,7 @@ DEMO_ARGS ?=
 # torch is pinned here as well so pip never resolves a CUDA build of another release.
 TORCH_SPEC := torch>=2.14,<2.15
 
-.PHONY: demo test test-nightly bench clean
+.PHONY: demo test test-nightly bench bench-quick clean
 
 $(VENV)/.installed-%: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,22 +40,24 @@ $(NIGHTLY_VENV)/.installed: pyproject.toml .ci/requirements.py
 test-nightly: $(NIGHTLY_VENV)/.installed
 	TORCHRL_EXT_NIGHTLY=1 $(NIGHTLY_VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
+# `make bench` runs the whole benchmark suite (benchmarks/suite.py: every script, then
+# benchmarks/RESULTS.md and the plots in docs/img/); `make bench-quick` is CI's regression check
+# (< 3 min; ratios against benchmarks/baseline_quick.json). BENCH_ARGS are passed to suite.py.
 # The bench extra brings the peers (cpprb, stable-baselines3) the scripts compare against.
-# bench_storage.py needs about 18 GB of free RAM, bench_dedup.py about 12 GB.
+# bench_storage.py needs about 18 GB of free RAM, bench_dedup.py about 12 GB (full run only).
 # bench_onpolicy.py's peer, pytorchrl, is installed with --no-deps: its requirements pull ray[default]
 # and about 50 more packages that its on-policy storages never import (they need gym 0.26.2 only).
 # `pip check` then lists pytorchrl's missing ray/pandas/scipy/lz4; torch keeps its pinned release.
-bench: $(VENV)/.installed-test+examples+bench
+$(VENV)/.installed-peers: $(VENV)/.installed-test+examples+bench
 	$(VENV)/bin/python -m pip install gym==0.26.2
 	$(VENV)/bin/python -m pip install --no-deps pytorchrl==3.2.15
-	$(VENV)/bin/python benchmarks/bench_value.py
-	$(VENV)/bin/python benchmarks/bench_prioritized.py
-	$(VENV)/bin/python benchmarks/bench_storage.py
-	$(VENV)/bin/python benchmarks/bench_ring.py
-	$(VENV)/bin/python benchmarks/bench_minibatch.py
-	$(VENV)/bin/python benchmarks/bench_dedup.py
-	$(VENV)/bin/python benchmarks/bench_nstep.py
-	$(VENV)/bin/python benchmarks/bench_onpolicy.py
+	touch $@
+
+bench: $(VENV)/.installed-peers
+	$(VENV)/bin/python benchmarks/suite.py $(BENCH_ARGS)
+
+bench-quick: $(VENV)/.installed-peers
+	$(VENV)/bin/python benchmarks/suite.py --quick $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) $(NIGHTLY_VENV) outputs .pytest_cache

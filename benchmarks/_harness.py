@@ -137,9 +137,15 @@ def make_parser(doc: str | None, quick_help: str, min_rep_default: float = 0.2) 
     ap.add_argument("--max-wait", type=float, default=30.0, help="max seconds to wait for quiet per case")
     ap.add_argument("--no-wait", action="store_true", help="never wait for background load to drop")
     ap.add_argument("--quick", action="store_true", help=quick_help)
-    ap.add_argument("--only", default="", help="run only cases whose key contains this substring")
+    ap.add_argument("--only", default="",
+                    help="run only cases whose key contains this substring (several: comma-separated)")
     ap.add_argument("--json", metavar="PATH", help="write the results as JSON")
     return ap
+
+
+def selected(args: argparse.Namespace, key: str) -> bool:
+    """Whether ``--only`` selects the case ``key``: empty, or one comma-separated part is a substring."""
+    return not args.only or any(part in key for part in args.only.split(",") if part)
 
 
 def apply_quick(args: argparse.Namespace, reps: int, min_rep: float, max_wait: float) -> None:
@@ -176,7 +182,7 @@ def environment_meta(started: str, load_start: str, load_end: str, args: argpars
     """The same information as environment_line, for the JSON file."""
     meta: dict[str, Any] = {"started": started, "torch": torch.__version__, "torchrl": torchrl.__version__}
     meta.update(extra_versions or {})
-    meta.update({"threads": torch.get_num_threads(), "reps": args.reps,
+    meta.update({"threads": torch.get_num_threads(), "reps": args.reps, "quick": bool(getattr(args, "quick", False)),
                  "min_rep_seconds": args.min_rep_seconds, "loadavg_start": load_start,
                  "loadavg_end": load_end, "platform": platform.platform()})
     return meta

@@ -61,7 +61,7 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 
 from _harness import write_results
-from _harness import (Impl, proc_status, mem_available, BgLoad, Check, apply_quick, bg_note, environment_line, environment_meta, loadavg,
+from _harness import (selected, Impl, proc_status, mem_available, BgLoad, Check, apply_quick, bg_note, environment_line, environment_meta, loadavg,
                       make_parser, quiet_before_case, report_checks, run_interleaved, utc_now)
 from torchrl_ext.replay_buffers import EnvRingReplayBuffer
 from torchrl_ext.samplers import TrajectorySampler
@@ -721,7 +721,7 @@ def timing_part(a: argparse.Namespace, results: dict[str, Any], all_checks: list
         results[key] = {"title": title, "baseline": baseline, "bg_load": bg, "waited_s": waited, "impls": rows,
                         "capacity": cap}
 
-    if a.only in SAMPLE_KEY:
+    if selected(a, SAMPLE_KEY):
         leaves = [leaf for _, leaf in plain.storage._flat]
 
         def ref() -> Any:
@@ -746,7 +746,7 @@ def timing_part(a: argparse.Namespace, results: dict[str, Any], all_checks: list
         except (AttributeError, TypeError) as error:  # private pieces renamed: skip the diagnostic only
             print(f"Diagnostic skipped: {error!r}\n")
 
-    if a.only in INSERT_KEY:
+    if selected(a, INSERT_KEY):
         env_ids = torch.arange(NUM_ENVS)
         feeds = {name: Feed(pool, fill) for name in (DEDUP, PLAIN, TRL)}
 
@@ -837,7 +837,7 @@ def main() -> int:
     all_checks: list[Check] = []
     results: dict[str, Any] = {}
     memory: dict[str, Any] = {}
-    if a.only in MEMORY_KEY:
+    if selected(a, MEMORY_KEY):
         impls = [DEDUP, PLAIN, TRL] + ([CPPRB] if cpprb is not None else [])
         child_results = []
         for impl in impls:
@@ -852,7 +852,7 @@ def main() -> int:
         all_checks.extend(checks)
         memory = {"children": child_results, "summary": summary}
     timing = None
-    if a.only in SAMPLE_KEY or a.only in INSERT_KEY:
+    if selected(a, SAMPLE_KEY) or selected(a, INSERT_KEY):
         timing = timing_part(a, results, all_checks)
 
     checks_ok = all(c.ok for c in all_checks)

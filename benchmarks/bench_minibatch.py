@@ -72,7 +72,7 @@ from torchrl.data import LazyTensorStorage, SliceSamplerWithoutReplacement
 from torchrl.data import TensorDictReplayBuffer as TorchRLTensorDictReplayBuffer
 
 from _harness import write_results
-from _harness import (Impl, proc_status, profile, diagnose, BgLoad, Check, apply_quick, bg_note, environment_line, environment_meta, loadavg,
+from _harness import (selected, Impl, proc_status, profile, diagnose, BgLoad, Check, apply_quick, bg_note, environment_line, environment_meta, loadavg,
                       make_parser, quiet_before_case, report_checks, run_interleaved, target_row, utc_now)
 from torchrl_ext.replay_buffers import TensorDictReplayBuffer
 from torchrl_ext.samplers import ChunkedRecurrentMinibatchSampler
@@ -566,7 +566,7 @@ def main() -> int:
                     max(5, 40 // nmb), a.profile or 25)
 
     for nmb in NUM_MINI_BATCHES:
-        if a.only in case_key(nmb):
+        if selected(a, case_key(nmb)):
             run_case(nmb)
             gc.collect()
 

@@ -60,7 +60,7 @@ from torchrl.data import LazyTensorStorage, ReplayBuffer
 from torchrl.envs import MultiStepTransform
 
 from _harness import write_results
-from _harness import (Impl, proc_status, profile, diagnose, BgLoad, Check, apply_quick, bg_note, environment_line,
+from _harness import (selected, Impl, proc_status, profile, diagnose, BgLoad, Check, apply_quick, bg_note, environment_line,
                       environment_meta, loadavg, make_parser, quiet_before_case, report_checks, run_interleaved,
                       target_row, utc_now)
 from torchrl_ext.replay_buffers import EnvRingReplayBuffer
@@ -448,7 +448,7 @@ def main() -> int:
     t0 = time.perf_counter()
     ext = build_ext(src, LENGTH)
     fill = {EXT: time.perf_counter() - t0}
-    need_peers = a.only in SAMPLE_KEY or a.only in INSERT_KEY
+    need_peers = selected(a, SAMPLE_KEY) or selected(a, INSERT_KEY)
     multistep = plain = None
     if need_peers:
         t0 = time.perf_counter()
@@ -470,7 +470,7 @@ def main() -> int:
     checked(fill_checks)
 
     # ---- sample(256), n = 5, full 1M buffers
-    if a.only in SAMPLE_KEY:
+    if selected(a, SAMPLE_KEY):
         boot = multistep_bootstrap_info(multistep, src)
         info["multistep_bootstrap"] = boot
         frac = boot["bootstrap_past_termination"] / boot["stored"]
@@ -526,7 +526,7 @@ def main() -> int:
         gc.collect()
 
     # ---- scaling: buffer size and batch size
-    if a.only in SCALING_KEY:
+    if selected(a, SCALING_KEY):
         t0 = time.perf_counter()
         bufs = {size: build_ext(src, size // NUM_ENVS) for size in SCALING_SIZES[:-1]}
         bufs[CAPACITY] = ext
@@ -549,7 +549,7 @@ def main() -> int:
         gc.collect()
 
     # ---- insert: one [16, 64] batch into the full buffers (information)
-    if a.only in INSERT_KEY:
+    if selected(a, INSERT_KEY):
         pool = [src[:, i * CHUNK:(i + 1) * CHUNK].clone() for i in range(POOL)]
         impls = [
             Impl(MULTISTEP, f"torchrl ReplayBuffer + MultiStepTransform: `rb.extend(td[{NUM_ENVS}, {CHUNK}])`",

@@ -40,7 +40,7 @@ from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer, TensorStorag
 from torchrl.data import PrioritizedSampler as TorchRLPrioritizedSampler
 from torchrl.data.replay_buffers.storages import Storage
 
-from _harness import (BgLoad, Check, apply_quick, bg_note, environment_line, environment_meta, loadavg,
+from _harness import (selected, BgLoad, Check, apply_quick, bg_note, environment_line, environment_meta, loadavg,
                       make_parser, report_checks, target_row, quiet_before_case, run_interleaved, utc_now)
 from torchrl_ext.replay_buffers import PrioritizedReplayBuffer
 from torchrl_ext.samplers import PrioritizedSampler
@@ -374,14 +374,14 @@ def main() -> int:
                              "checks": [c.__dict__ for c in checks]}
 
     keys = [f"per_1M_B{b}" for b in BATCH_SIZES]
-    if any(a.only in k for k in keys):
+    if any(selected(a, k) for k in keys):
         bufs = build_buffers(CAPACITY)
         for b, key in zip(BATCH_SIZES, keys):
-            if a.only in key:
+            if selected(a, key):
                 run(per_case(bufs, b))
         del bufs  # ~2 GB of buffers; free them before the 10M sampler
         gc.collect()
-    if a.only in "per_10M_sampler":  # i.e. the case key contains --only
+    if selected(a, "per_10M_sampler"):  # i.e. the case key contains --only
         case, sampler, nbytes = big_sampler_case(BIG_CAPACITY)
         run(case)
         nbytes["after_timing"] = sampler._sum_tree.nbytes()

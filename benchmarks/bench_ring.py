@@ -56,7 +56,7 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.data import LazyTensorStorage, SliceSampler, TensorDictReplayBuffer
 
 from _harness import write_results
-from _harness import (Impl, proc_status, profile, diagnose, BgLoad, Check, apply_quick, bg_note, environment_line, environment_meta, loadavg,
+from _harness import (selected, Impl, proc_status, profile, diagnose, BgLoad, Check, apply_quick, bg_note, environment_line, environment_meta, loadavg,
                       make_parser, quiet_before_case, report_checks, run_interleaved, target_row, utc_now)
 from torchrl_ext.replay_buffers import EnvRingReplayBuffer
 from torchrl_ext.samplers import TrajectorySampler
@@ -513,7 +513,7 @@ def main() -> int:
     diag_reps, diag_rep_s = (3, 0.05) if a.quick else (5, 0.1)
 
     # ---- get_batch: sample 256 windows of 8 steps (all peers hold steps 0 .. L-1 of every env)
-    if a.only in SAMPLE_KEY:
+    if selected(a, SAMPLE_KEY):
         t0 = time.perf_counter()
         slices = {SLICE: build_slice_buffer(src, cache_values=False),
                   SLICE_CACHED: build_slice_buffer(src, cache_values=True)}
@@ -559,7 +559,7 @@ def main() -> int:
         print(f"Freed the SliceSampler buffers. RSS {proc_status('VmRSS') / GiB:.2f} GiB.\n")
 
     # ---- add_batch: one [64] step into the full buffers
-    if a.only in INSERT_KEY:
+    if selected(a, INSERT_KEY):
         t0 = time.perf_counter()
         cb = build_cpprb(src) if cpprb is not None else None
         routes = {ROUTE_EXTEND: build_routing(src), ROUTE_ADD: build_routing(src)}

@@ -54,7 +54,7 @@ from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 
 from _harness import Impl as _HarnessImpl
 from _harness import write_results
-from _harness import (proc_status, mem_available, BgLoad, Check, apply_quick, bg_note, environment_line, environment_meta, loadavg,
+from _harness import (selected, proc_status, mem_available, BgLoad, Check, apply_quick, bg_note, environment_line, environment_meta, loadavg,
                       make_parser, report_checks, target_row, quiet_before_case, run_interleaved, utc_now)
 from torchrl_ext.replay_buffers import TensorDictReplayBuffer as ExtTensorDictReplayBuffer
 from torchrl_ext.storages import FastTensorStorage
@@ -592,18 +592,18 @@ def main() -> int:
 
     def run_schema(schema: Schema, with_sb3: bool, ref_rows: int) -> None:
         keys = [f"{schema.name}_insert"] + [f"{schema.name}_sample_B{b}" for b in BATCH_SIZES]
-        if not any(a.only in k for k in keys):
+        if not any(selected(a, k) for k in keys):
             return
         t0 = time.perf_counter()
         p = build_peers(schema, with_sb3, ref_rows)
         print(f"Built and filled the {schema.name} peers ({schema.capacity:,} transitions each) in "
               f"{time.perf_counter() - t0:.1f} s. {rss_line('after filling')}\n")
         memory[f"{schema.name}_after_fill"] = {"rss": proc_status("VmRSS"), "hwm": proc_status("VmHWM")}
-        if a.only in keys[0]:
+        if selected(a, keys[0]):
             run(*insert_case(p), CHUNK, schema, "tr/s")
         checks = check_same_writes(p)
         for b, key in zip(BATCH_SIZES, keys[1:]):
-            if a.only in key:
+            if selected(a, key):
                 run(*sample_case(p, b), b, schema, "samples/s")
         for b in BATCH_SIZES:
             checks += check_sample(p, b)
@@ -624,7 +624,7 @@ def main() -> int:
     run_schema(vec_schema(a.vec_capacity), SB3ReplayBuffer is not None, min(a.vec_capacity, 100 * CHUNK))
 
     img_capacity, img_note = img_capacity_asked, None
-    if any(a.only in k for k in ("img_insert", "img_sample_B256", "img_sample_B4096")):
+    if any(selected(a, k) for k in ("img_insert", "img_sample_B256", "img_sample_B4096")):
         avail, need = mem_available(), img_bytes_needed(img_capacity, cpprb is not None)
         if need > avail and a.img_capacity is None and img_capacity > IMG_CAPACITY_LOW:
             img_capacity = IMG_CAPACITY_LOW

@@ -26,7 +26,7 @@ import torch
 import torchrl.objectives.value.functional as trl
 
 import torchrl_ext.value.functional as ext
-from _harness import (BgLoad, apply_quick, bg_note, environment_line, environment_meta, loadavg,
+from _harness import (selected, BgLoad, apply_quick, bg_note, environment_line, environment_meta, loadavg,
                       make_parser, paired_range, quiet_before_case, run_interleaved, utc_now)
 
 Pair = tuple[torch.Tensor, torch.Tensor]
@@ -211,7 +211,7 @@ def main() -> int:
     accuracy_ok = True
     for make in all_cases():
         case = make()
-        if a.only not in case.key:
+        if not selected(a, case.key):
             continue
         waited, pre = quiet_before_case(a)
         meter = BgLoad()

@@ -29,6 +29,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 from tensordict import TensorDict, is_tensor_collection
+from torchrl.data import RandomSampler
 
 from torchrl_ext.config_files import instantiate_from_config
 from torchrl_ext.io import SafetensorsCheckpointer
@@ -287,6 +288,20 @@ def _(tmp: Path) -> Built:
 def _(tmp: Path) -> Built:
     rb = fast_buffer()
     return buffer_state(rb), lambda: rb.extend(rows(5, 9))
+
+
+@row("sample-info-shape", "`TensorDictReplayBuffer` with a custom sampler",
+     "a sampler whose `info` entry has 3 values for a sample of 2", ValueError,
+     r"sampler info 'weight' has shape \[3\], which does not lead with the sample's batch size \[2\]",
+     "return one info value per sampled item (or a scalar, which is broadcast)", FAST)
+def _(tmp: Path) -> Built:
+    class BadInfoSampler(RandomSampler):
+        def sample(self, storage: Any, batch_size: int) -> tuple[torch.Tensor, dict]:
+            index, info = super().sample(storage, batch_size)
+            return index, {**info, "weight": torch.ones(batch_size + 1)}
+
+    rb = fast_buffer(sampler=BadInfoSampler())
+    return buffer_state(rb), lambda: rb.sample(2)
 
 
 @row("fast-get-out-of-range", "`FastTensorStorage`",

@@ -197,3 +197,32 @@ def test_the_write_after_a_refused_one_lands_at_the_old_cursor(case):
 def test_a_first_batch_larger_than_the_capacity_is_rejected():
     with pytest.raises(ValueError, match="capacity 4"):
         TensorDictReplayBuffer(storage=FastTensorStorage(4)).extend(chunk(0, 5))
+
+
+@given(st.integers(1, 6), st.integers(0, 2**31 - 1))
+@settings(max_examples=25, deadline=None)
+def test_gathers_equal_tensordicts_own_indexing(n_rows, seed):
+    """gather_rows / gather_coordinates (unchecked constructor) == TensorDict indexing + set."""
+    from torchrl_ext.storages.fast import gather_coordinates, gather_rows
+
+    g = torch.Generator().manual_seed(seed)
+    stored = TensorDict({"obs": torch.randn(7, 3, 2, generator=g), ("next", "obs"): torch.randn(7, 3, 2, generator=g),
+                         ("next", "deep", "done"): torch.rand(7, 3, generator=g) < 0.5}, [7, 3])
+    rows, cols = torch.randint(7, (n_rows,), generator=g), torch.randint(3, (n_rows,), generator=g)
+    extra = {"index": torch.stack([rows, cols], -1)}
+    expected = stored[rows, cols]
+    expected.set("index", extra["index"])
+    got = gather_coordinates(stored, (rows, cols), extra=dict(extra))
+    assert got.batch_size == expected.batch_size and (got == expected).all()
+    assert set(got.keys(True, True)) == set(expected.keys(True, True))
+    flat = stored.reshape(-1)
+    got_rows = gather_rows(flat, rows * 3 + cols, extra=dict(extra))
+    assert (got_rows == expected).all() and got_rows["next"].batch_size == torch.Size([n_rows])
+
+
+def test_sampler_info_of_the_wrong_shape_is_named():
+    from torchrl_ext.storages.fast import gather_rows
+
+    stored = TensorDict({"obs": torch.arange(5.0)}, [5])
+    with pytest.raises(ValueError, match=r"sampler info 'weight' has shape \[3\].*batch size \[2\]"):
+        gather_rows(stored, torch.tensor([0, 1]), extra={"weight": torch.ones(3)})
