@@ -49,6 +49,7 @@ CSV_COLUMNS: tuple[str, ...] = (
     "env_success_rate",
     "env_return",
     "demo_episodes",
+    "supplementary_added",
     "rho",
     "phi",
     "reward_demos",
@@ -173,7 +174,7 @@ def train(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, An
     from tensordict import TensorDict
     from tqdm import tqdm
 
-    from torchrl_ext.demos import DemoMixer, DemoStore, load_demo_dir, save_demo, save_top_demos
+    from torchrl_ext.demos import DemoDirPoller, DemoMixer, DemoStore, load_demo_dir, save_demo, save_top_demos
 
     out = Path(output_dir) if output_dir is not None else Path.cwd()
     out.mkdir(parents=True, exist_ok=True)
@@ -205,6 +206,8 @@ def train(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, An
     env = make_env(cfg)
     actor, critic = make_modules(list(cfg.model.hidden_sizes))
     mixer = DemoMixer(store, num_envs)
+    # pytorchrl's supplementary folder: demos dropped there during training join the store.
+    poller = DemoDirPoller(store, cfg.demos.supplementary_dir, frame_skip=1) if cfg.demos.supplementary_dir else None
     # A generator cannot be written in YAML; passed here, the minibatch order follows `seed`.
     rb = instantiate(cfg.buffer, generator=torch.Generator().manual_seed(int(cfg.seed)))
     params = list(actor.parameters()) + list(critic.parameters())
@@ -254,6 +257,7 @@ def train(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, An
             if cfg.demos.save_dir and (iteration + 1) % int(cfg.demos.save_every) == 0:
                 save_top_demos(store, out / cfg.demos.save_dir, frame_skip=1)
 
+            added = poller.poll() if poller and iteration % int(cfg.demos.poll_every) == 0 else []
             finished = mixer.pop_finished()
             real = [e for e in finished if e["source"] == "env"]
             row = {
@@ -263,6 +267,7 @@ def train(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, An
                 "env_success_rate": sum(e["total_reward"] > 0 for e in real) / max(len(real), 1),
                 "env_return": sum(e["total_reward"] for e in real) / max(len(real), 1),
                 "demo_episodes": len(finished) - len(real),
+                "supplementary_added": len(added),
                 "rho": store.rho,
                 "phi": store.phi,
                 "reward_demos": len(store.reward_demos),

@@ -197,3 +197,41 @@ def test_minari_id_without_minari_installed(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setitem(sys.modules, "minari", None)  # import fails, installed or not
     with pytest.raises(ImportError, match="pip install minari"):
         load_minari_demos("D4RL/door/human-v2")
+
+
+def _reward_demo(total: float, length: int = 3) -> dict[str, torch.Tensor]:
+    reward = torch.zeros(length)
+    reward[-1] = total
+    return {"observation": torch.arange(length * 2.0).view(length, 2), "action": torch.zeros(length, 1),
+            "reward": reward}
+
+
+def test_poller_adds_each_new_file_once(tmp_path: Path) -> None:
+    from torchrl_ext.demos import DemoDirPoller, DemoStore
+
+    folder = tmp_path / "supplementary"
+    store = DemoStore(rho=0.1, phi=0.0, initial_reward_threshold=0.5)
+    poller = DemoDirPoller(store, folder, frame_skip=1)
+    assert poller.poll() == []  # the folder does not exist yet
+    save_demo(folder / "b.npz", _reward_demo(1.0), frame_skip=1)
+    save_demo(folder / "a.npz", _reward_demo(0.2), frame_skip=1)  # below the threshold: seen, not kept
+    added = poller.poll()
+    assert len(added) == 1 and [d["id"] for d in store.reward_demos] == added
+    assert poller.seen == {"a.npz", "b.npz"}
+    assert poller.poll() == [] and len(store.reward_demos) == 1
+    save_demo(folder / "c.npz", _reward_demo(2.0), frame_skip=1)
+    assert len(poller.poll()) == 1 and sorted(d["total_reward"] for d in store.reward_demos) == [1.0, 2.0]
+
+
+def test_poller_refuses_a_bad_file_and_adds_nothing(tmp_path: Path) -> None:
+    from torchrl_ext.demos import DemoDirPoller, DemoStore
+
+    store = DemoStore(rho=0.1, phi=0.0, initial_reward_threshold=0.5)
+    save_demo(tmp_path / "a_good.npz", _reward_demo(1.0), frame_skip=1)
+    np.savez(tmp_path / "b_bad.npz", Observation=np.zeros((3, 2)), Action=np.zeros((3, 1)), FrameSkip=np.array(1))
+    poller = DemoDirPoller(store, tmp_path, frame_skip=1)
+    with pytest.raises(ValueError, match="b_bad.npz"):
+        poller.poll()
+    assert store.reward_demos == [] and poller.seen == set()
+    (tmp_path / "b_bad.npz").unlink()
+    assert len(poller.poll()) == 1

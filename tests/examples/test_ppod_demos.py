@@ -53,3 +53,26 @@ def test_ppod_demos_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     assert Path(result["png_path"]).read_bytes()[: len(PNG_MAGIC)] == PNG_MAGIC
     assert result["eval_success"] in (0.0, 1.0)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+@pytest.mark.slow
+def test_ppod_demos_polls_the_supplementary_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A demo in demos.supplementary_dir joins the store once (first poll), never twice."""
+    from hydra import compose, initialize_config_dir
+
+    from torchrl_ext.demos import save_demo
+
+    example = load_example("ppod_demos")
+    monkeypatch.chdir(tmp_path)
+    supplementary = tmp_path / "supplementary"
+    save_demo(supplementary / "extra_0.npz", example.scripted_demo(5, 12), frame_skip=1)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="ppod_demos", overrides=[
+            "experiment=ppod_demos_smoke", f"demos.supplementary_dir={supplementary}", "demos.save_dir=null"])
+    result = example.train(cfg, output_dir=tmp_path / "run")
+    with Path(result["csv_path"]).open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    # The scripted initial demo sets the threshold to its total reward, 1; the supplementary
+    # demo (the same path) reaches it and is added at the first poll only.
+    assert [int(r["supplementary_added"]) for r in rows] == [1, 0, 0]
+    assert int(rows[0]["reward_demos"]) >= 2

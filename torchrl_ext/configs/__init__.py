@@ -129,6 +129,7 @@ REGISTRY = {
     ("value_normalizer", "ext_intrinsic_reward"): IntrinsicRewardNormalizerConfig,
     ("demos", "ext_demo_store"): DemoStoreConfig,
     ("demos", "ext_demo_mixer"): DemoMixerConfig,
+    ("demos", "ext_demo_dir_poller"): DemoDirPollerConfig,
     ("checkpointer", "ext_safetensors_checkpointer"): SafetensorsCheckpointerConfig,
     ("checkpointer", "ext_velora_checkpointer"): VeloraCheckpointerConfig,
     ("checkpointer", "ext_env_ring_checkpointer"): EnvRingStorageCheckpointerConfig,

@@ -9,6 +9,7 @@ from torchrl.trainers.algorithms.configs.common import ConfigBase
 from torchrl_ext.configs._base import Validated
 
 __all__ = [
+    "DemoDirPollerConfig",
     "DemoMixerConfig",
     "DemoStoreConfig",
     "EnvRingStorageCheckpointerConfig",
@@ -44,6 +45,14 @@ class DemoMixerConfig(Validated, ConfigBase):
     terminated_key: Any = "terminated"
     truncated_key: Any = "truncated"
     _target_: str = "torchrl_ext.demos.DemoMixer"
+
+
+@dataclass
+class DemoDirPollerConfig(Validated, ConfigBase):
+    store: Any = None  # a DemoStore (or a DemoStoreConfig node)
+    directory: str = "supplementary_demos"
+    frame_skip: Optional[int] = None
+    _target_: str = "torchrl_ext.demos.DemoDirPoller"
 
 
 @dataclass

@@ -6,6 +6,7 @@
 * :mod:`torchrl_ext.demos.files`: demo ``.npz`` files (pytorchrl's format) and Minari episodes.
 """
 from torchrl_ext.demos.files import (
+    DemoDirPoller,
     load_demo,
     load_demo_dir,
     load_minari_demos,
@@ -16,6 +17,7 @@ from torchrl_ext.demos.mixer import DemoMixer
 from torchrl_ext.demos.store import DemoStore, EpisodeOutcome, Source
 
 __all__ = [
+    "DemoDirPoller",
     "DemoMixer",
     "DemoStore",
     "EpisodeOutcome",

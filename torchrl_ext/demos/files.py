@@ -27,7 +27,7 @@ from torchrl_ext.io.state_files import atomic_write
 if TYPE_CHECKING:
     from torchrl_ext.demos.store import DemoStore
 
-__all__ = ["save_demo", "load_demo", "load_demo_dir", "save_top_demos", "load_minari_demos"]
+__all__ = ["save_demo", "load_demo", "load_demo_dir", "save_top_demos", "load_minari_demos", "DemoDirPoller"]
 
 FILE_KEYS = ("Observation", "Action", "Reward", "FrameSkip")
 _RANKED = re.compile(r"reward_demo_(\d+)\.npz")
@@ -155,6 +155,50 @@ def load_demo_dir(directory: str | Path, frame_skip: int | None = None) -> list[
     if not directory.is_dir():
         raise FileNotFoundError(f"demo directory {directory} does not exist.")
     return [load_demo(path, frame_skip) for path in sorted(directory.glob("*.npz"))]
+
+
+class DemoDirPoller:
+    """Feeds the new ``*.npz`` files of a folder to a store as supplementary demos, each once.
+
+    pytorchrl's PPO+D watches a supplementary-demo folder during training (demos recorded by
+    a human, or by another run, while this one learns). Call :meth:`poll` between updates:
+    it loads the files that appeared since the last call, in name order, and hands them to
+    :meth:`DemoStore.add_supplementary_demos` (which keeps those reaching the store's reward
+    threshold). Files written by :func:`save_demo` appear atomically, so a poll never reads
+    a half-written file. The folder may not exist yet; it is polled again next time.
+
+    Args:
+        store: the :class:`~torchrl_ext.demos.DemoStore` to feed.
+        directory: the watched folder.
+        frame_skip: if given, every file's ``FrameSkip`` must equal it.
+
+    Examples:
+        >>> import tempfile, torch
+        >>> from torchrl_ext.demos import DemoDirPoller, DemoStore, save_demo
+        >>> folder = tempfile.mkdtemp()
+        >>> store = DemoStore(rho=0.1, phi=0.0, initial_reward_threshold=0.5)
+        >>> poller = DemoDirPoller(store, folder, frame_skip=1)
+        >>> poller.poll()
+        []
+        >>> demo = {"observation": torch.zeros(3, 2), "action": torch.zeros(3, 1),
+        ...         "reward": torch.tensor([0.0, 0.0, 1.0])}
+        >>> _ = save_demo(f"{folder}/human_0.npz", demo, frame_skip=1)
+        >>> len(poller.poll()), len(store.reward_demos), poller.poll()
+        (1, 1, [])
+    """
+
+    def __init__(self, store: DemoStore, directory: str | Path, frame_skip: int | None = None) -> None:
+        self.store, self.directory, self.frame_skip = store, Path(directory), frame_skip
+        self.seen: set[str] = set()
+
+    def poll(self) -> list[str]:
+        """Loads the files not seen before; returns the ids of the demos the store kept."""
+        if not self.directory.is_dir():
+            return []
+        new = [path for path in sorted(self.directory.glob("*.npz")) if path.name not in self.seen]
+        demos = [load_demo(path, self.frame_skip) for path in new]  # a bad file raises before any is added
+        self.seen.update(path.name for path in new)
+        return self.store.add_supplementary_demos(demos) if demos else []
 
 
 def save_top_demos(store: DemoStore, directory: str | Path, frame_skip: int) -> list[Path]:

@@ -137,19 +137,22 @@ def gather_coordinates(
         >>> gather_coordinates(td, (torch.tensor([1, 0]), torch.tensor([2, 1])))["a"].tolist()
         [5.0, 1.0]
     """
-    coords = torch.broadcast_tensors(*index)
+    coords = torch.broadcast_tensors(*index) if len(index) > 1 else index
     ndim, shape = len(coords), coords[0].shape
-    flat = torch.zeros_like(coords[0])
-    for coord, size in zip(coords, stored.batch_size):
+    flat = coords[0]
+    for coord, size in zip(coords[1:], stored.batch_size[1:]):
         flat = flat * size + coord
     device = stored.device
     flat = flat.reshape(-1) if device is None else flat.reshape(-1).to(device)
     if leaves is None:
         leaves = stored.items(include_nested=True, leaves_only=True)
-    entries = {
-        key: leaf.reshape(-1, *leaf.shape[ndim:]).index_select(0, flat).reshape(*shape, *leaf.shape[ndim:])
-        for key, leaf in leaves
-    }
+    if len(shape) == 1:  # the usual sampler output: the gathered rows already have the batch shape
+        entries = {key: leaf.flatten(0, ndim - 1).index_select(0, flat) for key, leaf in leaves}
+    else:
+        entries = {
+            key: leaf.flatten(0, ndim - 1).index_select(0, flat).reshape(*shape, *leaf.shape[ndim:])
+            for key, leaf in leaves
+        }
     return assemble(entries, shape, device, extra)
 
 
