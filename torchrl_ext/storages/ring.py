@@ -16,7 +16,6 @@ to and :class:`~torchrl_ext.samplers.TrajectorySampler` picks windows.
 """
 from __future__ import annotations
 
-from multiprocessing.context import get_spawning_popen
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,8 @@ from torchrl_ext.io.state_files import (
     tensordict_from_state,
     tensordict_state,
 )
+from torchrl_ext.storages._ring_reads import RingReads
+from torchrl_ext.storages._ring_sharing import RingSharing
 from torchrl_ext.storages.fast import _layout, _leaves, _raise_layout_mismatch
 
 __all__ = ["EnvRingStorage", "EnvRingStorageCheckpointer"]
@@ -50,7 +51,7 @@ class EnvRingStorageCheckpointer(StorageCheckpointerBase):
         storage.load_state_dict(load_state(path, tensors_file=_TENSORS, metadata_file=_METADATA))
 
 
-class EnvRingStorage(Storage):
+class EnvRingStorage(RingReads, RingSharing, Storage):
     """One ring of ``max_length`` steps per environment, TensorDict leaves ``[E, L, ...]``.
 
     The leaves are allocated from the first write (any nested keys), on
@@ -293,158 +294,6 @@ class EnvRingStorage(Storage):
         ]
         self._layout_cache = _layout(self._storage, 2)
 
-    # ------------------------------------------------------------------
-    # Reads
-    def get(self, index: Any) -> TensorDictBase:
-        """Steps at ``index``: an ``(env, position)`` pair of integer tensors of one shape.
-
-        An ``(env, start, end)`` triple gives n-step transitions: root entries
-        from ``start``, ``"next"`` entries from ``end``.
-
-        Other indices (an int env, slices, ...) index the ``[E, L]`` TensorDict.
-        """
-        if self._storage is None:
-            raise RuntimeError(f"{type(self).__name__} is empty: write data before reading it.")
-        if isinstance(index, tuple) and len(index) == 2 and all(
-            isinstance(i, torch.Tensor) and not i.dtype.is_floating_point for i in index
-        ):
-            env, position = self._as_coordinates(index)
-            self._check_readable(env, position)
-            return self._gather(env, position)
-        if isinstance(index, tuple) and len(index) == 3 and all(
-            isinstance(i, torch.Tensor) and not i.dtype.is_floating_point for i in index
-        ):
-            env, start = self._as_coordinates(index[:2])
-            end = self._as_coordinates((env, index[2]))[1]
-            self._check_readable(env, start)
-            return self._gather_chain(env, start, end)
-        return self._storage[index]
-
-    def _gather_chain(
-        self,
-        env: torch.Tensor,
-        start: torch.Tensor,
-        end: torch.Tensor,
-        extra: dict[Any, torch.Tensor] | None = None,
-    ) -> TensorDictBase:
-        """Root entries at ``(env, start)`` and ``"next"`` entries at ``(env, end)``: the
-        transition from ``start`` to the observation after ``end`` (n-step sampling).
-        ``extra`` entries (the sampler's n-step reward, ...) replace stored ones."""
-        extra = extra or {}
-        if type(self)._gather is not EnvRingStorage._gather:  # subclasses rebuild entries on read
-            out = self._gather(env, start)
-            if "next" in out.keys():
-                out.set("next", self._gather(env, end).get("next"))
-            for key, value in extra.items():
-                out.set(key, value)
-            return out
-        # One gather per leaf, at the row it is read from; overridden leaves are skipped.
-        rows = {"root": self._flat_index(env, start), "next": self._flat_index(env, end)}
-        shape = env.shape
-        entries = dict(extra)
-        for key, leaf in self._flat:
-            if key in entries:
-                continue
-            row = rows["next" if isinstance(key, tuple) and key[0] == "next" else "root"]
-            entries[key] = leaf.index_select(0, row.reshape(-1)).reshape(*shape, *leaf.shape[1:])
-        return TensorDict(entries, batch_size=shape, device=self._device)
-
-    def _check_readable(self, env: torch.Tensor, position: torch.Tensor) -> None:
-        """Hook for :meth:`get`: subclasses refuse steps they cannot rebuild whole."""
-
-    def _gather(
-        self, env: torch.Tensor, position: torch.Tensor, extra: dict[Any, torch.Tensor] | None = None
-    ) -> TensorDictBase:
-        """:meth:`get` for coordinates known to be valid, plus ``extra`` entries of the same batch shape."""
-        flat = self._flat_index(env, position)
-        shape = flat.shape
-        flat = flat.reshape(-1)
-        entries = {
-            key: leaf.index_select(0, flat).reshape(*shape, *leaf.shape[1:])
-            for key, leaf in self._flat
-        }
-        if extra:
-            entries.update(extra)
-        return TensorDict(entries, batch_size=shape, device=self._device)
-
-    def read(self, env_ids: torch.Tensor, positions: torch.Tensor) -> TensorDictBase:
-        """Steps at absolute ``positions`` of ``env_ids`` (ALF's ``get_field``), checked.
-
-        Raises:
-            ValueError: if a position is not stored (overwritten, or not yet written).
-        """
-        env_ids = torch.as_tensor(env_ids, dtype=torch.long).cpu()
-        positions = torch.as_tensor(positions, dtype=torch.long).cpu()
-        env_ids, positions = torch.broadcast_tensors(env_ids, positions)
-        self._check_env_ids(env_ids)
-        earliest = self.earliest_position()[env_ids]
-        stored = (positions >= earliest) & (positions < self._current_pos[env_ids])
-        if not bool(stored.all()):
-            bad = int(stored.logical_not().nonzero()[0, 0]) if stored.ndim else 0
-            e, p = int(env_ids.reshape(-1)[bad]), int(positions.reshape(-1)[bad])
-            raise ValueError(
-                f"position {p} of env {e} is not stored; env {e} holds positions "
-                f"[{int(self._current_pos[e] - self._current_size[e])}, "
-                f"{int(self._current_pos[e]) - 1}]."
-            )
-        return self.get((env_ids, positions))
-
-    def gather_all(self, num_earliest_ignored: int = 0) -> tuple[TensorDictBase, torch.Tensor]:
-        """Everything stored, chronologically, as ``[E, n]`` plus the start positions ``[E]``.
-
-        Every env must hold the same number of steps at the same positions.
-        An empty buffer gives ``n = 0`` (ALF returns ``L`` stale steps there).
-
-        Args:
-            num_earliest_ignored: leave out that many oldest steps of each env.
-        """
-        if isinstance(num_earliest_ignored, bool) or not isinstance(num_earliest_ignored, int) or (
-            num_earliest_ignored < 0
-        ):
-            raise ValueError(
-                "num_earliest_ignored must be an int >= 0, got "
-                f"num_earliest_ignored={num_earliest_ignored!r}."
-            )
-        pos, size = self._current_pos, self._current_size
-        if not (bool((pos == pos[0]).all()) and bool((size == size[0]).all())):
-            raise ValueError(
-                "gather_all needs every env at the same position with the same size, got "
-                f"current_pos={pos.tolist()}, current_size={size.tolist()}; sample windows "
-                "instead, or write all envs together."
-            )
-        n = max(int(size[0]) - num_earliest_ignored, 0)
-        start = int(pos[0]) - n
-        positions = torch.full((self._num_envs,), start, dtype=torch.long)
-        if self._storage is None or n == 0:
-            return self._empty_result((self._num_envs, 0)), positions
-        env = torch.arange(self._num_envs).unsqueeze(1).expand(-1, n)
-        return self.get((env, torch.arange(start, start + n).expand(self._num_envs, -1))), positions
-
-    def _empty_result(self, shape: tuple[int, ...]) -> TensorDictBase:
-        if self._storage is None:
-            return TensorDict({}, batch_size=shape, device=self._device)
-        return TensorDict(
-            {key: torch.empty(*shape, *leaf.shape[1:], dtype=leaf.dtype, device=self._device)
-             for key, leaf in self._flat},
-            batch_size=shape,
-            device=self._device,
-        )
-
-    def _rand_given_ndim(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Uniform draws over the stored steps (``RandomSampler`` support), as ``(env, position)``."""
-        # The counters live in numpy (they are views of the same memory): the
-        # bookkeeping of a draw costs microseconds there, tens of them in torch.
-        readable = np.maximum(self._size_np - self.required_lookback, 0)
-        total = int(readable.sum())
-        if total == 0:
-            raise RuntimeError("Cannot sample from an empty storage.")
-        flat = torch.randint(total, (batch_size,), generator=self._rng).numpy()
-        ends = readable.cumsum()
-        env = np.searchsorted(ends, flat, side="right")
-        earliest = self._pos_np - self._size_np + self.required_lookback
-        position = (earliest - ends + readable)[env] + flat
-        return torch.from_numpy(env), torch.from_numpy(position)
-
     def contains(self, item: Any) -> bool:
         """Whether ``(env, position)`` (ints) is stored."""
         env, position = item
@@ -518,98 +367,6 @@ class EnvRingStorage(Storage):
     def _counter_views(self) -> None:
         self._current_pos = torch.from_numpy(self._pos_np)
         self._current_size = torch.from_numpy(self._size_np)
-
-    # ------------------------------------------------------------------
-    # Sharing with other processes
-    @property
-    def is_shared(self) -> bool:
-        """Whether :meth:`share_memory_` put the data and the counters in shared memory."""
-        return getattr(self, "_shared", False)
-
-    def share_memory_(self, example: TensorDictBase | None = None) -> EnvRingStorage:
-        """Puts the rings and their cursors in shared memory, for ``torch.multiprocessing``.
-
-        After this, handing the storage (or a buffer over it) to a ``spawn``
-        process shares it: steps written there are read here and the other
-        way round. Writes are *not* serialised by the storage: the buffer's
-        process lock does that (``rb.share(True)``, done by
-        :func:`torchrl_ext.distributed.share_buffer`).
-
-        Args:
-            example: one batch of steps (``[N]`` or ``[N, T]``, the keys, per-step
-                shapes and dtypes later writes carry). Needed when nothing was
-                written yet: the rings are allocated from it (nothing is stored).
-
-        Returns:
-            The storage itself.
-
-        Raises:
-            ValueError: if the storage is empty and no ``example`` is given, or
-                lives on a non-CPU device.
-        """
-        if self._device.type != "cpu":
-            raise ValueError(
-                f"{type(self).__name__}.share_memory_() shares CPU storages only, got "
-                f"device={self._device}; build the storage with device='cpu' (CUDA tensors are "
-                "shared by torch.multiprocessing without this call)."
-            )
-        if self._storage is None:
-            if example is None:
-                raise ValueError(
-                    f"{type(self).__name__} allocates its rings on the first write, which a "
-                    "spawned process would do in its own memory; pass example=<one batch of "
-                    "steps> to share_memory_() (or write once before sharing)."
-                )
-            if not isinstance(example, TensorDictBase) or example.batch_dims not in (1, 2):
-                raise ValueError(
-                    "example must be a TensorDict of batch size [N] or [N, T], got "
-                    f"{type(example).__name__} {list(getattr(example, 'batch_size', []))}."
-                )
-            self._allocate(example, example.batch_dims)
-        self._storage.share_memory_()
-        self._index_leaves()
-        # Counters: torch tensors in shared memory, numpy views on them (pickling
-        # sends the tensors, which torch.multiprocessing shares; numpy arrays
-        # would be copied).
-        for name in ("_current_pos", "_current_size"):
-            tensor = getattr(self, name).clone().share_memory_()
-            setattr(self, name, tensor)
-        self._pos_np, self._size_np = self._current_pos.numpy(), self._current_size.numpy()
-        for name, value in list(vars(self).items()):
-            if isinstance(value, torch.Tensor) and value.device.type == "cpu":
-                value.share_memory_()  # per-env state of subclasses, e.g. the episode index
-        self._shared = True
-        return self
-
-    def __getstate__(self) -> dict[str, Any]:
-        if get_spawning_popen() is not None and not self.is_shared:
-            # The rings would be copied and the cursors diverge: every step written
-            # in the new process would be lost to this one, silently.
-            raise RuntimeError(
-                f"{type(self).__name__} is being sent to a spawned process without "
-                "share_memory_(): the two processes would write separate copies. Call "
-                "torchrl_ext.distributed.share_buffer(rb, example=batch) (or "
-                "storage.share_memory_(example)) before starting the processes."
-            )
-        state = super().__getstate__()
-        if self.is_shared:
-            # Send the shared counter tensors; numpy views are rebuilt on arrival.
-            state.pop("_pos_np", None)
-            state.pop("_size_np", None)
-            state.pop("_flat", None)
-            return state
-        # Views are rebuilt on unpickling so that they share the arrays again.
-        state.pop("_current_pos", None)
-        state.pop("_current_size", None)
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        super().__setstate__(state)
-        if self.is_shared:
-            self._pos_np, self._size_np = self._current_pos.numpy(), self._current_size.numpy()
-            self._index_leaves()
-        else:
-            self._counter_views()
 
     def _check_env_ids(self, env_ids: torch.Tensor) -> None:
         if env_ids.numel() and (int(env_ids.min()) < 0 or int(env_ids.max()) >= self._num_envs):

@@ -1,0 +1,170 @@
+"""The read half of :class:`~torchrl_ext.storages.EnvRingStorage`: gathers by ``(env, position)``.
+
+A mixin, not a storage: it reads the attributes the storage keeps (``_storage``, ``_flat``,
+the numpy counters, ``_num_envs``, ``_max_length``, ``_device``) and its coordinate helpers.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from torchrl_ext.storages.fast import assemble
+
+
+class RingReads:
+    """``get``, ``read``, ``gather_all`` and uniform draws over per-env rings."""
+
+    def get(self, index: Any) -> TensorDictBase:
+        """Steps at ``index``: an ``(env, position)`` pair of integer tensors of one shape.
+
+        An ``(env, start, end)`` triple gives n-step transitions: root entries
+        from ``start``, ``"next"`` entries from ``end``.
+
+        Other indices (an int env, slices, ...) index the ``[E, L]`` TensorDict.
+        """
+        if self._storage is None:
+            raise RuntimeError(f"{type(self).__name__} is empty: write data before reading it.")
+        if isinstance(index, tuple) and len(index) == 2 and all(
+            isinstance(i, torch.Tensor) and not i.dtype.is_floating_point for i in index
+        ):
+            env, position = self._as_coordinates(index)
+            self._check_readable(env, position)
+            return self._gather(env, position)
+        if isinstance(index, tuple) and len(index) == 3 and all(
+            isinstance(i, torch.Tensor) and not i.dtype.is_floating_point for i in index
+        ):
+            env, start = self._as_coordinates(index[:2])
+            end = self._as_coordinates((env, index[2]))[1]
+            self._check_readable(env, start)
+            return self._gather_chain(env, start, end)
+        return self._storage[index]
+
+    def _gather_chain(
+        self,
+        env: torch.Tensor,
+        start: torch.Tensor,
+        end: torch.Tensor,
+        extra: dict[Any, torch.Tensor] | None = None,
+    ) -> TensorDictBase:
+        """Root entries at ``(env, start)`` and ``"next"`` entries at ``(env, end)``: the
+        transition from ``start`` to the observation after ``end`` (n-step sampling).
+        ``extra`` entries (the sampler's n-step reward, ...) replace stored ones."""
+        extra = extra or {}
+        if type(self)._gather is not RingReads._gather:  # subclasses rebuild entries on read
+            out = self._gather(env, start)
+            if "next" in out.keys():
+                out.set("next", self._gather(env, end).get("next"))
+            for key, value in extra.items():
+                out.set(key, value)
+            return out
+        # One gather per leaf, at the row it is read from; overridden leaves are skipped.
+        rows = {"root": self._flat_index(env, start), "next": self._flat_index(env, end)}
+        shape = env.shape
+        entries = {}
+        for key, leaf in self._flat:
+            if key in extra:
+                continue
+            row = rows["next" if isinstance(key, tuple) and key[0] == "next" else "root"]
+            entries[key] = leaf.index_select(0, row.reshape(-1)).reshape(*shape, *leaf.shape[1:])
+        return assemble(entries, shape, self._device, extra)
+
+    def _check_readable(self, env: torch.Tensor, position: torch.Tensor) -> None:
+        """Hook for :meth:`get`: subclasses refuse steps they cannot rebuild whole."""
+
+    def _gather(
+        self, env: torch.Tensor, position: torch.Tensor, extra: dict[Any, torch.Tensor] | None = None
+    ) -> TensorDictBase:
+        """:meth:`get` for coordinates known to be valid, plus ``extra`` entries of the same batch shape."""
+        flat = self._flat_index(env, position)
+        shape = flat.shape
+        if len(shape) == 1:  # rows already have the batch shape
+            entries = {key: leaf.index_select(0, flat) for key, leaf in self._flat}
+        else:
+            flat = flat.reshape(-1)
+            entries = {
+                key: leaf.index_select(0, flat).reshape(*shape, *leaf.shape[1:])
+                for key, leaf in self._flat
+            }
+        return assemble(entries, shape, self._device, extra)
+
+    def read(self, env_ids: torch.Tensor, positions: torch.Tensor) -> TensorDictBase:
+        """Steps at absolute ``positions`` of ``env_ids`` (ALF's ``get_field``), checked.
+
+        Raises:
+            ValueError: if a position is not stored (overwritten, or not yet written).
+        """
+        env_ids = torch.as_tensor(env_ids, dtype=torch.long).cpu()
+        positions = torch.as_tensor(positions, dtype=torch.long).cpu()
+        env_ids, positions = torch.broadcast_tensors(env_ids, positions)
+        self._check_env_ids(env_ids)
+        earliest = self.earliest_position()[env_ids]
+        stored = (positions >= earliest) & (positions < self._current_pos[env_ids])
+        if not bool(stored.all()):
+            bad = int(stored.logical_not().nonzero()[0, 0]) if stored.ndim else 0
+            e, p = int(env_ids.reshape(-1)[bad]), int(positions.reshape(-1)[bad])
+            raise ValueError(
+                f"position {p} of env {e} is not stored; env {e} holds positions "
+                f"[{int(self._current_pos[e] - self._current_size[e])}, "
+                f"{int(self._current_pos[e]) - 1}]."
+            )
+        return self.get((env_ids, positions))
+
+    def gather_all(self, num_earliest_ignored: int = 0) -> tuple[TensorDictBase, torch.Tensor]:
+        """Everything stored, chronologically, as ``[E, n]`` plus the start positions ``[E]``.
+
+        Every env must hold the same number of steps at the same positions.
+        An empty buffer gives ``n = 0`` (ALF returns ``L`` stale steps there).
+
+        Args:
+            num_earliest_ignored: leave out that many oldest steps of each env.
+        """
+        if isinstance(num_earliest_ignored, bool) or not isinstance(num_earliest_ignored, int) or (
+            num_earliest_ignored < 0
+        ):
+            raise ValueError(
+                "num_earliest_ignored must be an int >= 0, got "
+                f"num_earliest_ignored={num_earliest_ignored!r}."
+            )
+        pos, size = self._current_pos, self._current_size
+        if not (bool((pos == pos[0]).all()) and bool((size == size[0]).all())):
+            raise ValueError(
+                "gather_all needs every env at the same position with the same size, got "
+                f"current_pos={pos.tolist()}, current_size={size.tolist()}; sample windows "
+                "instead, or write all envs together."
+            )
+        n = max(int(size[0]) - num_earliest_ignored, 0)
+        start = int(pos[0]) - n
+        positions = torch.full((self._num_envs,), start, dtype=torch.long)
+        if self._storage is None or n == 0:
+            return self._empty_result((self._num_envs, 0)), positions
+        env = torch.arange(self._num_envs).unsqueeze(1).expand(-1, n)
+        return self.get((env, torch.arange(start, start + n).expand(self._num_envs, -1))), positions
+
+    def _empty_result(self, shape: tuple[int, ...]) -> TensorDictBase:
+        if self._storage is None:
+            return TensorDict({}, batch_size=shape, device=self._device)
+        return TensorDict(
+            {key: torch.empty(*shape, *leaf.shape[1:], dtype=leaf.dtype, device=self._device)
+             for key, leaf in self._flat},
+            batch_size=shape,
+            device=self._device,
+        )
+
+    def _rand_given_ndim(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Uniform draws over the stored steps (``RandomSampler`` support), as ``(env, position)``."""
+        # The counters live in numpy (they are views of the same memory): the
+        # bookkeeping of a draw costs microseconds there, tens of them in torch.
+        readable = np.maximum(self._size_np - self.required_lookback, 0)
+        total = int(readable.sum())
+        if total == 0:
+            raise RuntimeError("Cannot sample from an empty storage.")
+        flat = torch.randint(total, (batch_size,), generator=self._rng).numpy()
+        ends = readable.cumsum()
+        env = np.searchsorted(ends, flat, side="right")
+        earliest = self._pos_np - self._size_np + self.required_lookback
+        position = (earliest - ends + readable)[env] + flat
+        return torch.from_numpy(env), torch.from_numpy(position)
+
