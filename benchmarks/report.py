@@ -69,6 +69,7 @@ class Comparison:
     ext_ms: float
     peer_ms: float
     others: dict[str, float]  # every candidate peer -> its ratio
+    bg_load: float | None = None  # CPU cores used by other processes during the case
 
     @property
     def key(self) -> str:
@@ -115,7 +116,7 @@ def comparisons(results: dict[str, dict[str, Any]]) -> list[Comparison]:
                     paired = (min(ratios), max(ratios))
                 rows.append(Comparison(bench, case_key, case.get("title", case_key), ext, best, peer_ms / ext_ms,
                                        paired, ext_ms, peer_ms,
-                                       {c: impls[c]["median_ms"] / ext_ms for c in present}))
+                                       {c: impls[c]["median_ms"] / ext_ms for c in present}, case.get("bg_load")))
     return rows
 
 
@@ -195,7 +196,9 @@ def markdown(results: dict[str, dict[str, Any]], img_rel: str) -> str:
            "median of the repetitions, one torch thread, repetitions interleaved round-robin, background load "
            "measured and waited out).", "",
            f"Machine: {platform}, 2 logical CPUs, no GPU. Ratios are **peer time / torchrl_ext time** "
-           "(> 1: torchrl_ext is faster). The paired range is the min-max over repetitions of the same round.", "",
+           "(> 1: torchrl_ext is faster). The paired range is the min-max over repetitions of the same round. "
+           "bg load: CPU cores used by other processes during the case (each script waits for it to drop "
+           "below 0.3 before a case, up to 30 s).", "",
            "## Runs", "", "| script | started | versions | torch threads | reps | mode | loadavg at start |",
            "|---|---|---|---:|---:|---|---|", *meta_lines(results), "",
            "## Targets", "",
@@ -215,13 +218,14 @@ def markdown(results: dict[str, dict[str, Any]], img_rel: str) -> str:
         if not rows:
             continue
         out += [f"### {bench}: {what}", "",
-                "| case | torchrl_ext | best peer | ratio | paired | torchrl_ext ms | peer ms | all peers |",
-                "|---|---|---|---:|---:|---:|---:|---|"]
+                "| case | torchrl_ext | best peer | ratio | paired | torchrl_ext ms | peer ms | all peers | bg load |",
+                "|---|---|---|---:|---:|---:|---:|---|---:|"]
         for c in rows:
             paired = f"{c.paired[0]:.2f}-{c.paired[1]:.2f}x" if c.paired else "-"
             others = ", ".join(f"{k} {v:.2f}x" for k, v in c.others.items())
+            bg = "-" if c.bg_load is None else f"{c.bg_load:.2f}"
             out.append(f"| {c.title} | {c.impl} | {c.peer} | {c.ratio:.2f}x | {paired} | {c.ext_ms:.3f} | "
-                       f"{c.peer_ms:.3f} | {others} |")
+                       f"{c.peer_ms:.3f} | {others} | {bg} |")
         out.append("")
     if mem:
         out += ["## Peak memory per stored transition", "",

@@ -31,7 +31,7 @@ def storage_results() -> dict:
     return {"storage": {
         "meta": {"started": "2026-11-23", "torch": "2.14.1", "torchrl": "0.14.1", "threads": 1, "reps": 3,
                  "quick": True, "platform": "Linux"},
-        "cases": {"vec_sample_B256": {"title": "vec sample(256)", "impls": {
+        "cases": {"vec_sample_B256": {"title": "vec sample(256)", "bg_load": 0.05, "impls": {
             "torchrl": impl(4.0, [4.0, 4.0, 4.0]),
             "cpprb": impl(1.0, [1.0, 1.2, 0.8]),
             "sb3": impl(2.0),
@@ -120,7 +120,8 @@ def test_write_report_makes_the_table_and_the_plots(tmp_path: Path) -> None:
     for p in written[:-1]:
         assert p.read_bytes()[:8] == PNG_MAGIC
     text = md.read_text()
-    assert "| vec sample(256) | torchrl_ext | cpprb | 2.00x | 1.60-3.00x |" in text
+    assert ("| vec sample(256) | torchrl_ext | cpprb | 2.00x | 1.60-3.00x | 0.500 | 1.000 | "
+            "torchrl 8.00x, cpprb 2.00x, sb3 4.00x | 0.05 |") in text
     assert "| storage | vec_sample_B256 | torchrl_ext | cpprb | 2.00x | >= 1x | PASS |" in text
     assert "| vec (533 B of data), capacity 1,000 | torchrl_ext | 560 | 1.05x |" in text
     assert "sample(32)" in text and "GAE T=256" in text
