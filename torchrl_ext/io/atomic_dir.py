@@ -35,6 +35,8 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
+from torchrl_ext.io.state_files import fsync_dir, fsync_file
+
 __all__ = ["atomic_save_dir", "committed_dir", "COMPLETE_MARKER"]
 
 COMPLETE_MARKER = ".complete"
@@ -91,16 +93,16 @@ def atomic_save_dir(path: str | Path, write: Callable[[Path], None]) -> None:
         with open(marker, "wb") as handle:
             handle.flush()
             os.fsync(handle.fileno())
-        _fsync_dir(new)
-        _fsync_dir(parent)
+        fsync_dir(new)
+        fsync_dir(parent)
     except BaseException:
         shutil.rmtree(new, ignore_errors=True)
         raise
     if path.is_dir():
         os.replace(path, old)
-        _fsync_dir(parent)
+        fsync_dir(parent)
     os.replace(new, path)
-    _fsync_dir(parent)
+    fsync_dir(parent)
     shutil.rmtree(old, ignore_errors=True)
 
 
@@ -114,27 +116,13 @@ def _recover(path: Path) -> None:
             os.replace(old, path)
         else:
             return
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     shutil.rmtree(old, ignore_errors=True)
 
 
 def _fsync_tree(folder: Path) -> None:
     for root, dirs, files in os.walk(folder):
         for name in files:
-            fd = os.open(os.path.join(root, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_file(os.path.join(root, name))
         for name in dirs:
-            _fsync_dir(Path(root) / name)
-
-
-def _fsync_dir(directory: Path) -> None:
-    if os.name == "nt":  # folders cannot be fsynced on Windows; renames are still atomic
-        return
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+            fsync_dir(Path(root) / name)

@@ -37,6 +37,8 @@ from safetensors.torch import save_file
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data.replay_buffers.checkpointers import StorageCheckpointerBase
 
+from torchrl_ext.io.state_files import fsync_dir, fsync_file
+
 __all__ = [
     "CheckpointPair",
     "SafetensorsCheckpointer",
@@ -117,20 +119,20 @@ def write_pair(pair: CheckpointPair, tensors: dict[str, torch.Tensor], metadata_
     body = metadata_text.encode("utf-8")
     try:
         save_file(tensors, pair.pending_state, metadata={DIGEST_KEY: _sha256(body)})
-        _fsync_file(pair.pending_state)
+        fsync_file(pair.pending_state)
         with open(pair.pending_metadata, "wb") as handle:
             handle.write(body)
             handle.flush()
             os.fsync(handle.fileno())
-        _fsync_dir(pair.directory)
+        fsync_dir(pair.directory)
     except BaseException:
         pair.pending_state.unlink(missing_ok=True)
         pair.pending_metadata.unlink(missing_ok=True)
         raise
     os.replace(pair.pending_state, pair.state)
-    _fsync_dir(pair.directory)
+    fsync_dir(pair.directory)
     os.replace(pair.pending_metadata, pair.metadata)
-    _fsync_dir(pair.directory)
+    fsync_dir(pair.directory)
 
 
 def read_pair(
@@ -417,7 +419,7 @@ def _finish_pending_commit(pair: CheckpointPair) -> None:
         return
     if _sha256(pair.pending_metadata.read_bytes()) == digest:
         os.replace(pair.pending_metadata, pair.metadata)
-        _fsync_dir(pair.directory)
+        fsync_dir(pair.directory)
 
 
 def _missing_message(pair: CheckpointPair, missing: Path) -> str:
@@ -427,18 +429,3 @@ def _missing_message(pair: CheckpointPair, missing: Path) -> str:
         f"checkpoint file {missing} not found (prefix={pair.prefix!r}).{hint} Pass the folder "
         f"given to save and the same prefix."
     )
-
-
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as handle:
-        os.fsync(handle.fileno())
-
-
-def _fsync_dir(directory: Path) -> None:
-    if os.name == "nt":  # folders cannot be fsynced on Windows; renames are still atomic
-        return
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -56,9 +56,25 @@ def atomic_write(target: Path, write: Callable[[str], Any]) -> None:
     """Writes through ``write(tmp_path)``, fsyncs, then renames over ``target``."""
     tmp = target.with_name(f".{target.name}.tmp")
     write(str(tmp))
-    with open(tmp, "rb") as handle:
-        os.fsync(handle.fileno())
+    fsync_file(tmp)
     os.replace(tmp, target)
+
+
+def fsync_file(path: str | Path) -> None:
+    """Flushes a written file to disk."""
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
+
+
+def fsync_dir(directory: str | Path) -> None:
+    """Flushes a folder's entries (renames, new files) to disk."""
+    if os.name == "nt":  # folders cannot be fsynced on Windows; renames are still atomic
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def tensordict_state(data: TensorDictBase | None) -> dict[str, Any]:
