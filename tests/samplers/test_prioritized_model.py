@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from tensordict import TensorDict
 
-from tests._hypothesis import machine_settings
+from tests._hypothesis import StateDictRoundTrip, machine_settings
 from torchrl_ext.replay_buffers import PrioritizedReplayBuffer, TensorDictReplayBuffer
 from torchrl_ext.samplers import PrioritizedSampler
 from torchrl_ext.storages import FastTensorStorage
@@ -77,7 +77,7 @@ class PriorityModel:
         self.max_seen = -math.inf
 
 
-class PrioritizedMachine(RuleBasedStateMachine):
+class PrioritizedMachine(StateDictRoundTrip, RuleBasedStateMachine):
     @initialize(
         capacity=st.integers(1, 40),
         alpha=st.sampled_from([0.0, 0.6, 1.0, 1.5]),
@@ -183,12 +183,6 @@ class PrioritizedMachine(RuleBasedStateMachine):
     def empty(self) -> None:
         self.rb.empty()
         self.model.empty()
-
-    @rule()
-    def round_trip_state_dict(self) -> None:
-        fresh = self._new_buffer()
-        fresh.load_state_dict(self.rb.state_dict())
-        self.rb = fresh
 
     # ------------------------------------------------------------------ invariants
     @invariant()

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from tensordict import TensorDict
 
-from tests._hypothesis import machine_settings
+from tests._hypothesis import StateDictRoundTrip, machine_settings
 from torchrl_ext.replay_buffers import TensorDictReplayBuffer
 from torchrl_ext.samplers import PrioritizedNStepSampler
 from torchrl_ext.storages import FastTensorStorage
@@ -92,7 +92,7 @@ def batch_of(uids: list[list[int]], dones: list[list[bool]]) -> TensorDict:
                       list(obs.shape[:2]))
 
 
-class PrioritizedNStepMachine(RuleBasedStateMachine):
+class PrioritizedNStepMachine(StateDictRoundTrip, RuleBasedStateMachine):
     @initialize(rows=st.integers(1, 5), num_envs=st.integers(1, 3), n_step=st.integers(1, 4),
                 alpha=st.sampled_from([0.0, 0.5, 1.0]), eps=st.sampled_from([1e-8, 0.1]),
                 seed=st.integers(0, 2**16))
@@ -131,12 +131,6 @@ class PrioritizedNStepMachine(RuleBasedStateMachine):
                                         max_size=len(cells)), label="priorities")
         self.rb.update_priority(torch.tensor(cells), torch.tensor(priorities))
         self.model.update(cells, priorities)
-
-    @rule()
-    def round_trip_state_dict(self) -> None:
-        fresh = self._new_buffer()
-        fresh.load_state_dict(self.rb.state_dict())
-        self.rb = fresh
 
     @rule(batch=st.integers(1, 6))
     def sample(self, batch: int) -> None:

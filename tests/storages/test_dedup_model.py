@@ -19,15 +19,14 @@ the documented contract, kept as frame ids:
 """
 from __future__ import annotations
 
-import tempfile
 
 import pytest
 import torch
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 from tensordict import TensorDict
 
-from tests._hypothesis import machine_settings
+from tests._hypothesis import FileRoundTrip, machine_settings
 from tests.storages.test_ring_model import subsets
 from torchrl_ext.replay_buffers import EnvRingReplayBuffer
 from torchrl_ext.storages import DedupEnvRingStorage
@@ -102,7 +101,7 @@ def stack_of(fids: list[int], stack_dim: int, num_stack: int) -> torch.Tensor:
     return torch.stack([frame(f) for f in fids], stack_dim)
 
 
-class DedupMachine(RuleBasedStateMachine):
+class DedupMachine(FileRoundTrip, RuleBasedStateMachine):
     @initialize(num_envs=st.integers(1, 3), max_length=st.integers(1, 6), num_stack=st.integers(1, 3),
                 stack_dim=st.sampled_from([0, -1]), padding=st.sampled_from(["reset", "zero"]))
     def build(self, num_envs: int, max_length: int, num_stack: int, stack_dim: int, padding: str) -> None:
@@ -146,21 +145,6 @@ class DedupMachine(RuleBasedStateMachine):
         n = data.draw(st.integers(0, self.L), label="n")
         self.rb.remove_up_to(n, env_ids=env_ids)
         self.model.remove_up_to(n, env_ids)
-
-    @rule()
-    def round_trip_state_dict(self) -> None:
-        fresh = self._new_buffer()
-        fresh.load_state_dict(self.rb.state_dict())
-        self.rb = fresh
-
-    @precondition(lambda self: self.rb.storage.initialized)
-    @rule()
-    def round_trip_files(self) -> None:
-        fresh = self._new_buffer()
-        with tempfile.TemporaryDirectory() as path:
-            self.rb.dumps(path)
-            fresh.loads(path)
-        self.rb = fresh
 
     # ------------------------------------------------------------------ reads
     @rule(data=st.data())

@@ -12,12 +12,11 @@ are recorded when a step with discount 0 arrives).
 """
 from __future__ import annotations
 
-import tempfile
 
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from tests._hypothesis import machine_settings
+from tests._hypothesis import FileRoundTrip, machine_settings
 from tests.storages import test_episodes as episodes
 from torchrl_ext.replay_buffers import EnvRingReplayBuffer
 from torchrl_ext.storages import EpisodicEnvRingStorage
@@ -35,7 +34,7 @@ STEPS = st.one_of(
 )
 
 
-class EpisodicMachine(RuleBasedStateMachine):
+class EpisodicMachine(FileRoundTrip, RuleBasedStateMachine):
     @initialize(num_envs=st.integers(1, 3), max_length=st.integers(2, 7), clip=st.booleans())
     def build(self, num_envs: int, max_length: int, clip: bool) -> None:
         self.E, self.L = num_envs, max_length
@@ -98,21 +97,6 @@ class EpisodicMachine(RuleBasedStateMachine):
             self.model.dequeue(e, min(n, self.model.size[e]))
 
     # ------------------------------------------------------------------ checkpoints
-    @rule()
-    def round_trip_state_dict(self) -> None:
-        fresh = self._new_buffer()
-        fresh.load_state_dict(self.rb.state_dict())
-        self.rb = fresh
-
-    @precondition(lambda self: self.rb.storage.initialized)
-    @rule()
-    def round_trip_files(self) -> None:
-        with tempfile.TemporaryDirectory() as path:
-            self.rb.dumps(path)
-            fresh = self._new_buffer()
-            fresh.loads(path)
-        self.rb = fresh
-
     # ------------------------------------------------------------------ invariant
     @invariant()
     def index_and_returns_match(self) -> None:

@@ -10,7 +10,6 @@ With ``ndim=2`` an ``[N, T]`` batch is ``T`` rows of ``N`` envs (time-major).
 """
 from __future__ import annotations
 
-import tempfile
 
 import pytest
 import torch
@@ -18,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from tensordict import TensorDict
 
-from tests._hypothesis import machine_settings
+from tests._hypothesis import FileRoundTrip, machine_settings
 from torchrl_ext.replay_buffers import TensorDictReplayBuffer
 from torchrl_ext.storages import FastTensorStorage
 
@@ -63,7 +62,7 @@ def batch_of(rows: list[list[int]], two_d: bool) -> TensorDict:
     return TensorDict({"x": x.contiguous(), "nested": {"k": k.contiguous()}}, list(k.shape))
 
 
-class FastStorageMachine(RuleBasedStateMachine):
+class FastStorageMachine(FileRoundTrip, RuleBasedStateMachine):
     """Random extends / reads / samples / empties / checkpoints of a small FastTensorStorage buffer."""
 
     @initialize(
@@ -118,23 +117,6 @@ class FastStorageMachine(RuleBasedStateMachine):
         self.rb.empty()
         self.model.empty()
 
-    @rule()
-    def round_trip_state_dict(self) -> None:
-        fresh = self._new_buffer()
-        fresh.load_state_dict(self.rb.state_dict())
-        old, self.rb = self.rb, fresh
-        assert self.snapshot() == self.snapshot_of(old)
-
-    @precondition(lambda self: self.rb.storage.initialized)  # TorchRL refuses to save an unused storage
-    @rule()
-    def round_trip_files(self) -> None:
-        with tempfile.TemporaryDirectory() as path:
-            self.rb.dumps(path)
-            fresh = self._new_buffer()
-            fresh.loads(path)
-        old, self.rb = self.rb, fresh
-        assert self.snapshot() == self.snapshot_of(old)
-
     @rule(data=st.data())
     def read_by_index(self, data) -> None:
         filled = self.model.filled()
@@ -170,6 +152,9 @@ class FastStorageMachine(RuleBasedStateMachine):
         assert out["x"].tolist() == [uid_value(u) for u in uids]
 
     # ------------------------------------------------------------------ invariants
+    def _check_restored(self, old: TensorDictReplayBuffer) -> None:
+        assert self.snapshot() == self.snapshot_of(old)
+
     def snapshot_of(self, rb: TensorDictReplayBuffer) -> tuple:
         storage = rb.storage
         filled = len(storage) // self.envs

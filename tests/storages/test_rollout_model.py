@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from tensordict import TensorDict
 
-from tests._hypothesis import machine_settings
+from tests._hypothesis import StateDictRoundTrip, machine_settings
 from torchrl_ext.replay_buffers import TensorDictReplayBuffer
 from torchrl_ext.samplers import FeedForwardMinibatchSampler
 from torchrl_ext.storages import RolloutStorage
@@ -65,7 +65,7 @@ def steps_td(steps: list[tuple[list[int], list[int], list[int]]]) -> TensorDict:
     )
 
 
-class RolloutMachine(RuleBasedStateMachine):
+class RolloutMachine(StateDictRoundTrip, RuleBasedStateMachine):
     @initialize(
         num_steps=st.integers(1, 6),
         num_envs=st.integers(1, 3),
@@ -140,13 +140,6 @@ class RolloutMachine(RuleBasedStateMachine):
         self.rb.empty()
         self.model.step = 0  # data is kept; only the step count restarts
 
-    @rule()
-    def round_trip_state_dict(self) -> None:
-        fresh = self._new_buffer()
-        fresh.load_state_dict(self.rb.state_dict())
-        old, self.rb = self.rb, fresh
-        assert self.snapshot() == self.snapshot_of(old)
-
     # ------------------------------------------------------------------ epochs
     @precondition(lambda self: self.model.step > 0)
     @rule(checkpoint_after=st.one_of(st.none(), st.integers(0, 4)))
@@ -192,6 +185,9 @@ class RolloutMachine(RuleBasedStateMachine):
             assert sizes == [k] * (units // k) + ([units % k] if units % k else [])
 
     # ------------------------------------------------------------------ invariants
+    def _check_restored(self, old: TensorDictReplayBuffer) -> None:
+        assert self.snapshot() == self.snapshot_of(old)
+
     def snapshot_of(self, rb: TensorDictReplayBuffer) -> tuple:
         storage = rb.storage
         if storage._storage is None:
