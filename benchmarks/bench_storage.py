@@ -236,30 +236,39 @@ def copy_insert(dest: list[torch.Tensor], feed: Feed) -> Callable[[], Any]:
     return op
 
 
-def build_peers(schema: Schema, with_sb3: bool, ref_rows: int) -> Peers:
-    inputs = make_inputs(schema, with_sb3)
+def new_peer(name: str, schema: Schema, inputs: Inputs) -> tuple[Any, Feed, Callable[[], Any]]:
+    """An empty buffer of peer ``name`` (TRL, EXT, CPPRB or SB3) for ``schema``, its input feed and insert op."""
     C = schema.capacity
-    trl = TensorDictReplayBuffer(storage=LazyTensorStorage(C))
-    ext = ExtTensorDictReplayBuffer(storage=FastTensorStorage(C))
-    feeds = {TRL: Feed(inputs.tds), EXT: Feed(inputs.tds)}
-    inserts = {TRL: torch_insert(trl, feeds[TRL]), EXT: torch_insert(ext, feeds[EXT])}
-    cb = sb = None
-    if cpprb is not None:
+    if name in (TRL, EXT):
+        rb = (TensorDictReplayBuffer(storage=LazyTensorStorage(C)) if name == TRL
+              else ExtTensorDictReplayBuffer(storage=FastTensorStorage(C)))
+        feed = Feed(inputs.tds)
+        return rb, feed, torch_insert(rb, feed)
+    if name == CPPRB:
         def spec(key: Any) -> dict[str, Any]:
             shape, dtype = schema.fields[key]
             return {"shape": shape, "dtype": torch.empty((), dtype=dtype).numpy().dtype}
         # cpprb keeps its native dtypes: rew and done are float32 [N, 1].
-        cb = cpprb.ReplayBuffer(C, {"obs": spec("obs"), "next_obs": spec("obs"), "act": spec("action"),
+        rb = cpprb.ReplayBuffer(C, {"obs": spec("obs"), "next_obs": spec("obs"), "act": spec("action"),
                                     "rew": {}, "done": {}})
-        feeds[CPPRB] = Feed(inputs.cpprb)
-        inserts[CPPRB] = cpprb_insert(cb, feeds[CPPRB])
-    if with_sb3:
-        obs_space = gymnasium.spaces.Box(-np.inf, np.inf, (OBS_DIM,), np.float32)
-        act_space = gymnasium.spaces.Box(-1.0, 1.0, (ACT_DIM,), np.float32)
-        # One add() stores one step of 1000 envs (the baselines' vectorised SB3 setup).
-        sb = SB3ReplayBuffer(C, obs_space, act_space, device="cpu", n_envs=CHUNK)
-        feeds[SB3] = Feed(inputs.sb3)
-        inserts[SB3] = sb3_insert(sb, feeds[SB3])
+        feed = Feed(inputs.cpprb)
+        return rb, feed, cpprb_insert(rb, feed)
+    obs_space = gymnasium.spaces.Box(-np.inf, np.inf, (OBS_DIM,), np.float32)
+    act_space = gymnasium.spaces.Box(-1.0, 1.0, (ACT_DIM,), np.float32)
+    # One add() stores one step of 1000 envs (the baselines' vectorised SB3 setup).
+    rb = SB3ReplayBuffer(C, obs_space, act_space, device="cpu", n_envs=CHUNK)
+    feed = Feed(inputs.sb3)
+    return rb, feed, sb3_insert(rb, feed)
+
+
+def build_peers(schema: Schema, with_sb3: bool, ref_rows: int) -> Peers:
+    inputs = make_inputs(schema, with_sb3)
+    C = schema.capacity
+    names = [TRL, EXT] + ([CPPRB] if cpprb is not None else []) + ([SB3] if with_sb3 else [])
+    buffers, feeds, inserts = {}, {}, {}
+    for name in names:
+        buffers[name], feeds[name], inserts[name] = new_peer(name, schema, inputs)
+    trl, ext, cb, sb = buffers[TRL], buffers[EXT], buffers.get(CPPRB), buffers.get(SB3)
     ref_dest = [torch.empty((ref_rows, *shape), dtype=dtype) for shape, dtype in schema.fields.values()]
     feeds[REF_COPY] = Feed(inputs.leaves)
     inserts[REF_COPY] = copy_insert(ref_dest, feeds[REF_COPY])

@@ -273,25 +273,8 @@ def fill_one(impl: str, capacity: int) -> Callable[[], Any]:
     schema = bs.vec_schema(capacity)
     inputs = bs.make_inputs(schema, impl == bs.SB3)
 
-    def build() -> tuple[Any, Callable[[Any, bs.Feed], Callable[[], Any]], bs.Feed]:
-        if impl == bs.EXT:
-            return (bs.ExtTensorDictReplayBuffer(storage=bs.FastTensorStorage(capacity)), bs.torch_insert,
-                    bs.Feed(inputs.tds))
-        if impl == bs.TRL:
-            return (bs.TensorDictReplayBuffer(storage=bs.LazyTensorStorage(capacity)), bs.torch_insert,
-                    bs.Feed(inputs.tds))
-        if impl == bs.CPPRB:
-            env = {"obs": {"shape": bs.OBS_DIM}, "next_obs": {"shape": bs.OBS_DIM}, "act": {"shape": bs.ACT_DIM},
-                   "rew": {}, "done": {}}
-            return bs.cpprb.ReplayBuffer(capacity, env), bs.cpprb_insert, bs.Feed(inputs.cpprb)
-        box = gymnasium.spaces.Box(-np.inf, np.inf, (bs.OBS_DIM,), np.float32)
-        act = gymnasium.spaces.Box(-1.0, 1.0, (bs.ACT_DIM,), np.float32)
-        return (bs.SB3ReplayBuffer(capacity, box, act, device="cpu", n_envs=bs.CHUNK), bs.sb3_insert,
-                bs.Feed(inputs.sb3))
-
     def fill() -> Any:
-        rb, op, feed = build()
-        insert = op(rb, feed)
+        rb, _, insert = bs.new_peer(impl, schema, inputs)
         for _ in range(capacity // bs.CHUNK):
             insert()
         return rb
