@@ -146,22 +146,22 @@ class TrajectorySampler(StatelessSampler):
 
     def valid_starts(self, storage: EnvRingStorage) -> tuple[torch.Tensor, torch.Tensor]:
         """Per env: the number of valid window starts and the latest one (``[E]`` each)."""
+        count, latest = self._valid_starts_np(storage)
+        return torch.from_numpy(count), torch.from_numpy(latest)
+
+    def _valid_starts_np(self, storage: EnvRingStorage) -> tuple[np.ndarray, np.ndarray]:
+        # numpy: the storage's counters are numpy views, and the draw's bookkeeping on
+        # [E] and [B] arrays costs about a microsecond per op there, several in torch.
         lookback = self._batch_length - 1 + self.ignored_frames(storage)
-        count = (storage._current_size - lookback).clamp_(min=0)
-        return count, storage._current_pos - self._batch_length
+        return np.maximum(storage._size_np - lookback, 0), storage._pos_np - self._batch_length
 
     def _eligible(
         self, storage: EnvRingStorage, batch_size: int
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Checked arguments, then each env's valid starts, latest start, and the envs with any.
-
-        numpy arrays (the storage's counters are numpy views): the draw's bookkeeping on
-        ``[E]`` and ``[B]`` arrays costs about a microsecond per op there, several in torch.
-        """
+        """Checked arguments, then each env's valid starts, latest start, and the envs with any
+        (numpy arrays)."""
         check_ring_sample(self, storage, batch_size, "samples windows from")
-        lookback = self._batch_length - 1 + self.ignored_frames(storage)
-        count = np.maximum(storage._size_np - lookback, 0)
-        latest = storage._pos_np - self._batch_length
+        count, latest = self._valid_starts_np(storage)
         eligible = np.flatnonzero(count)
         if eligible.size == 0:
             if len(storage) == 0:
