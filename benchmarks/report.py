@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -404,8 +405,7 @@ def write_report(results_dir: Path, output_md: Path, img_dir: Path, readme: Path
                        ("benchmark_summary.png", plot_summary)):
         if plot(results, img_dir / name):
             written.append(img_dir / name)
-    rel = Path(*([".."] * len(output_md.parent.resolve().relative_to(ROOT).parts))) / img_dir.resolve().relative_to(ROOT) \
-        if output_md.parent.resolve().is_relative_to(ROOT) and img_dir.resolve().is_relative_to(ROOT) else img_dir
+    rel = Path(os.path.relpath(img_dir.resolve(), output_md.parent.resolve()))
     output_md.write_text(markdown(results, rel.as_posix()) + "\n")
     written.append(output_md)
     if readme is not None and update_readme(readme, results):
