@@ -72,24 +72,30 @@ def chain_end(history, env, start, newest, n, done_of) -> int:
 
 
 def fill(layout: str, rng: random.Random, num_envs: int, num_agents: int, rows: int, steps: int,
-         env_level: bool):
-    """A buffer on ``layout`` and each env's full history (list index = time)."""
+         env_level: bool, sampler=None, after_write=None):
+    """A buffer on ``layout`` and each env's full history (list index = time).
+
+    ``sampler`` is given to the buffer from the start; ``after_write(rb)`` runs after each write.
+    """
     history = [[] for _ in range(num_envs)]
+    after_write = after_write or (lambda rb: None)
+    chosen = {} if sampler is None else {"sampler": sampler}
     if layout == "ring":
         rb = EnvRingReplayBuffer(num_envs=num_envs, max_length=rows,
-                                 generator=torch.Generator().manual_seed(rng.randrange(1000)))
+                                 generator=torch.Generator().manual_seed(rng.randrange(1000)), **chosen)
         for _ in range(steps):
             envs = sorted(rng.sample(range(num_envs), rng.randint(1, num_envs)))
             batch = [step(rng, e, len(history[e]), num_agents) for e in envs]
             for e, row in zip(envs, batch):
                 history[e].append(row)
             rb.extend(as_tensordict(batch, env_level), env_ids=envs)
+            after_write(rb)
         return rb, history
     storage_cls = {"fast": FastTensorStorage, "memmap": FastMemmapStorage,
                    "torchrl": LazyTensorStorage}[layout]
     buffer_cls = TorchRLTensorDictReplayBuffer if layout == "torchrl" else TensorDictReplayBuffer
     rb = buffer_cls(storage=storage_cls(rows * num_envs, ndim=2),
-                    generator=torch.Generator().manual_seed(rng.randrange(1000)))
+                    generator=torch.Generator().manual_seed(rng.randrange(1000)), **chosen)
     t = 0
     while t < steps:
         chunk = min(rng.randint(1, 4), steps - t, rows)
@@ -103,6 +109,7 @@ def fill(layout: str, rng: random.Random, num_envs: int, num_agents: int, rows: 
             block.append(as_tensordict(batch, env_level))
             t += 1
         rb.extend(torch.stack(block, 1))  # [num_envs, chunk], as a collector yields
+        after_write(rb)
     return rb, history
 
 

@@ -192,10 +192,10 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
             index, info = self._sampler.sample(self._storage, batch_size)
             info["index"] = index
             env, position = index[0], index[1]
-            extra = {"index": torch.stack(list(index), -1).to(self._storage.device)}
+            extra = {"index": torch.stack(index, -1)}
             for key, value in info.items():
                 if key != "index":
-                    extra[key] = _broadcast(torch.as_tensor(value), env.shape).to(self._storage.device)
+                    extra[key] = _broadcast(torch.as_tensor(value), env.shape)
             if len(index) == 3:  # n-step: "next" entries from the chain end
                 data = self._storage._gather_chain(env, position, index[2], extra)
             else:

@@ -3,7 +3,9 @@
 A stream is the sequence of steps one env wrote. n-step chains need four
 things from a layout: uniform start draws, how many steps each start is from
 its env's newest step, the flat row of ``(env, position)`` in leaves viewed
-as ``[rows, ...]``, and those flat leaves. :class:`RingStreams` reads them off
+as ``[rows, ...]``, and those flat leaves. The chain table
+(:mod:`~torchrl_ext.samplers._chain_table`) also needs every stored start, and
+the starts whose chains can reach a written step. :class:`RingStreams` reads them off
 an :class:`~torchrl_ext.storages.EnvRingStorage`; :class:`GridStreams` off a
 TorchRL ``TensorStorage`` with ``ndim=2``, which stores collector batches
 ``[num_envs, T]`` time-major as ``[T_max, num_envs]`` (the buffer's default
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import TensorDictBase
 from torchrl.data.replay_buffers.storages import TensorStorage
@@ -31,7 +34,7 @@ class RingStreams:
         self.storage = storage
 
     def stored(self) -> int:
-        return len(self.storage)
+        return int(self.storage._size_np.sum())
 
     def draw(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.storage._rand_given_ndim(batch_size)
@@ -53,6 +56,31 @@ class RingStreams:
 
     def index(self, env: torch.Tensor, start: torch.Tensor, end: torch.Tensor) -> Any:
         return env, start, end
+
+    def num_rows(self) -> int:
+        return self.storage._num_envs * self.storage._max_length
+
+    def same_source(self, other: Any) -> bool:
+        return isinstance(other, RingStreams) and other.storage is self.storage
+
+    def all_starts(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every stored step as ``(env, position)``, env by env."""
+        size = self.storage._size_np.astype(np.int64)
+        env = np.repeat(np.arange(self.storage._num_envs), size)
+        offset = np.arange(env.size) - np.repeat(np.cumsum(size) - size, size)
+        return torch.from_numpy(env), torch.from_numpy(np.repeat(self.storage._pos_np - size, size) + offset)
+
+    def written(self, index: Any) -> tuple[np.ndarray, np.ndarray] | None:
+        pairs = _pairs(index)
+        return None if pairs is None else (pairs[:, 0], pairs[:, 1])
+
+    def reaching(self, env: np.ndarray, position: np.ndarray, n_step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stored starts whose chains of ``n_step`` can read a written ``(env, position)``."""
+        env, start = _back(env, position, n_step)
+        pos = self.storage._pos_np[env]
+        keep = (start >= pos - self.storage._size_np[env]) & (start < pos)
+        env, start = env[keep], start[keep]
+        return unique_rows(env, start, env * self.storage._max_length + start % self.storage._max_length)
 
 
 class GridStreams:
@@ -101,6 +129,51 @@ class GridStreams:
 
     def index(self, env: torch.Tensor, start: torch.Tensor, end: torch.Tensor) -> Any:
         return start, env
+
+    def num_rows(self) -> int:
+        return self.rows * self.num_envs
+
+    def same_source(self, other: Any) -> bool:
+        return isinstance(other, GridStreams) and other.storage is self.storage and other.source is self.source
+
+    def all_starts(self) -> tuple[torch.Tensor, torch.Tensor]:
+        cell = torch.arange(self.stored())
+        return cell % self.num_envs, cell // self.num_envs
+
+    def written(self, index: Any) -> tuple[np.ndarray, np.ndarray] | None:
+        pairs = _pairs(index)  # (time, env) rows
+        return None if pairs is None else (pairs[:, 1], pairs[:, 0])
+
+    def reaching(self, env: np.ndarray, position: np.ndarray, n_step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        env, start = _back(env, position, n_step)
+        filled = self.filled_rows()
+        if filled == self.rows:  # time wraps: the step before row 0 is the last row
+            start = start % self.rows
+        else:
+            keep = (start >= 0) & (start < filled)
+            env, start = env[keep], start[keep]
+        return unique_rows(env, start, start * self.num_envs + env)
+
+
+def _pairs(index: Any) -> np.ndarray | None:
+    """Written coordinates ``[K, 2]`` as numpy int64, or ``None`` for a form writers do not report."""
+    if isinstance(index, tuple) and len(index) == 2 and all(isinstance(i, torch.Tensor) for i in index):
+        index = torch.stack(torch.broadcast_tensors(*index), -1)
+    if not isinstance(index, torch.Tensor) or index.dtype.is_floating_point or index.shape[-1:] != (2,):
+        return None
+    return index.reshape(-1, 2).cpu().long().numpy()
+
+
+def unique_rows(env: np.ndarray, start: np.ndarray, flat: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(env, start)`` once per distinct flat row, as int64 tensors."""
+    _, first = np.unique(flat, return_index=True)
+    return torch.from_numpy(env[first]), torch.from_numpy(start[first])
+
+
+def _back(env: np.ndarray, position: np.ndarray, n_step: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each ``(env, position)`` with the ``n_step - 1`` positions before it (candidate starts)."""
+    start = (position[:, None] - np.arange(n_step)).reshape(-1)
+    return np.repeat(env, n_step), start
 
 
 def streams_of(sampler: Any, storage: Any) -> RingStreams | GridStreams:

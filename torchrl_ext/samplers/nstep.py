@@ -25,9 +25,19 @@ agent. Env-level ``"next"`` entries follow the env-level chain: it stops at
 TorchRL's ``MultiStepTransform`` leaves the done flags of the start step in
 place while moving ``("next", obs)`` to the terminal observation, so it
 bootstraps past termination; here the flags and the observation always come
-from the same step. The chain is computed at sample time, so ``gamma`` and
-``n_step`` can change without rewriting the buffer, and a sample costs
-``O(batch * n_step)`` (HARL draws a permutation of the whole buffer per call).
+from the same step. The buffer keeps the one-step data: ``gamma`` and
+``n_step`` can change without rewriting it.
+
+Single-agent and EP chains are tabulated per stored start
+(:class:`~torchrl_ext.samplers._chain_table.ChainTable`: the stop ``m`` and
+the n-step reward, 1 + reward bytes per stored step). Each write the buffer
+reports recomputes the chains that can reach it (``n_step`` per written step),
+so a sample costs ``O(batch)``: one lookup per draw instead of ``n_step``
+reads (HARL draws a permutation of the whole buffer per call). A new
+``gamma`` or ``n_step``, a load, or a change the sampler was not told about
+(a direct ``storage.set``) rebuilds the table from the whole buffer at the
+next sample, once. FP chains (``agent_group``) are walked at sample time,
+``O(batch * n_step)``.
 """
 from __future__ import annotations
 
@@ -37,6 +47,7 @@ import torch
 
 from torchrl_ext._checks import check_batch_size, check_int
 from torchrl_ext._keys import nested_key
+from torchrl_ext.samplers._chain_table import ChainTable
 from torchrl_ext.samplers._streams import streams_of
 from torchrl_ext.samplers.trajectory import StatelessSampler
 
@@ -112,7 +123,9 @@ class NStepSampler(StatelessSampler):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.pop("_grid_streams", None)  # views of a storage: rebuilt on the next sample
+        # Views of a storage and what is derived from it: rebuilt on the next sample.
+        state.pop("_grid_streams", None)
+        state.pop("_chain_table", None)
         return state
 
     def __repr__(self) -> str:
@@ -153,6 +166,8 @@ class NStepSampler(StatelessSampler):
         Shared by every way of drawing starts (uniform here, by priority in
         :class:`~torchrl_ext.samplers.PrioritizedNStepSampler`).
         """
+        if self.agent_group is None:
+            return self._tabulated_chains(streams, env, start)
         batch_size = env.shape[0]
         per_agent = self.agent_group is not None
         done_leaf = self._leaf(streams, self.done_key, required=not per_agent)
@@ -181,6 +196,57 @@ class NStepSampler(StatelessSampler):
         device = reward_leaf.device if reward_leaf is not None else flat.device
         info["steps_to_next_obs"], info["nstep_discount"] = self._counts(m, count_shape, device)
         return streams.index(env, start, end), info
+
+    def _tabulated_chains(
+        self, streams: Any, env: torch.Tensor, start: torch.Tensor
+    ) -> tuple[Any, dict[Any, Any]]:
+        """:meth:`_chains` of env-level chains, looked up in the chain table."""
+        m, reward, steps, discount = self._table(streams).lookup(streams.flat(env, start))
+        end = start + (m if m.device == start.device else m.to(start.device))
+        info: dict[Any, Any] = {}
+        if not streams.reads_chains:
+            end_flat = streams.flat(env, end)
+            for key, leaf in streams.leaves_under(("next",)):
+                info[key] = leaf.index_select(0, end_flat.to(leaf.device))
+        info[self.reward_key] = reward
+        info["steps_to_next_obs"], info["nstep_discount"] = steps, discount
+        return streams.index(env, start, end), info
+
+    def _table(self, streams: Any) -> ChainTable:
+        """The chain table of ``streams``' storage, rebuilt if it is not current."""
+        table = self.__dict__.get("_chain_table")
+        settings = (self.n_step, self.gamma)
+        if table is None or not table.current(streams, settings):
+            table = self._chain_table = ChainTable(streams, settings, self._chain_values)
+        return table
+
+    def _chain_values(
+        self, streams: Any, env: torch.Tensor, start: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Walks the chains from ``(env, start)`` ``[K]``: stop index ``m`` and n-step reward."""
+        done_leaf = self._leaf(streams, self.done_key, required=True)
+        reward_leaf = self._leaf(streams, self.reward_key, required=True)
+        to_newest = streams.steps_to_newest(env, start)
+        steps = start.unsqueeze(1) + torch.minimum(self._k, to_newest.unsqueeze(1))
+        flat = streams.flat(env.unsqueeze(1).expand_as(steps), steps)
+        m = self._stop_index(done_leaf, flat, to_newest, agent_dims=0)
+        return m, self._discounted_sum(reward_leaf, flat, m, agent_dims=0)
+
+    # ------------------------------------------------------------------
+    # Writes: the buffer reports each one; the chain table follows them.
+    def extend(self, index: Any) -> None:
+        self._written(index, reported_twice=True)
+
+    def add(self, index: Any) -> None:
+        self._written(index, reported_twice=True)
+
+    def mark_update(self, index: Any, *, storage: Any = None) -> None:
+        self._written(index, reported_twice=False)
+
+    def _written(self, index: Any, *, reported_twice: bool) -> None:
+        table = self.__dict__.get("_chain_table")
+        if table is not None:  # none yet: the first sample builds it from the whole buffer
+            table.written(index, reported_twice=reported_twice)
 
     @property
     def _k(self) -> torch.Tensor:

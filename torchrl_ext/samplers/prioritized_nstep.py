@@ -220,6 +220,15 @@ class PrioritizedNStepSampler(PrioritizedSampler):
             self._check_storage(storage)
             self._check_capacity(storage)
         super().mark_update(index, storage=storage)
+        self._nstep.mark_update(index, storage=storage)
+
+    def add(self, index: int | torch.Tensor) -> None:
+        super().add(index)
+        self._nstep.add(index)
+
+    def extend(self, index: torch.Tensor | tuple) -> None:
+        super().extend(index)
+        self._nstep.extend(index)
 
     def _check_storage(self, storage: Any) -> None:
         if isinstance(storage, TensorStorage) and storage.ndim == 2:

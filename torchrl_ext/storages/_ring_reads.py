@@ -61,14 +61,17 @@ class RingReads:
                 out.set(key, value)
             return out
         # One gather per leaf, at the row it is read from; overridden leaves are skipped.
-        rows = {"root": self._flat_index(env, start), "next": self._flat_index(env, end)}
+        root, after = self._flat_index(env, start), self._flat_index(env, end)
         shape = env.shape
+        flat_batch = len(shape) == 1  # rows already have the batch shape: no reshapes
+        if not flat_batch:
+            root, after = root.reshape(-1), after.reshape(-1)
         entries = {}
         for key, leaf in self._flat:
             if key in extra:
                 continue
-            row = rows["next" if isinstance(key, tuple) and key[0] == "next" else "root"]
-            entries[key] = leaf.index_select(0, row.reshape(-1)).reshape(*shape, *leaf.shape[1:])
+            value = leaf.index_select(0, after if isinstance(key, tuple) and key[0] == "next" else root)
+            entries[key] = value if flat_batch else value.reshape(*shape, *leaf.shape[1:])
         return assemble(entries, shape, self._device, extra)
 
     def _check_readable(self, env: torch.Tensor, position: torch.Tensor) -> None:
@@ -155,16 +158,21 @@ class RingReads:
 
     def _rand_given_ndim(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Uniform draws over the stored steps (``RandomSampler`` support), as ``(env, position)``."""
-        # The counters live in numpy (they are views of the same memory): the
-        # bookkeeping of a draw costs microseconds there, tens of them in torch.
-        readable = np.maximum(self._size_np - self.required_lookback, 0)
-        total = int(readable.sum())
+        total, ends, base = self._draw_tables()
         if total == 0:
             raise RuntimeError("Cannot sample from an empty storage.")
-        flat = torch.randint(total, (batch_size,), generator=self._rng).numpy()
-        ends = readable.cumsum()
-        env = np.searchsorted(ends, flat, side="right")
-        earliest = self._pos_np - self._size_np + self.required_lookback
-        position = (earliest - ends + readable)[env] + flat
-        return torch.from_numpy(env), torch.from_numpy(position)
+        flat = torch.randint(total, (batch_size,), generator=self._rng)
+        env = torch.searchsorted(ends, flat, right=True)
+        return env, flat.add_(base.index_select(0, env))
 
+    def _draw_tables(self) -> tuple[int, torch.Tensor, torch.Tensor]:
+        """Readable steps in all, their running count per env, and what turns a flat draw into
+        a position, for the counters as they are (kept until they move: a draw is then four ops)."""
+        key = self._pos_np.tobytes() + self._size_np.tobytes()
+        cached = self.__dict__.get("_draw_cache")
+        if cached is None or cached[0] != key:
+            readable = np.maximum(self._size_np - self.required_lookback, 0)
+            ends = readable.cumsum()
+            base = self._pos_np - self._size_np + self.required_lookback - ends + readable
+            cached = self._draw_cache = (key, int(ends[-1]), torch.from_numpy(ends), torch.from_numpy(base))
+        return cached[1:]

@@ -86,6 +86,7 @@ class RingSharing:
                 "storage.share_memory_(example)) before starting the processes."
             )
         state = super().__getstate__()
+        state.pop("_draw_cache", None)  # derived from the counters: rebuilt at the next draw
         if self.is_shared:
             # Send the shared counter tensors; numpy views are rebuilt on arrival.
             state.pop("_pos_np", None)

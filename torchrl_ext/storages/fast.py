@@ -56,13 +56,15 @@ def assemble(entries: dict[Any, torch.Tensor], batch_size: torch.Size, device: A
         (torch.Size([2]), [1.0, 1.0], [4, 1])
     """
     batch_size = torch.Size(batch_size)
+    if device is not None and not isinstance(device, torch.device):
+        device = torch.device(device)
     for key, value in (extra or {}).items():
         if value.shape[: len(batch_size)] != batch_size:
             raise ValueError(
                 f"sampler info {key!r} has shape {list(value.shape)}, which does not lead with the "
                 f"sample's batch size {list(batch_size)}; return per-item info from the sampler."
             )
-        entries[key] = value if device is None else value.to(device)
+        entries[key] = value if device is None or value.device == device else value.to(device)
     if _NEW_UNSAFE is None:
         return TensorDict(entries, batch_size=batch_size, device=device)
     root: dict[str, Any] = {}
@@ -74,7 +76,7 @@ def assemble(entries: dict[Any, torch.Tensor], batch_size: torch.Size, device: A
             node[key[-1]] = value
         else:
             root[key] = value
-    return _NEW_UNSAFE(source=root, batch_size=batch_size, device=None if device is None else torch.device(device))
+    return _NEW_UNSAFE(source=root, batch_size=batch_size, device=device)
 
 
 def gather_rows(

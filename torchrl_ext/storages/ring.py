@@ -359,10 +359,8 @@ class EnvRingStorage(RingReads, RingSharing, Storage):
 
     def _flat_index(self, env: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         """Row of ``(env, position)`` in the leaves viewed as ``[E * L, ...]``."""
-        if env.device.type == "cpu" and position.device.type == "cpu":
-            flat = env.numpy() * self._max_length + position.numpy() % self._max_length
-            return torch.from_numpy(flat).to(self._device)
-        return (env * self._max_length + position % self._max_length).to(self._device)
+        flat = position.remainder(self._max_length).add_(env, alpha=self._max_length)
+        return flat if flat.device == self._device else flat.to(self._device)
 
     def _counter_views(self) -> None:
         self._current_pos = torch.from_numpy(self._pos_np)

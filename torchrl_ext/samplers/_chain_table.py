@@ -1,0 +1,110 @@
+"""The n-step chain of every stored start step, tabulated and kept in step with the writes.
+
+A chain from start ``p`` reads ``n_step`` steps forward, so a write at ``p``
+can change only the chains from ``p - n_step + 1 .. p`` (it may extend them or
+cut them at a new ``done``). The table holds, per flat storage row, where the
+chain from that row stops (``m``, int8) and its discounted reward sum (the
+reward's dtype, summed in float64), so a sample is two ``index_select`` calls
+instead of ``n_step`` reads of the reward and the done flags per draw.
+
+The table trusts only what it saw: it records the storage's
+``_mutation_revision`` when it last caught up. A write reported to the sampler
+(``extend`` / ``add`` / ``mark_update``) one revision later is applied in
+place; any other change (a direct ``storage.set``, ``load_state_dict``, a
+reset, a new ``gamma`` or ``n_step``) leaves the table stale, and the next
+sample rebuilds it from the whole buffer.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+__all__ = ["ChainTable"]
+
+# Chains computed per block in a full rebuild: bounds the [block, n_step]
+# temporaries (float64 rewards) to a few MiB whatever the buffer size.
+_BLOCK = 1 << 17
+
+ChainFn = Callable[[Any, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+class ChainTable:
+    """Per-row chain stop ``m`` and n-step reward of one storage, for one ``(n_step, gamma)``.
+
+    Args:
+        streams: the storage's stream view (:mod:`torchrl_ext.samplers._streams`).
+        settings: ``(n_step, gamma)`` the chains were computed with.
+        chains: ``chains(streams, env, start) -> (m [K], reward [K, *reward_shape])``.
+
+    Shape contract:
+        ``lookup(flat [B])`` returns ``m`` int64 ``[B]``, the reward
+        ``[B, *reward_shape]``, ``steps_to_next_obs = m + 1`` (int64) and
+        ``nstep_discount = gamma ** (m + 1)`` (float32), both shaped like the
+        reward, all on the reward leaf's device.
+    """
+
+    def __init__(self, streams: Any, settings: tuple[int, float], chains: ChainFn) -> None:
+        self.streams, self.settings, self._chains = streams, settings, chains
+        self.storage = streams.storage
+        self.revision = self.storage._mutation_revision
+        self.stop: torch.Tensor | None = None
+        self.reward: torch.Tensor | None = None
+        env, start = streams.all_starts()
+        for lo in range(0, env.numel(), _BLOCK):
+            self._fill(env[lo:lo + _BLOCK], start[lo:lo + _BLOCK])
+        if self.stop is None:  # nothing stored yet: sized on the first write
+            self.revision = -1
+
+    def current(self, streams: Any, settings: tuple[int, float]) -> bool:
+        """Whether the table describes ``streams``' storage as it is now, for ``settings``."""
+        return (
+            streams is self.streams or streams.same_source(self.streams)
+        ) and settings == self.settings and self.revision == self.storage._mutation_revision
+
+    def lookup(self, flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        # Every op here costs microseconds per sample: no copies or moves that are not needed.
+        if flat.device != self.stop.device:
+            flat = flat.to(self.stop.device)
+        m = self.stop.index_select(0, flat).long()
+        reward = self.reward.index_select(0, flat)
+        return m, reward, self._steps_by_stop.index_select(0, m), self._discount_by_stop.index_select(0, m)
+
+    def written(self, index: Any, *, reported_twice: bool) -> None:
+        """Applies a write the buffer reported at ``index``.
+
+        ``reported_twice``: the same write may already have been applied
+        (TorchRL reports a write to ``mark_update`` and then to ``extend``).
+        """
+        revision = self.storage._mutation_revision
+        if self.revision == revision and reported_twice:
+            return
+        coordinates = self.streams.written(index)
+        if self.revision not in (revision, revision - 1) or coordinates is None or self.stop is None:
+            self.revision = -1  # something else changed the storage too: rebuild at the next sample
+            return
+        env, start = self.streams.reaching(*coordinates, self.settings[0])
+        if env.numel():
+            self._fill(env, start)
+        self.revision = revision
+
+    def _fill(self, env: torch.Tensor, start: torch.Tensor) -> None:
+        m, reward = self._chains(self.streams, env, start)
+        if self.stop is None:
+            rows = self.streams.num_rows()
+            # int8 holds every stop of chains up to 128 steps, the usual case, in a byte
+            # (a 1M-step table fits in cache far better than int64's 8 MiB).
+            dtype = torch.int8 if self.settings[0] <= 128 else torch.int64
+            self.stop = torch.zeros(rows, dtype=dtype, device=reward.device)
+            self.reward = torch.zeros(rows, *reward.shape[1:], dtype=reward.dtype, device=reward.device)
+            # Row m: what a chain stopping at m gives, shaped like one reward.
+            n_step, gamma = self.settings
+            shape = (n_step, *reward.shape[1:])
+            steps = torch.arange(1, n_step + 1).reshape(-1, *(1,) * (len(shape) - 1))
+            discount = (gamma ** steps.double()).float()
+            self._steps_by_stop, self._discount_by_stop = (
+                t.expand(shape).contiguous().to(reward.device) for t in (steps, discount)
+            )
+        flat = self.streams.flat(env, start).to(self.stop.device)
+        self.stop.index_copy_(0, flat, m.to(device=self.stop.device, dtype=self.stop.dtype))
+        self.reward.index_copy_(0, flat, reward)
