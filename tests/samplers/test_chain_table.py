@@ -154,3 +154,40 @@ def test_prioritized_nstep_sampler_keeps_its_table_current():
     assert table.revision == rb.storage._mutation_revision
     assert_table_matches_a_rebuild(sampler._nstep, rb.storage)
     assert sampler._nstep._chain_table is table
+
+
+def test_writes_never_reported_cost_at_most_one_rebuild_per_buffer_of_walks(monkeypatch):
+    """A storage.set before every sample: the chains are walked (values stay right), and the
+    table is rebuilt once the walks since the last build add up to the buffer's size."""
+    import torchrl_ext.samplers.nstep as nstep_module
+
+    builds = []
+
+    class CountedTable(ChainTable):
+        def __init__(self, *args, **kwargs) -> None:
+            builds.append(1)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(nstep_module, "ChainTable", CountedTable)
+    rb = ones_ring(length=64, steps=64)
+    sampler, storage = rb.sampler, rb.storage
+    sampler.sample(storage, 4)
+    assert len(builds) == 1
+    for t in range(64):  # 64 samples of 4 rows: 256 walked rows, 4 buffers' worth
+        storage.set((torch.tensor([0]), torch.tensor([3])), step_td(3, reward=float(t)))
+        (env, start, end), info = sampler.sample(storage, 4)
+        for s, r in zip(start.tolist(), info[("next", "reward")][:, 0].tolist()):
+            want = {2: 1 + 0.5 * t, 3: t + 0.5}.get(s, 1.5 if s < 63 else 1.0)
+            assert r == want
+    assert 2 <= len(builds) <= 1 + 256 // 64 + 1
+    # Once the direct writes stop, the next rebuild is current again and stays so.
+    for _ in range(20):
+        sampler.sample(storage, 4)
+    assert sampler._chain_table.current(streams_of(sampler, storage), (2, 0.5))
+
+
+def test_shared_rings_are_walked_not_tabulated():
+    rb = ones_ring()
+    rb.storage.share_memory_()
+    assert rewards_by_start(rb)[0] == 1.5
+    assert "_chain_table" not in rb.sampler.__dict__

@@ -48,6 +48,7 @@ class ChainTable:
         self.streams, self.settings, self._chains = streams, settings, chains
         self.storage = streams.storage
         self.revision = self.storage._mutation_revision
+        self.served = 0  # rows looked up since the build: what the build has paid for
         self.stop: torch.Tensor | None = None
         self.reward: torch.Tensor | None = None
         env, start = streams.all_starts()

@@ -60,6 +60,9 @@ class RingStreams:
     def num_rows(self) -> int:
         return self.storage._num_envs * self.storage._max_length
 
+    def shared(self) -> bool:
+        return bool(self.storage.is_shared)
+
     def same_source(self, other: Any) -> bool:
         return isinstance(other, RingStreams) and other.storage is self.storage
 
@@ -132,6 +135,9 @@ class GridStreams:
 
     def num_rows(self) -> int:
         return self.rows * self.num_envs
+
+    def shared(self) -> bool:
+        return bool(self.source.is_shared())
 
     def same_source(self, other: Any) -> bool:
         return isinstance(other, GridStreams) and other.storage is self.storage and other.source is self.source

@@ -35,9 +35,11 @@ reports recomputes the chains that can reach it (``n_step`` per written step),
 so a sample costs ``O(batch)``: one lookup per draw instead of ``n_step``
 reads (HARL draws a permutation of the whole buffer per call). A new
 ``gamma`` or ``n_step``, a load, or a change the sampler was not told about
-(a direct ``storage.set``) rebuilds the table from the whole buffer at the
-next sample, once. FP chains (``agent_group``) are walked at sample time,
-``O(batch * n_step)``.
+(a direct ``storage.set``) makes the table stale: it is rebuilt from the
+whole buffer, at once if it had paid for itself, else after walks worth one
+rebuild (see :meth:`NStepSampler._table`). FP chains (``agent_group``) and
+storages in shared memory (written by other processes) are walked at sample
+time, ``O(batch * n_step)``.
 """
 from __future__ import annotations
 
@@ -126,6 +128,7 @@ class NStepSampler(StatelessSampler):
         # Views of a storage and what is derived from it: rebuilt on the next sample.
         state.pop("_grid_streams", None)
         state.pop("_chain_table", None)
+        state.pop("_walked", None)
         return state
 
     def __repr__(self) -> str:
@@ -166,9 +169,11 @@ class NStepSampler(StatelessSampler):
         Shared by every way of drawing starts (uniform here, by priority in
         :class:`~torchrl_ext.samplers.PrioritizedNStepSampler`).
         """
-        if self.agent_group is None:
-            return self._tabulated_chains(streams, env, start)
         batch_size = env.shape[0]
+        if self.agent_group is None:
+            table = self._table(streams, batch_size)
+            if table is not None:
+                return self._tabulated_chains(table, streams, env, start)
         per_agent = self.agent_group is not None
         done_leaf = self._leaf(streams, self.done_key, required=not per_agent)
         reward_leaf = self._leaf(streams, self.reward_key, required=not per_agent)
@@ -198,10 +203,10 @@ class NStepSampler(StatelessSampler):
         return streams.index(env, start, end), info
 
     def _tabulated_chains(
-        self, streams: Any, env: torch.Tensor, start: torch.Tensor
+        self, table: ChainTable, streams: Any, env: torch.Tensor, start: torch.Tensor
     ) -> tuple[Any, dict[Any, Any]]:
         """:meth:`_chains` of env-level chains, looked up in the chain table."""
-        m, reward, steps, discount = self._table(streams).lookup(streams.flat(env, start))
+        m, reward, steps, discount = table.lookup(streams.flat(env, start))
         end = start + (m if m.device == start.device else m.to(start.device))
         info: dict[Any, Any] = {}
         if not streams.reads_chains:
@@ -212,13 +217,33 @@ class NStepSampler(StatelessSampler):
         info["steps_to_next_obs"], info["nstep_discount"] = steps, discount
         return streams.index(env, start, end), info
 
-    def _table(self, streams: Any) -> ChainTable:
-        """The chain table of ``streams``' storage, rebuilt if it is not current."""
+    def _table(self, streams: Any, batch_size: int) -> ChainTable | None:
+        """The chain table of ``streams``' storage, current, or ``None``: walk this sample's chains.
+
+        A stale table is rebuilt at once when it had served at least the
+        buffer's size in lookups (a one-off change: a load, a new ``gamma``).
+        Otherwise the chains are walked until the walks have cost about one
+        rebuild, so storage writes the sampler is never told about (a
+        ``storage.set`` before every sample) cost at most twice the walks.
+        Storages in shared memory are written by other processes, which cannot
+        report to this sampler: their chains are always walked.
+        """
         table = self.__dict__.get("_chain_table")
         settings = (self.n_step, self.gamma)
-        if table is None or not table.current(streams, settings):
+        if table is not None and table.current(streams, settings):
+            table.served += batch_size
+            return table
+        if streams.shared():
+            return None
+        stored = streams.stored()
+        walked = self.__dict__.get("_walked", 0)
+        if table is None or table.served >= stored or walked >= stored:
             table = self._chain_table = ChainTable(streams, settings, self._chain_values)
-        return table
+            self._walked = 0
+            table.served += batch_size
+            return table
+        self._walked = walked + batch_size
+        return None
 
     def _chain_values(
         self, streams: Any, env: torch.Tensor, start: torch.Tensor
