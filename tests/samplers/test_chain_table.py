@@ -109,6 +109,13 @@ def test_mark_update_after_an_in_place_edit_updates_the_table():
     got = rewards_by_start(rb)
     assert got[1] == 2.5 and got[2] == 3.5  # 1 + 0.5 * 3, then 3 + 0.5 * 1
     assert rb.sampler._chain_table is table
+    # Two separate positions of one env (not one run of new steps): the general path.
+    rewards = rb.storage.flat_leaf(("next", "reward"))
+    rewards[0], rewards[3] = 4.0, 6.0
+    rb.mark_update(torch.tensor([[0, 3], [0, 0]]))
+    got = rewards_by_start(rb)
+    assert got == {0: 4.5, 1: 2.5, 2: 6.0, 3: 6.0}
+    assert rb.sampler._chain_table is table
 
 
 def test_new_gamma_or_n_step_applies_at_the_next_sample():

@@ -79,6 +79,11 @@ class RingStreams:
 
     def reaching(self, env: np.ndarray, position: np.ndarray, n_step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Stored starts whose chains of ``n_step`` can read a written ``(env, position)``."""
+        runs = _runs(env, position)
+        if runs is not None:  # the ring writer's batches: one run of new positions per env
+            run_env, first, last = runs
+            earliest = self.storage._pos_np[run_env] - self.storage._size_np[run_env]
+            return _expand(run_env, np.maximum(first - (n_step - 1), earliest), last)
         env, start = _back(env, position, n_step)
         pos = self.storage._pos_np[env]
         keep = (start >= pos - self.storage._size_np[env]) & (start < pos)
@@ -174,6 +179,28 @@ def unique_rows(env: np.ndarray, start: np.ndarray, flat: np.ndarray) -> tuple[t
     """``(env, start)`` once per distinct flat row, as int64 tensors."""
     _, first = np.unique(flat, return_index=True)
     return torch.from_numpy(env[first]), torch.from_numpy(start[first])
+
+
+def _runs(env: np.ndarray, position: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """``(env, first, last)`` of each run of consecutive positions of one env, in index order,
+    when every env has one run (as writers report a write); ``None`` otherwise."""
+    if env.size == 0:
+        return None
+    same_run = (env[1:] == env[:-1]) & (position[1:] == position[:-1] + 1)
+    first = np.concatenate(([0], np.flatnonzero(~same_run) + 1))
+    run_env = env[first]
+    if np.unique(run_env).size != run_env.size:
+        return None
+    last = np.concatenate((first[1:] - 1, [env.size - 1]))
+    return run_env, position[first], position[last]
+
+
+def _expand(env: np.ndarray, low: np.ndarray, high: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every ``(env[i], p)`` for ``low[i] <= p <= high[i]``, as int64 tensors."""
+    count = np.maximum(high - low + 1, 0)
+    total = int(count.sum())
+    offset = np.arange(total) - np.repeat(np.cumsum(count) - count, count)
+    return torch.from_numpy(np.repeat(env, count)), torch.from_numpy(np.repeat(low, count) + offset)
 
 
 def _back(env: np.ndarray, position: np.ndarray, n_step: int) -> tuple[np.ndarray, np.ndarray]:
