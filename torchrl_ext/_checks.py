@@ -1,9 +1,12 @@
 """Argument checks shared across components (errors name the argument, the value and the bound)."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
-__all__ = ["check_batch_size", "check_int"]
+import torch
+
+__all__ = ["check_batch_size", "check_int", "check_real"]
 
 
 def check_int(name: str, value: Any, *, minimum: int) -> None:
@@ -16,3 +19,17 @@ def check_batch_size(batch_size: Any) -> None:
     """A sampler's ``batch_size``: a positive int; ``ValueError`` otherwise."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive int, got batch_size={batch_size!r}.")
+
+
+def check_real(name: str, value: Any, *, low: float, high: float | None = None) -> float:
+    """``value`` (a number or a one-element tensor) as a float in ``[low, high]``; ``TypeError`` /
+    ``ValueError`` otherwise."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a real number, got {value!r}.")
+    value = float(value)
+    if math.isnan(value) or value < low or (high is not None and value > high):
+        interval = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be {interval}, got {name}={value}.")
+    return value

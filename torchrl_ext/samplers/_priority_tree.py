@@ -17,7 +17,7 @@ import torch
 
 from torchrl_ext.segment_tree import SumSegmentTree, _store
 
-__all__ = ["PrioritySegmentTree"]
+__all__ = ["PrioritySegmentTree", "reduce_per_item"]
 
 
 class PrioritySegmentTree(SumSegmentTree):
@@ -151,3 +151,16 @@ _NO_KEY = {
 def _rows(level: torch.Tensor, fanout: int, parents: torch.Tensor | None) -> torch.Tensor:
     rows = level.view(-1, fanout)
     return rows if parents is None else rows.index_select(0, parents)
+
+
+def reduce_per_item(priority: torch.Tensor, reduction: str) -> torch.Tensor:
+    """``[N, k]`` priorities (one per agent, say) to one per item with ``reduction``."""
+    if reduction == "max":
+        return priority.amax(1)
+    if reduction == "min":
+        return priority.amin(1)
+    if reduction == "mean":
+        return priority.mean(1)
+    if reduction == "median":
+        return priority.median(1).values
+    return priority.sum(1)

@@ -11,27 +11,24 @@ no ``torchrl._torchrl`` and run on any device.
 from __future__ import annotations
 
 import math
-from pathlib import Path
-from multiprocessing.context import get_spawning_popen
 from typing import Any
 
 import torch
 from torchrl.data import PrioritizedSampler as _TorchRLPrioritizedSampler
 from torchrl.data.replay_buffers.storages import Storage
 
-from torchrl_ext._checks import check_batch_size
-from torchrl_ext.io.state_files import load_state, save_state
-from torchrl_ext.samplers._priority_tree import PrioritySegmentTree
+from torchrl_ext._checks import check_batch_size, check_real
+from torchrl_ext.samplers._priority_state import SHARING_REFUSED, PriorityCheckpoints
+from torchrl_ext.samplers._priority_tree import PrioritySegmentTree, reduce_per_item
 
-__all__ = ["PrioritizedSampler", "PrioritizedSamplerWithoutReplacement"]
+__all__ = ["SHARING_REFUSED", "PrioritizedSampler", "PrioritizedSamplerWithoutReplacement"]
 
 WEIGHT_CONVENTIONS = ("per", "alf")
 REDUCTIONS = ("max", "min", "mean", "median", "sum")
 EMPTY_STORAGE_ERROR = "Cannot sample from an empty storage."
-_TREES, _METADATA = "trees.safetensors", "sampler_metadata.json"
 
 
-class PrioritizedSampler(_TorchRLPrioritizedSampler):
+class PrioritizedSampler(PriorityCheckpoints, _TorchRLPrioritizedSampler):
     r"""Prioritized experience replay (Schaul et al., 2015) on pure-torch trees.
 
     Index ``i`` is drawn with probability :math:`(p_i + \epsilon)^\alpha / \sum_j
@@ -120,15 +117,15 @@ class PrioritizedSampler(_TorchRLPrioritizedSampler):
             raise ValueError(
                 f"weights must be one of {WEIGHT_CONVENTIONS}, got weights={weights!r}."
             )
-        _check_real("eps", eps, low=0.0)
-        _check_real("initial_priority", initial_priority, low=0.0)
+        check_real("eps", eps, low=0.0)
+        check_real("initial_priority", initial_priority, low=0.0)
         if dtype in ("float32", "float64"):  # configs name dtypes as strings
             dtype = getattr(torch, dtype)
         if dtype not in (torch.float32, torch.float64):
             raise TypeError(f"dtype must be torch.float32 or torch.float64, got dtype={dtype!r}.")
         self._max_capacity = max_capacity
-        self._alpha = _check_real("alpha", alpha, low=0.0)
-        self._beta = _check_real("beta", beta, low=0.0, high=1.0)
+        self._alpha = check_real("alpha", alpha, low=0.0)
+        self._beta = check_real("beta", beta, low=0.0, high=1.0)
         self._eps = float(eps)
         self.reduction = reduction
         self.dtype = dtype
@@ -201,7 +198,7 @@ class PrioritizedSampler(_TorchRLPrioritizedSampler):
 
     @beta.setter
     def beta(self, value: float) -> None:
-        self._beta = _check_real("beta", value, low=0.0, high=1.0)
+        self._beta = check_real("beta", value, low=0.0, high=1.0)
 
     @property
     def alpha(self) -> float:
@@ -210,7 +207,7 @@ class PrioritizedSampler(_TorchRLPrioritizedSampler):
 
     @alpha.setter
     def alpha(self, value: float) -> None:
-        value = _check_real("alpha", value, low=0.0)
+        value = check_real("alpha", value, low=0.0)
         old = self._alpha
         self._alpha = value
         if value != old:
@@ -346,7 +343,7 @@ class PrioritizedSampler(_TorchRLPrioritizedSampler):
         if priority.ndim >= 1 and priority.shape[0] == n:
             if priority.ndim == 1:
                 return priority
-            return _reduce(priority.reshape(n, -1), self.reduction)
+            return reduce_per_item(priority.reshape(n, -1), self.reduction)
         raise ValueError(
             f"priority of shape {tuple(priority.shape)} does not match {n} indices; pass "
             f"[{n}], [{n}, ...] (reduced with reduction={self.reduction!r}) or a scalar."
@@ -366,79 +363,6 @@ class PrioritizedSampler(_TorchRLPrioritizedSampler):
     def _empty(self) -> None:
         self._init()
 
-    # ------------------------------------------------------------------
-    # Checkpointing
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "_schema_version": 1,
-            "_alpha": self._alpha,
-            "_beta": self._beta,
-            "_eps": self._eps,
-            "_max_seen": self._max_seen,
-            "_initial_priority": self._initial_priority,
-            "_weights": self._weights,
-            "_max_priority_within_buffer": self._max_priority_within_buffer,
-            "_sum_tree": self._sum_tree.state_dict(),
-        }
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if "_sum_tree" not in state_dict or not isinstance(state_dict["_sum_tree"], dict):
-            raise ValueError(
-                "state_dict was not produced by torchrl_ext's PrioritizedSampler; "
-                "a TorchRL PrioritizedSampler state holds C++ trees that cannot be loaded here."
-            )
-        self._check_geometry(state_dict["_sum_tree"]["capacity"])
-        self._alpha = state_dict["_alpha"]
-        self._beta = state_dict["_beta"]
-        self._eps = state_dict["_eps"]
-        self._max_seen = state_dict["_max_seen"]
-        self._initial_priority = state_dict["_initial_priority"]
-        saved = (state_dict["_weights"], state_dict["_max_priority_within_buffer"])
-        if saved != (self._weights, self._max_priority_within_buffer):
-            raise ValueError(
-                f"state_dict was saved with weights={saved[0]!r} and "
-                f"max_priority_within_buffer={saved[1]}; build the sampler the same way."
-            )
-        self._sum_tree.load_state_dict(state_dict["_sum_tree"])
-
-    def _check_geometry(self, capacity: int) -> None:
-        if capacity != self._max_capacity:
-            raise ValueError(
-                f"the checkpoint holds {capacity} priorities but this sampler has "
-                f"max_capacity={self._max_capacity}; build it with the same capacity."
-            )
-
-    def dumps(self, path: str | Path) -> None:
-        """Writes ``sampler_metadata.json`` and ``trees.safetensors`` under ``path``.
-
-        Both files are written to a temporary name, fsynced and renamed, so an
-        interrupted save never leaves a half-written file behind.
-        """
-        save_state(path, self.state_dict(), tensors_file=_TREES, metadata_file=_METADATA)
-
-    def loads(self, path: str | Path) -> None:
-        """Restores what :meth:`dumps` wrote."""
-        self.load_state_dict(load_state(path, tensors_file=_TREES, metadata_file=_METADATA))
-
-    def __getstate__(self) -> dict[str, Any]:
-        # Pickling for Ray, deepcopy or a checkpoint is fine; handing the sampler
-        # to a spawned process is not: the trees would be copied, and priorities
-        # of writes made in one process would never reach the other's trees.
-        if get_spawning_popen() is not None:
-            raise RuntimeError(SHARING_REFUSED.format(name=type(self).__name__))
-        return super().__getstate__()
-
-
-#: Why a flat prioritized sampler cannot be handed to another process, and the fixes.
-SHARING_REFUSED = (
-    "{name} cannot be shared between processes: its priority trees live in one process, so "
-    "priorities of items written by other processes would never reach them. Fix: use a "
-    "per-env prioritized ring (torchrl_ext.presets.alf_replay_buffer(..., "
-    "prioritized_sampling=True)), whose sampler rebuilds its priorities in the sampling "
-    "process from the shared ring cursors, or keep the whole buffer in one Ray actor "
-    "(torchrl_ext.distributed.ray_replay_buffer) and write to it from any process."
-)
-
 
 class PrioritizedSamplerWithoutReplacement(PrioritizedSampler):
     """Prioritized sampling with stratified draws, ALF's "without replacement".
@@ -453,32 +377,7 @@ class PrioritizedSamplerWithoutReplacement(PrioritizedSampler):
     _stratified = True
 
 
-# ----------------------------------------------------------------------
 _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
-
-
-def _check_real(name: str, value: Any, *, low: float, high: float | None = None) -> float:
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a real number, got {value!r}.")
-    value = float(value)
-    if math.isnan(value) or value < low or (high is not None and value > high):
-        interval = f"[{low}, {high}]" if high is not None else f">= {low}"
-        raise ValueError(f"{name} must be {interval}, got {name}={value}.")
-    return value
-
-
-def _reduce(priority: torch.Tensor, reduction: str) -> torch.Tensor:
-    if reduction == "max":
-        return priority.amax(1)
-    if reduction == "min":
-        return priority.amin(1)
-    if reduction == "mean":
-        return priority.mean(1)
-    if reduction == "median":
-        return priority.median(1).values
-    return priority.sum(1)
 
 
 def _register_replacement_dispatch() -> None:

@@ -1,0 +1,91 @@
+"""Checkpoints of :class:`~torchrl_ext.samplers.PrioritizedSampler`: state dicts, files, pickling.
+
+A mixin, not a sampler: it reads the sampler's settings (``_alpha``, ``_beta``, ``_eps``,
+``_max_seen``, ``_initial_priority``, ``_weights``, ``_max_priority_within_buffer``,
+``_max_capacity``) and its ``_sum_tree``.
+"""
+from __future__ import annotations
+
+from multiprocessing.context import get_spawning_popen
+from pathlib import Path
+from typing import Any
+
+from torchrl_ext.io.state_files import load_state, save_state
+
+__all__ = ["SHARING_REFUSED", "PriorityCheckpoints"]
+
+_TREES, _METADATA = "trees.safetensors", "sampler_metadata.json"
+
+#: Why a flat prioritized sampler cannot be handed to another process, and the fixes.
+SHARING_REFUSED = (
+    "{name} cannot be shared between processes: its priority trees live in one process, so "
+    "priorities of items written by other processes would never reach them. Fix: use a "
+    "per-env prioritized ring (torchrl_ext.presets.alf_replay_buffer(..., "
+    "prioritized_sampling=True)), whose sampler rebuilds its priorities in the sampling "
+    "process from the shared ring cursors, or keep the whole buffer in one Ray actor "
+    "(torchrl_ext.distributed.ray_replay_buffer) and write to it from any process."
+)
+
+
+class PriorityCheckpoints:
+    """``state_dict`` / ``load_state_dict``, ``dumps`` / ``loads`` and the pickling rule."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "_schema_version": 1,
+            "_alpha": self._alpha,
+            "_beta": self._beta,
+            "_eps": self._eps,
+            "_max_seen": self._max_seen,
+            "_initial_priority": self._initial_priority,
+            "_weights": self._weights,
+            "_max_priority_within_buffer": self._max_priority_within_buffer,
+            "_sum_tree": self._sum_tree.state_dict(),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if "_sum_tree" not in state_dict or not isinstance(state_dict["_sum_tree"], dict):
+            raise ValueError(
+                "state_dict was not produced by torchrl_ext's PrioritizedSampler; "
+                "a TorchRL PrioritizedSampler state holds C++ trees that cannot be loaded here."
+            )
+        self._check_geometry(state_dict["_sum_tree"]["capacity"])
+        self._alpha = state_dict["_alpha"]
+        self._beta = state_dict["_beta"]
+        self._eps = state_dict["_eps"]
+        self._max_seen = state_dict["_max_seen"]
+        self._initial_priority = state_dict["_initial_priority"]
+        saved = (state_dict["_weights"], state_dict["_max_priority_within_buffer"])
+        if saved != (self._weights, self._max_priority_within_buffer):
+            raise ValueError(
+                f"state_dict was saved with weights={saved[0]!r} and "
+                f"max_priority_within_buffer={saved[1]}; build the sampler the same way."
+            )
+        self._sum_tree.load_state_dict(state_dict["_sum_tree"])
+
+    def _check_geometry(self, capacity: int) -> None:
+        if capacity != self._max_capacity:
+            raise ValueError(
+                f"the checkpoint holds {capacity} priorities but this sampler has "
+                f"max_capacity={self._max_capacity}; build it with the same capacity."
+            )
+
+    def dumps(self, path: str | Path) -> None:
+        """Writes ``sampler_metadata.json`` and ``trees.safetensors`` under ``path``.
+
+        Both files are written to a temporary name, fsynced and renamed, so an
+        interrupted save never leaves a half-written file behind.
+        """
+        save_state(path, self.state_dict(), tensors_file=_TREES, metadata_file=_METADATA)
+
+    def loads(self, path: str | Path) -> None:
+        """Restores what :meth:`dumps` wrote."""
+        self.load_state_dict(load_state(path, tensors_file=_TREES, metadata_file=_METADATA))
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickling for Ray, deepcopy or a checkpoint is fine; handing the sampler
+        # to a spawned process is not: the trees would be copied, and priorities
+        # of writes made in one process would never reach the other's trees.
+        if get_spawning_popen() is not None:
+            raise RuntimeError(SHARING_REFUSED.format(name=type(self).__name__))
+        return super().__getstate__()
