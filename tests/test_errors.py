@@ -33,7 +33,7 @@ from torchrl.data import RandomSampler
 
 from torchrl_ext.config_files import instantiate_from_config
 from torchrl_ext.io import SafetensorsCheckpointer
-from torchrl_ext.io.checkpointer import CheckpointPair, write_pair
+from torchrl_ext.io.checkpoint_pair import CheckpointPair, write_pair
 from torchrl_ext.presets import alf_replay_buffer, harl_off_policy_buffer, l2r_ppo_buffer, velora_replay_buffer
 from torchrl_ext.replay_buffers import EnvRingReplayBuffer, PrioritizedReplayBuffer, TensorDictReplayBuffer
 from torchrl_ext.replay_buffers.on_policy import OnPolicyReplayBuffer, VTraceReplayBuffer

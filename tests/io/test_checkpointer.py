@@ -13,7 +13,7 @@ from tensordict import TensorDict
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage
 
 from torchrl_ext.io import SafetensorsCheckpointer
-from torchrl_ext.io.checkpointer import CheckpointPair, read_pair, write_pair
+from torchrl_ext.io.checkpoint_pair import CheckpointPair, read_pair, write_pair
 from torchrl_ext.presets.velora import load_velora_replay_buffer, velora_replay_buffer
 from torchrl_ext.replay_buffers import TensorDictReplayBuffer
 from torchrl_ext.storages import FastTensorStorage
@@ -166,7 +166,7 @@ def test_crash_between_the_renames_rolls_forward(tmp_path, monkeypatch):
     def disk_full(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr("torchrl_ext.io.checkpointer.save_file", disk_full)
+    monkeypatch.setattr("torchrl_ext.io.checkpoint_pair.save_file", disk_full)
     with pytest.raises(OSError, match="disk full"):
         _save_generation(pair, 3)
     assert _load_generation(pair) == 2 and json.loads(pair.metadata.read_text()) == {"gen": 2}

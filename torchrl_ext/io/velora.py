@@ -40,13 +40,8 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from torchrl_ext._keys import nested_key
-from torchrl_ext.io.checkpointer import (
-    CheckpointPair,
-    SafetensorsCheckpointer,
-    read_pair,
-    ring_fields,
-    storage_position,
-)
+from torchrl_ext.io.checkpoint_pair import CheckpointPair, read_pair
+from torchrl_ext.io.checkpointer import SafetensorsCheckpointer, ring_fields, storage_position
 
 __all__ = [
     "VELORA_KEYS",
