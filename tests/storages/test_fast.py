@@ -176,16 +176,16 @@ def test_bad_writes_raise_before_touching_stored_data(case):
 
 
 
+@pytest.mark.parametrize("buffer", ["torchrl_ext", "torchrl"])
 @pytest.mark.parametrize("case", BAD_WRITES)
-def test_the_write_after_a_refused_one_lands_at_the_old_cursor(case):
-    """TorchRL's writer moves its cursor before the storage checks; torchrl_ext's buffer puts it back.
-
-    (TorchRL's own ``TensorDictReplayBuffer`` keeps the moved cursor.)
-    """
+def test_the_write_after_a_refused_one_lands_at_the_old_cursor(case, buffer):
+    """TorchRL's writer moves its cursor before the storage checks; the storage (and
+    torchrl_ext's buffer) put it back, so the next write fills the next row."""
     from torchrl_ext.replay_buffers import TensorDictReplayBuffer as ExtTensorDictReplayBuffer
 
     data, match = BAD_WRITES[case]
-    rb = ExtTensorDictReplayBuffer(storage=FastTensorStorage(10))
+    cls = ExtTensorDictReplayBuffer if buffer == "torchrl_ext" else TensorDictReplayBuffer
+    rb = cls(storage=FastTensorStorage(10))
     rb.extend(chunk(0, 8))
     with pytest.raises(ValueError, match=match):
         rb.extend(data)
@@ -193,6 +193,16 @@ def test_the_write_after_a_refused_one_lands_at_the_old_cursor(case):
     rb.extend(chunk(100, 1))
     assert len(rb) == 9
     assert rb.storage.get(torch.arange(9))["obs"][:, 0].tolist() == [*range(8), 100]
+
+
+def test_a_refused_add_on_torchrls_buffer_leaves_the_cursor():
+    rb = TensorDictReplayBuffer(storage=FastTensorStorage(10))
+    rb.extend(chunk(0, 3))
+    with pytest.raises(ValueError, match="stored dtype"):
+        rb.add(chunk(50, 1)[0].set("obs", torch.ones(3, dtype=torch.float64)))
+    assert rb.writer._cursor == 3 and rb.write_count == 3
+    rb.add(chunk(100, 1)[0])
+    assert rb.storage.get(torch.arange(4))["obs"][:, 0].tolist() == [0, 1, 2, 100]
 
 def test_a_first_batch_larger_than_the_capacity_is_rejected():
     with pytest.raises(ValueError, match="capacity 4"):

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase, is_tensor_collection
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage
+from torchrl.data.replay_buffers.writers import RoundRobinWriter
 
 __all__ = ["FastMemmapStorage", "FastTensorStorage", "gather_rows"]
 
@@ -164,7 +165,11 @@ class _SliceWritesIndexSelectReads:
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
         leaves = None
         if self.ndim == 1:
-            leaves = self._check_matches_storage(cursor, data)
+            try:
+                leaves = self._check_matches_storage(cursor, data)
+            except (TypeError, ValueError):
+                self._rewind_writers(cursor, data)
+                raise
         ranges = self._ring_ranges(cursor, data)
         if ranges is None:
             return super().set(cursor, data, set_cursor=set_cursor)
@@ -182,6 +187,27 @@ class _SliceWritesIndexSelectReads:
             self._set_last_cursor(cursor)
             self._get_new_len(data, cursor)
         self._bump_mutation_revision()
+
+    def _rewind_writers(self, cursor: Any, data: Any) -> None:
+        """Moves back the cursor of a TorchRL writer that advanced for a write refused here.
+
+        TorchRL's ``RoundRobinWriter`` moves its cursor and write count before the storage
+        sees the data; left there, the next write would skip rows and expose never-written
+        ones as stored data. Only a writer whose cursor sits exactly past this write moves.
+        """
+        if isinstance(cursor, torch.Tensor) and cursor.ndim == 1 and cursor.numel() > 0:
+            start, count = int(cursor[0]), cursor.numel()
+        elif isinstance(cursor, int) and not isinstance(cursor, bool):
+            start, count = cursor, 1
+        else:
+            return
+        for entity in self._attached_entities_iter():
+            writer = getattr(entity, "_writer", None)
+            if not isinstance(writer, RoundRobinWriter) or getattr(writer, "_storage", None) is not self:
+                continue
+            if writer._cursor == (start + count) % self.max_size and writer._write_count >= count:
+                writer._cursor = start
+                writer._write_count -= count
 
     def _check_matches_storage(
         self, cursor: Any, data: Any

@@ -359,7 +359,7 @@ class EnvRingStorage(RingReads, RingSharing, Storage):
 
     def _flat_index(self, env: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         """Row of ``(env, position)`` in the leaves viewed as ``[E * L, ...]``."""
-        flat = position.remainder(self._max_length).add_(env, alpha=self._max_length)
+        flat = torch.add(position.remainder(self._max_length), env, alpha=self._max_length)
         return flat if flat.device == self._device else flat.to(self._device)
 
     def _counter_views(self) -> None:
