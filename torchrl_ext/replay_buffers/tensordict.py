@@ -30,6 +30,7 @@ from torchrl.data.replay_buffers.storages import Storage, TensorStorage
 
 from torchrl_ext.io.atomic_dir import atomic_save_dir, committed_dir
 from torchrl_ext.io.state_files import load_state, save_state
+from torchrl_ext.replay_buffers._lean_extend import LeanExtend
 from torchrl_ext.storages.fast import gather_coordinates, gather_rows
 from torchrl_ext.samplers.minibatch import _EpochMinibatchSampler
 from torchrl_ext.storages.rollout import RolloutStorage
@@ -80,7 +81,7 @@ def _coordinates(index: Any, storage: Any) -> bool:
     )
 
 
-class TensorDictReplayBuffer(_TorchRLTensorDictReplayBuffer):
+class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
     """TorchRL's ``TensorDictReplayBuffer`` with a lean ``sample``.
 
     Same constructor and behaviour (any sampler, writer, storage, transform);
@@ -128,6 +129,8 @@ class TensorDictReplayBuffer(_TorchRLTensorDictReplayBuffer):
     # ------------------------------------------------------------------
     def extend(self, tensordicts: TensorDictBase, *, update_priority: bool | None = None) -> torch.Tensor:
         """TorchRL's ``extend``; a write the storage refuses leaves the writer's cursor unmoved."""
+        if self._lean_extend_applies(tensordicts):
+            return self._lean_extend(tensordicts, update_priority)
         with self._replay_lock, self._writer_restored_on_error():
             return super().extend(tensordicts, update_priority=update_priority)
 

@@ -177,6 +177,27 @@ class _SliceWritesIndexSelectReads:
             for start, stop, first, last in ranges:
                 super().set(slice(start, stop), data[first:last], set_cursor=set_cursor)
             return
+        self._copy_ranges(leaves, ranges, cursor, data, set_cursor)
+
+    def _set_ring_rows(self, start: int, cursor: torch.Tensor, data: Any) -> None:
+        """:meth:`set` of ``data`` at ``cursor = (start + arange(n)) % max_size`` on an
+        initialised 1-D storage, for callers that built the cursor that way (no re-check of it)."""
+        try:
+            leaves = self._check_matches_storage(cursor, data)
+        except (TypeError, ValueError):
+            self._rewind_writers(cursor, data)
+            raise
+        if leaves is None:
+            return self.set(cursor, data)
+        n = cursor.numel()
+        head = min(n, self.max_size - start)
+        ranges = [(start, start + head, 0, head)]
+        if head < n:
+            ranges.append((0, n - head, head, n))
+        self._copy_ranges(leaves, ranges, cursor, data, True)
+
+    def _copy_ranges(self, leaves: list[tuple[torch.Tensor, torch.Tensor]], ranges: list[tuple[int, int, int, int]],
+                     cursor: Any, data: Any, set_cursor: bool) -> None:
         # Initialised and checked: copy each leaf's slices straight into the
         # stored tensors (TensorDict slicing and assignment cost more than
         # the copy for small items), then do TorchRL's bookkeeping.
