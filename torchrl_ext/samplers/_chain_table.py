@@ -4,15 +4,15 @@ A chain from start ``p`` reads ``n_step`` steps forward, so a write at ``p``
 can change only the chains from ``p - n_step + 1 .. p`` (it may extend them or
 cut them at a new ``done``). The table holds, per flat storage row, where the
 chain from that row stops (``m``, int8) and its discounted reward sum (the
-reward's dtype, summed in float64), so a sample is two ``index_select`` calls
-instead of ``n_step`` reads of the reward and the done flags per draw.
+reward's dtype, summed in float64), so a sample looks each draw up once
+instead of reading ``n_step`` rewards and done flags per draw.
 
 The table trusts only what it saw: it records the storage's
 ``_mutation_revision`` when it last caught up. A write reported to the sampler
 (``extend`` / ``add`` / ``mark_update``) one revision later is applied in
 place; any other change (a direct ``storage.set``, ``load_state_dict``, a
-reset, a new ``gamma`` or ``n_step``) leaves the table stale, and the next
-sample rebuilds it from the whole buffer.
+reset, a new ``gamma`` or ``n_step``) leaves the table stale, and the sampler
+decides when to rebuild it (``NStepSampler._table``).
 """
 from __future__ import annotations
 

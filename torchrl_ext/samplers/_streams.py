@@ -68,10 +68,8 @@ class RingStreams:
 
     def all_starts(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Every stored step as ``(env, position)``, env by env."""
-        size = self.storage._size_np.astype(np.int64)
-        env = np.repeat(np.arange(self.storage._num_envs), size)
-        offset = np.arange(env.size) - np.repeat(np.cumsum(size) - size, size)
-        return torch.from_numpy(env), torch.from_numpy(np.repeat(self.storage._pos_np - size, size) + offset)
+        pos = self.storage._pos_np
+        return _expand(np.arange(self.storage._num_envs), pos - self.storage._size_np, pos - 1)
 
     def written(self, index: Any) -> tuple[np.ndarray, np.ndarray] | None:
         pairs = _pairs(index)

@@ -177,10 +177,7 @@ class NStepSampler(StatelessSampler):
         per_agent = self.agent_group is not None
         done_leaf = self._leaf(streams, self.done_key, required=not per_agent)
         reward_leaf = self._leaf(streams, self.reward_key, required=not per_agent)
-        # Steps past the env's newest one are held there; a chain stops at it.
-        to_newest = streams.steps_to_newest(env, start)
-        steps = start.unsqueeze(1) + torch.minimum(self._k, to_newest.unsqueeze(1))
-        flat = streams.flat(env.unsqueeze(1).expand_as(steps), steps)
+        to_newest, flat = self._chain_rows(streams, env, start)
         info: dict[Any, Any] = {}
         if per_agent:
             agent_end = self._agent_chains(streams, flat, to_newest, info)
@@ -251,11 +248,18 @@ class NStepSampler(StatelessSampler):
         """Walks the chains from ``(env, start)`` ``[K]``: stop index ``m`` and n-step reward."""
         done_leaf = self._leaf(streams, self.done_key, required=True)
         reward_leaf = self._leaf(streams, self.reward_key, required=True)
-        to_newest = streams.steps_to_newest(env, start)
-        steps = start.unsqueeze(1) + torch.minimum(self._k, to_newest.unsqueeze(1))
-        flat = streams.flat(env.unsqueeze(1).expand_as(steps), steps)
+        to_newest, flat = self._chain_rows(streams, env, start)
         m = self._stop_index(done_leaf, flat, to_newest, agent_dims=0)
         return m, self._discounted_sum(reward_leaf, flat, m, agent_dims=0)
+
+    def _chain_rows(
+        self, streams: Any, env: torch.Tensor, start: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Steps from each start to its env's newest step ``[K]``, and the flat rows of its
+        ``n_step`` chain steps ``[K, n_step]`` (steps past the newest one are held there)."""
+        to_newest = streams.steps_to_newest(env, start)
+        steps = start.unsqueeze(1) + torch.minimum(self._k, to_newest.unsqueeze(1))
+        return to_newest, streams.flat(env.unsqueeze(1).expand_as(steps), steps)
 
     # ------------------------------------------------------------------
     # Writes: the buffer reports each one; the chain table follows them.

@@ -163,13 +163,7 @@ class _SliceWritesIndexSelectReads:
     """Mixin over a TorchRL ``TensorStorage``: the two fast paths described above."""
 
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
-        leaves = None
-        if self.ndim == 1:
-            try:
-                leaves = self._check_matches_storage(cursor, data)
-            except (TypeError, ValueError):
-                self._rewind_writers(cursor, data)
-                raise
+        leaves = self._checked_leaves(cursor, data) if self.ndim == 1 else None
         ranges = self._ring_ranges(cursor, data)
         if ranges is None:
             return super().set(cursor, data, set_cursor=set_cursor)
@@ -182,19 +176,18 @@ class _SliceWritesIndexSelectReads:
     def _set_ring_rows(self, start: int, cursor: torch.Tensor, data: Any) -> None:
         """:meth:`set` of ``data`` at ``cursor = (start + arange(n)) % max_size`` on an
         initialised 1-D storage, for callers that built the cursor that way (no re-check of it)."""
+        leaves = self._checked_leaves(cursor, data)
+        if leaves is None:
+            return self.set(cursor, data)
+        self._copy_ranges(leaves, _ring_slices(start, cursor.numel(), self.max_size), cursor, data, True)
+
+    def _checked_leaves(self, cursor: Any, data: Any) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+        """:meth:`_check_matches_storage`; a refused write first moves back the writer that advanced for it."""
         try:
-            leaves = self._check_matches_storage(cursor, data)
+            return self._check_matches_storage(cursor, data)
         except (TypeError, ValueError):
             self._rewind_writers(cursor, data)
             raise
-        if leaves is None:
-            return self.set(cursor, data)
-        n = cursor.numel()
-        head = min(n, self.max_size - start)
-        ranges = [(start, start + head, 0, head)]
-        if head < n:
-            ranges.append((0, n - head, head, n))
-        self._copy_ranges(leaves, ranges, cursor, data, True)
 
     def _copy_ranges(self, leaves: list[tuple[torch.Tensor, torch.Tensor]], ranges: list[tuple[int, int, int, int]],
                      cursor: Any, data: Any, set_cursor: bool) -> None:
@@ -287,11 +280,7 @@ class _SliceWritesIndexSelectReads:
         ring = torch.arange(start, start + n, device=cursor.device).remainder_(capacity)
         if not torch.equal(cursor, ring.to(cursor.dtype)):
             return None
-        head = min(n, capacity - start)
-        ranges = [(start, start + head, 0, head)]
-        if head < n:
-            ranges.append((0, n - head, head, n))
-        return ranges
+        return _ring_slices(start, n, capacity)
 
     def get(self, index: Any) -> Any:
         stored = getattr(self, "_storage", None)
@@ -316,6 +305,15 @@ class _SliceWritesIndexSelectReads:
                     f"indices in [0, {size - 1}] (negative ones count from the end)."
                 )
         return super().get(index)
+
+
+def _ring_slices(start: int, n: int, capacity: int) -> list[tuple[int, int, int, int]]:
+    """``(start, stop, data_first, data_last)`` slices of ``n`` rows written from ``start`` round a ring."""
+    head = min(n, capacity - start)
+    ranges = [(start, start + head, 0, head)]
+    if head < n:
+        ranges.append((0, n - head, head, n))
+    return ranges
 
 
 def _leaves(data: TensorDictBase) -> list[tuple[Any, Any]]:
