@@ -1,6 +1,8 @@
 """EnvRingStorage: per-env rings, checked writes, reads, checkpoints, TorchRL compatibility."""
 from __future__ import annotations
 
+import pickle
+
 import pytest
 import torch
 from tensordict import TensorDict
@@ -205,3 +207,17 @@ def test_torchrl_buffers_that_cannot_drive_the_ring_are_refused():
     with pytest.raises(ValueError, match="use torchrl_ext.replay_buffers.EnvRingReplayBuffer"):
         TensorDictReplayBuffer(storage=EnvRingStorage(2, 4), writer=EnvRingWriter(),
                                collate_fn=lambda x: x, dim_extend=0)
+
+
+def test_writes_after_unpickling_reach_the_checkpointed_data():
+    # The flat views the writes go through must view the unpickled leaves, not copies
+    # of them: state_dict (and so every checkpoint) reads the leaves.
+    rb = EnvRingReplayBuffer(num_envs=2, max_length=3)
+    rb.extend(TensorDict({"x": torch.tensor([1.0, 2.0])}, [2]), env_ids=torch.tensor([1, 0]))
+    copy = pickle.loads(pickle.dumps(rb))
+    copy.extend(TensorDict({"x": torch.tensor([5.0, 6.0])}, [2]), env_ids=torch.tensor([1, 0]))
+    restored = EnvRingStorage(2, 3)
+    restored.load_state_dict(copy.storage.state_dict())
+    assert restored._storage["x"].tolist() == [[2.0, 6.0, 0.0], [1.0, 5.0, 0.0]]
+    assert copy.storage._storage["x"].tolist() == [[2.0, 6.0, 0.0], [1.0, 5.0, 0.0]]
+    assert rb.storage._storage["x"].tolist() == [[2.0, 0.0, 0.0], [1.0, 0.0, 0.0]]

@@ -148,7 +148,7 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
                     return self._write(data, env_ids, update_priority)
 
     def _write(self, data: TensorDictBase, env_ids: Any, update_priority: bool | None) -> torch.Tensor:
-        if (self._transform is not None and len(self._transform)) or self._is_consuming():
+        if self._has_transform() or self._is_consuming():
             if env_ids is not None:
                 data = data.copy()
                 ids = torch.as_tensor(env_ids)
@@ -161,7 +161,10 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
         with self._replay_lock, self._write_lock:
             index = self._writer.write(data, env_ids)
             self._sampler.extend(index)
-        if update_priority is None or update_priority:
+        # The rings store exactly the leaves they are written (the storage checks), so a
+        # priority entry can only be a stored leaf: a dict lookup spares TensorDict.get's
+        # miss (about 5 us, a third of a 64-env step write).
+        if (update_priority is None or update_priority) and self._storage._stores_leaf(self.priority_key):
             priority = data.get(self.priority_key, None)
             if priority is not None:
                 self.update_priority(index, priority)
@@ -200,7 +203,7 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
                 data = self._storage._gather_chain(env, position, index[2], extra)
             else:
                 data = self._storage._gather(env, position, extra)
-        if self._transform is not None and len(self._transform):
+        if self._has_transform():
             with data.unlock_():
                 data = self._transform(data)
         return (data, info) if return_info else data

@@ -218,7 +218,7 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
                 for key, value in _info_entries(info, data.shape[0]).items():
                     data.set(key, value)
         data = self._collate_fn(data)
-        if self._transform is not None and len(self._transform):
+        if self._has_transform():
             with data.unlock_():
                 data = self._transform(data)
         return data, info

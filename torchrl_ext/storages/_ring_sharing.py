@@ -87,11 +87,14 @@ class RingSharing:
             )
         state = super().__getstate__()
         state.pop("_draw_cache", None)  # derived from the counters: rebuilt at the next draw
+        state.pop("_step_columns_cache", None)  # numpy views: rebuilt on the unpickled leaves
+        # Flat views of the leaves: pickled apart, they would arrive as copies, and
+        # writes would miss what state_dict and checkpoints read. Rebuilt on arrival.
+        state.pop("_flat", None)
         if self.is_shared:
             # Send the shared counter tensors; numpy views are rebuilt on arrival.
             state.pop("_pos_np", None)
             state.pop("_size_np", None)
-            state.pop("_flat", None)
             return state
         # Views are rebuilt on unpickling so that they share the arrays again.
         state.pop("_current_pos", None)
@@ -102,7 +105,10 @@ class RingSharing:
         super().__setstate__(state)
         if self.is_shared:
             self._pos_np, self._size_np = self._current_pos.numpy(), self._current_size.numpy()
-            self._index_leaves()
         else:
             self._counter_views()
+        if self._storage is None:
+            self._flat = []
+        else:
+            self._index_leaves()
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDict, TensorDictBase, unravel_key
 from torchrl.data import TensorDictReplayBuffer as _TorchRLTensorDictReplayBuffer
 from torchrl.data.replay_buffers.checkpointers import StorageCheckpointerBase
 from torchrl.data.replay_buffers.storages import Storage
@@ -34,6 +34,7 @@ from torchrl_ext.io.state_files import (
 )
 from torchrl_ext.storages._ring_reads import RingReads
 from torchrl_ext.storages._ring_sharing import RingSharing
+from torchrl_ext.storages._ring_steps import RingStepWrites
 from torchrl_ext.storages.fast import _layout, _leaves, _raise_layout_mismatch
 
 __all__ = ["EnvRingStorage", "EnvRingStorageCheckpointer"]
@@ -51,7 +52,7 @@ class EnvRingStorageCheckpointer(StorageCheckpointerBase):
         storage.load_state_dict(load_state(path, tensors_file=_TENSORS, metadata_file=_METADATA))
 
 
-class EnvRingStorage(RingReads, RingSharing, Storage):
+class EnvRingStorage(RingReads, RingStepWrites, RingSharing, Storage):
     """One ring of ``max_length`` steps per environment, TensorDict leaves ``[E, L, ...]``.
 
     The leaves are allocated from the first write (any nested keys), on
@@ -246,8 +247,13 @@ class EnvRingStorage(RingReads, RingSharing, Storage):
             self._last_cursor = flat
         self._bump_mutation_revision()
 
-    def advance(self, env_ids: torch.Tensor, steps: int) -> None:
-        """Moves the cursors of ``env_ids`` (distinct) on by ``steps`` written steps."""
+    def advance(self, env_ids: torch.Tensor | None, steps: int) -> None:
+        """Moves the cursors of ``env_ids`` (distinct; ``None``: every env) on by ``steps`` written steps."""
+        if env_ids is None:
+            self._pos_np += steps
+            if self._size_np.tolist().count(self._max_length) != self._num_envs:  # not all full
+                np.minimum(self._size_np + steps, self._max_length, out=self._size_np)
+            return
         ids = torch.as_tensor(env_ids, dtype=torch.long).cpu().numpy()
         self._pos_np[ids] += steps
         self._size_np[ids] = np.minimum(self._size_np[ids] + steps, self._max_length)
@@ -288,7 +294,12 @@ class EnvRingStorage(RingReads, RingSharing, Storage):
                 return leaf
         return None
 
+    def _stores_leaf(self, key: Any) -> bool:
+        """Whether the nested key ``key`` names a stored leaf."""
+        return self._layout_cache is not None and unravel_key(key) in self._layout_cache
+
     def _index_leaves(self) -> None:
+        self.__dict__.pop("_step_columns_cache", None)
         self._flat = [
             (key, leaf.view(-1, *leaf.shape[2:])) for key, leaf in _leaves(self._storage)
         ]
@@ -324,6 +335,7 @@ class EnvRingStorage(RingReads, RingSharing, Storage):
             self._index_leaves()
         else:
             self._flat, self._layout_cache = [], None
+            self.__dict__.pop("_step_columns_cache", None)
         pos, size, resets = state_dict["counters"]
         self._current_pos.copy_(pos)
         self._current_size.copy_(size)
