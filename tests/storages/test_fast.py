@@ -14,6 +14,7 @@ from torchrl.data import (
 )
 
 from torchrl_ext.storages import FastMemmapStorage, FastTensorStorage
+from torchrl_ext.storages.fast import select_rows
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -236,3 +237,14 @@ def test_sampler_info_of_the_wrong_shape_is_named():
     stored = TensorDict({"obs": torch.arange(5.0)}, [5])
     with pytest.raises(ValueError, match=r"sampler info 'weight' has shape \[3\].*batch size \[2\]"):
         gather_rows(stored, torch.tensor([0, 1]), extra={"weight": torch.ones(3)})
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float32, torch.bool, torch.bfloat16])
+def test_select_rows_of_huge_outputs_equals_index_select(dtype):
+    source = (torch.arange(3 * 2**18) % 251).reshape(3, 2**18).to(dtype)  # rows of 256 Ki items
+    index = torch.tensor([2, 0, 1, 2] * 40)  # >= 40 MiB out for 1-byte items: numpy-allocated
+    out = select_rows(source, index)
+    expected = source.index_select(0, index)
+    assert out.dtype == dtype and out.shape == expected.shape and torch.equal(out, expected)
+    small = select_rows(source, index[:3])
+    assert torch.equal(small, source.index_select(0, index[:3]))

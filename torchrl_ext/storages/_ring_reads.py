@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from torchrl_ext.storages.fast import assemble
+from torchrl_ext.storages.fast import assemble, select_rows
 
 
 class RingReads:
@@ -70,7 +70,7 @@ class RingReads:
         for key, leaf in self._flat:
             if key in extra:
                 continue
-            value = leaf.index_select(0, after if isinstance(key, tuple) and key[0] == "next" else root)
+            value = select_rows(leaf, after if isinstance(key, tuple) and key[0] == "next" else root)
             entries[key] = value if flat_batch else value.reshape(*shape, *leaf.shape[1:])
         return assemble(entries, shape, self._device, extra)
 
@@ -84,11 +84,11 @@ class RingReads:
         flat = self._flat_index(env, position)
         shape = flat.shape
         if len(shape) == 1:  # rows already have the batch shape
-            entries = {key: leaf.index_select(0, flat) for key, leaf in self._flat}
+            entries = {key: select_rows(leaf, flat) for key, leaf in self._flat}
         else:
             flat = flat.reshape(-1)
             entries = {
-                key: leaf.index_select(0, flat).reshape(*shape, *leaf.shape[1:])
+                key: select_rows(leaf, flat).reshape(*shape, *leaf.shape[1:])
                 for key, leaf in self._flat
             }
         return assemble(entries, shape, self._device, extra)

@@ -31,6 +31,7 @@ from tensordict import TensorDictBase
 
 from torchrl_ext._keys import nested_key
 from torchrl_ext.storages.episodes import EpisodicEnvRingStorage
+from torchrl_ext.storages.fast import select_rows
 
 __all__ = ["DedupEnvRingStorage"]
 
@@ -243,7 +244,7 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
         q = torch.maximum(wanted, begin.unsqueeze(-1))
         leaf = self._frame_leaf()
         flat = self._flat_index(env.unsqueeze(-1).expand_as(q), q).reshape(-1)
-        frames = leaf.index_select(0, flat).reshape(*q.shape, *leaf.shape[1:])
+        frames = select_rows(leaf, flat).reshape(*q.shape, *leaf.shape[1:])
         if self.padding == "zero":
             frames = frames * (wanted >= begin.unsqueeze(-1)).to(self._device).reshape(
                 *q.shape, *(1,) * (leaf.dim() - 1)).to(frames.dtype)
@@ -260,7 +261,7 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
         """Newest frame of ``("next", obs)`` at each ``(env, pos)``."""
         leaf = self._frame_leaf()
         flat = self._flat_index(env, pos + 1).reshape(-1)
-        out = leaf.index_select(0, flat).reshape(*pos.shape, *leaf.shape[1:])
+        out = select_rows(leaf, flat).reshape(*pos.shape, *leaf.shape[1:])
         row = self._terminal_row[self._flat_index(env, pos).cpu()]
         terminal = row >= 0
         if bool(terminal.any()):

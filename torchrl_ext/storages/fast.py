@@ -29,10 +29,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase, is_tensor_collection
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage
 from torchrl.data.replay_buffers.writers import RoundRobinWriter
+
+from torchrl_ext.storages._numpy_rows import NUMPY_DTYPES, ColumnCache, matching_arrays
 
 __all__ = ["FastMemmapStorage", "FastTensorStorage", "gather_rows"]
 
@@ -112,8 +115,35 @@ def gather_rows(
         index = index.to(device)
     if leaves is None:
         leaves = stored.items(include_nested=True, leaves_only=True)
-    entries = {key: tensor.index_select(0, index) for key, tensor in leaves}
+    entries = {key: select_rows(tensor, index) for key, tensor in leaves}
     return assemble(entries, index.shape, device, extra)
+
+
+# glibc serves allocations above 32 MiB (its largest mmap threshold) with fresh mmaps,
+# whose every 4 KiB page faults on first write: a 115 MB gather of frames spent three
+# quarters of its time in page faults. numpy asks for transparent huge pages on such
+# arrays (madvise), 512x fewer faults where the kernel grants them (as here); smaller
+# outputs come from the reused heap and stay with torch's allocator.
+_HUGE_OUTPUT_BYTES = 32 << 20
+
+
+def select_rows(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``tensor.index_select(0, index)``; outputs of 32 MiB or more on the CPU are
+    allocated by numpy (huge pages), so they are not resizable in place.
+
+    Examples:
+        >>> import torch
+        >>> select_rows(torch.arange(6).reshape(3, 2), torch.tensor([2, 0])).tolist()
+        [[4, 5], [0, 1]]
+    """
+    dtype = NUMPY_DTYPES.get(tensor.dtype)
+    if dtype is None or not tensor.is_cpu or (
+        index.numel() * tensor.element_size() * (tensor.numel() // max(tensor.shape[0], 1))
+        < _HUGE_OUTPUT_BYTES
+    ):
+        return tensor.index_select(0, index)
+    out = torch.from_numpy(np.empty((index.numel(), *tensor.shape[1:]), dtype=dtype))
+    return torch.index_select(tensor, 0, index, out=out)
 
 
 def gather_coordinates(
@@ -150,10 +180,10 @@ def gather_coordinates(
     if leaves is None:
         leaves = stored.items(include_nested=True, leaves_only=True)
     if len(shape) == 1:  # the usual sampler output: the gathered rows already have the batch shape
-        entries = {key: leaf.flatten(0, ndim - 1).index_select(0, flat) for key, leaf in leaves}
+        entries = {key: select_rows(leaf.flatten(0, ndim - 1), flat) for key, leaf in leaves}
     else:
         entries = {
-            key: leaf.flatten(0, ndim - 1).index_select(0, flat).reshape(*shape, *leaf.shape[ndim:])
+            key: select_rows(leaf.flatten(0, ndim - 1), flat).reshape(*shape, *leaf.shape[ndim:])
             for key, leaf in leaves
         }
     return assemble(entries, shape, device, extra)
@@ -170,16 +200,38 @@ class _SliceWritesIndexSelectReads:
         if leaves is None:  # first write (lazy init) or non-tensor leaves
             for start, stop, first, last in ranges:
                 super().set(slice(start, stop), data[first:last], set_cursor=set_cursor)
+            if set_cursor:
+                self._set_last_cursor(cursor)  # the cursor TorchRL's set records, not the last slice
             return
         self._copy_ranges(leaves, ranges, cursor, data, set_cursor)
 
-    def _set_ring_rows(self, start: int, cursor: torch.Tensor, data: Any) -> None:
-        """:meth:`set` of ``data`` at ``cursor = (start + arange(n)) % max_size`` on an
-        initialised 1-D storage, for callers that built the cursor that way (no re-check of it)."""
-        leaves = self._checked_leaves(cursor, data)
+    def _set_ring_rows(self, start: int, cursor: torch.Tensor, data: Any,
+                       extra: dict[Any, torch.Tensor] | None = None) -> None:
+        """:meth:`set` of ``data`` plus the ``extra`` entries (TorchRL's ``"index"``) at
+        ``cursor = (start + arange(n)) % max_size`` on an initialised 1-D storage, for callers
+        that built the cursor that way (no re-check of it). ``data`` is not modified."""
+        leaves = self._numpy_pairs(data, extra)
         if leaves is None:
-            return self.set(cursor, data)
+            if extra:
+                data = data.clone(False)
+                for key, value in extra.items():
+                    data.set(key, value)
+            leaves = self._checked_leaves(cursor, data)
+            if leaves is None:
+                return self.set(cursor, data)
         self._copy_ranges(leaves, _ring_slices(start, cursor.numel(), self.max_size), cursor, data, True)
+
+    def _numpy_pairs(self, data: Any, extra: dict[Any, torch.Tensor] | None = None) -> list | None:
+        """``(stored, new rows)`` numpy views for a ``[N]`` batch that matches the stored
+        leaves exactly (:func:`~torchrl_ext.storages._numpy_rows.matching_arrays`): the
+        layout check and the copies in a fraction of torch's calls. ``None`` otherwise."""
+        if self.ndim != 1 or not isinstance(data, TensorDictBase) or data.batch_dims != 1:
+            return None
+        cache = self.__dict__.get("_numpy_columns")
+        if cache is None:
+            cache = self._numpy_columns = ColumnCache()
+        columns = cache.get(list(self._storage.items(include_nested=True, leaves_only=True)), batch_dims=1)
+        return None if columns is None else matching_arrays(data, columns, data.shape[0], extra=extra)
 
     def _checked_leaves(self, cursor: Any, data: Any) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
         """:meth:`_check_matches_storage`; a refused write first moves back the writer that advanced for it."""
@@ -194,12 +246,15 @@ class _SliceWritesIndexSelectReads:
         # Initialised and checked: copy each leaf's slices straight into the
         # stored tensors (TensorDict slicing and assignment cost more than
         # the copy for small items), then do TorchRL's bookkeeping.
-        for destination, source in leaves:
+        for destination, source in leaves:  # torch tensors, or numpy views of them
             for start, stop, first, last in ranges:
-                destination[start:stop].copy_(source[first:last])
+                destination[start:stop] = source[first:last]
         if set_cursor:
-            self._set_last_cursor(cursor)
-            self._get_new_len(data, cursor)
+            # What TorchRL's set records for a ring range (_set_last_cursor(cursor), then
+            # _get_new_len), from the ranges instead of a dozen tensor ops on the cursor.
+            self._set_last_cursor(ranges[-1][1] - 1)
+            self._last_cursor = cursor
+            self._len = min(self._len + sum(stop - start for start, stop, _, _ in ranges), self.max_size)
         self._bump_mutation_revision()
 
     def _rewind_writers(self, cursor: Any, data: Any) -> None:
@@ -240,6 +295,9 @@ class _SliceWritesIndexSelectReads:
             )
         if not self.initialized:
             return None
+        pairs = None if single else self._numpy_pairs(data)
+        if pairs is not None:
+            return pairs
         expected = self._stored_layout()
         got = _layout(data, item_dims=0 if single else 1)
         if got is None or expected is None:

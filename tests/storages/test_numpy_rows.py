@@ -1,0 +1,115 @@
+"""The numpy write paths: batches matched against stored columns, the column cache, and
+FastTensorStorage writes after its leaves move (share_memory_, loads, pickling)."""
+from __future__ import annotations
+
+import pickle
+
+import pytest
+import torch
+from tensordict import TensorDict
+from torchrl.data import LazyTensorStorage
+
+from torchrl_ext.replay_buffers import TensorDictReplayBuffer
+from torchrl_ext.storages import FastMemmapStorage, FastTensorStorage
+from torchrl_ext.storages._numpy_rows import ColumnCache, matching_arrays, numpy_columns
+
+
+def batch(n: int, start: float = 0.0) -> TensorDict:
+    x = start + torch.arange(n, dtype=torch.float32)
+    return TensorDict({"obs": torch.stack([x, -x], 1), "next": {"obs": x.unsqueeze(1)},
+                       "done": x.remainder(2) == 0}, [n])
+
+
+def stored_columns(n: int = 5):
+    leaves = list(batch(n).items(include_nested=True, leaves_only=True))
+    return numpy_columns(leaves, batch_dims=1)
+
+
+def test_matching_arrays_pairs_every_column_with_the_new_rows():
+    columns = stored_columns()
+    data = batch(3, 10.0)
+    pairs = matching_arrays(data, columns, rows=3)
+    by_array = {id(stored): new for stored, new in pairs}
+    for key, (stored, _, _) in columns.by_key.items():
+        assert (by_array[id(stored)] == data.get(key).numpy()).all()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda td: td.set("obs", td.get("obs").double()),           # dtype
+        lambda td: td.set("obs", torch.zeros(3, 3)),                 # item shape
+        lambda td: td.set("extra", torch.zeros(3)),                  # a key not stored
+        lambda td: td.exclude("done"),                               # a stored key missing
+        lambda td: td.set("obs", td.get("obs").requires_grad_()),   # autograd history
+        lambda td: td.set("obs", td.get("obs").to(torch.bfloat16)),  # no numpy twin
+        lambda td: td.set("obs", torch.zeros(3, 2, device="meta")),   # not on the CPU
+    ],
+)
+def test_matching_arrays_refuses_any_difference(change):
+    assert matching_arrays(change(batch(3)), stored_columns(), rows=3) is None
+
+
+def test_matching_arrays_takes_extra_entries_and_a_skipped_key():
+    leaves = list(batch(4).set("index", torch.arange(4)).items(include_nested=True, leaves_only=True))
+    columns = numpy_columns(leaves, batch_dims=1)
+    data = batch(2).set("env_id", torch.tensor([0, 1]))
+    assert matching_arrays(data, columns, rows=2, extra={"index": torch.arange(2)}) is None  # env_id
+    pairs = matching_arrays(data, columns, rows=2, skip_key="env_id", extra={"index": torch.tensor([7, 8])})
+    assert [new.tolist() for _, new in pairs][-1] == [7, 8]
+    # the batch already holding the extra key: one entry too many, refused
+    assert matching_arrays(data.set("index", torch.arange(2)), columns, rows=2, skip_key="env_id",
+                           extra={"index": torch.arange(2)}) is None
+
+
+def test_column_cache_rebuilds_when_a_leaf_is_replaced_or_moved():
+    cache, leaf = ColumnCache(), torch.zeros(4, 2)
+    first = cache.get([("x", leaf)], batch_dims=1)
+    assert cache.get([("x", leaf)], batch_dims=1) is first
+    other = torch.zeros(4, 2)
+    assert cache.get([("x", other)], batch_dims=1).by_key["x"][0].ctypes.data == other.data_ptr()
+    assert pickle.loads(pickle.dumps(cache))._columns is None
+    assert cache.get([("x", torch.zeros(4, 2, dtype=torch.bfloat16))], batch_dims=1) is None
+
+
+def fill(storage_cls, **kwargs) -> TensorDictReplayBuffer:
+    rb = TensorDictReplayBuffer(storage=storage_cls(6, **kwargs))
+    rb.extend(batch(4))
+    return rb
+
+
+@pytest.mark.parametrize("storage_cls", [FastTensorStorage, FastMemmapStorage])
+def test_fast_storage_writes_land_in_the_leaves_it_holds_now(storage_cls, tmp_path):
+    kwargs = {"scratch_dir": tmp_path} if storage_cls is FastMemmapStorage else {}
+    rb = fill(storage_cls, **kwargs)
+    rb.extend(batch(4, 100.0))  # wraps: rows 4, 5, 0, 1
+    assert rb.storage.get(torch.tensor([4, 5, 0, 1]))["obs"][:, 0].tolist() == [100.0, 101.0, 102.0, 103.0]
+    if storage_cls is FastTensorStorage:
+        rb.storage._storage.share_memory_()  # same tensors, new memory
+        rb.extend(batch(2, 200.0))
+        assert rb.storage._storage["obs"][2:4, 0].tolist() == [200.0, 201.0]
+        assert rb.storage._storage.is_shared()
+    state = rb.state_dict()
+    other = fill(storage_cls, **({"scratch_dir": tmp_path / "b"} if kwargs else {}))
+    other.load_state_dict(state)
+    other.extend(batch(1, 300.0))
+    row = int(other.storage._last_cursor_index)
+    assert other.storage._storage["obs"][row, 0].item() == 300.0
+    copy = pickle.loads(pickle.dumps(other))
+    copy.extend(batch(1, 400.0))
+    row = int(copy.storage._last_cursor_index)
+    assert copy.storage.get(torch.tensor([row]))["obs"][0, 0].item() == 400.0
+    assert copy.storage._storage["obs"][row, 0].item() == 400.0
+
+
+def test_fast_storage_state_after_numpy_writes_equals_torchrl_storage():
+    ours, theirs = FastTensorStorage(7), LazyTensorStorage(7)
+    rb_ours = TensorDictReplayBuffer(storage=ours)
+    from torchrl.data import TensorDictReplayBuffer as TorchRLBuffer
+
+    rb_theirs = TorchRLBuffer(storage=theirs)
+    for n, start in [(3, 0.0), (5, 10.0), (7, 20.0), (2, 30.0)]:
+        assert torch.equal(rb_ours.extend(batch(n, start)), rb_theirs.extend(batch(n, start)))
+        assert len(ours) == len(theirs) and ours._last_cursor_index == theirs._last_cursor_index
+        assert torch.equal(ours._last_cursor, theirs._last_cursor)
+        assert (ours._storage[: len(ours)] == theirs._storage[: len(theirs)]).all()  # rows written so far

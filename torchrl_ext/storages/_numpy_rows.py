@@ -1,0 +1,129 @@
+"""Numpy views for the storages' write fast paths: a batch's leaves matched against stored columns.
+
+On writes of a few dozen to a few thousand rows, the calls around the copies cost
+more than the bytes: a numpy slice assignment costs a fraction of a torch op per
+call, and a leaf's layout check is a shape and dtype comparison on the array
+numpy already made. Only CPU tensors of dtypes numpy views without a copy take
+these paths; anything else (other devices, bfloat16, autograd history, a batch
+that differs from what is stored) is left to the general write, which raises the
+errors a bad batch deserves.
+"""
+from __future__ import annotations
+
+from itertools import chain
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+from tensordict import TensorDictBase
+
+#: torch dtypes whose CPU tensors numpy views without a copy (bfloat16 has no numpy twin).
+NUMPY_DTYPES = {
+    torch.bool: np.bool_, torch.uint8: np.uint8, torch.int8: np.int8, torch.int16: np.int16,
+    torch.int32: np.int32, torch.int64: np.int64, torch.float16: np.float16,
+    torch.float32: np.float32, torch.float64: np.float64,
+}
+
+#: A stored column: (the stored leaf as a numpy array, the item shape, the numpy dtype).
+Column = tuple[np.ndarray, tuple[int, ...], np.dtype]
+
+
+class Columns(NamedTuple):
+    """Stored columns by key, and whether any key is nested (a tuple)."""
+
+    by_key: dict[Any, Column]
+    nested: bool
+
+
+def numpy_columns(leaves: Any, batch_dims: int) -> Columns | None:
+    """Columns of the stored ``(key, tensor)`` leaves whose first ``batch_dims`` dims index
+    items, or ``None`` if numpy cannot view one of them."""
+    by_key = {}
+    for key, leaf in leaves:
+        if not isinstance(leaf, torch.Tensor) or not leaf.is_cpu or leaf.dtype not in NUMPY_DTYPES:
+            return None
+        array = leaf.numpy()
+        by_key[key] = (array, array.shape[batch_dims:], array.dtype)
+    return Columns(by_key, any(isinstance(key, tuple) for key in by_key))
+
+
+class ColumnCache:
+    """:func:`numpy_columns` of a storage's leaves, kept while the same tensors at the same
+    addresses are stored: a load that replaces leaves, ``share_memory_`` or ``memmap_``
+    (which move them) rebuild it. Pickles empty, as numpy views cannot travel.
+
+    Examples:
+        >>> import torch
+        >>> cache, leaf = ColumnCache(), torch.zeros(4, 2)
+        >>> cache.get([("x", leaf)], batch_dims=1) is cache.get([("x", leaf)], batch_dims=1)
+        True
+        >>> _ = leaf.share_memory_()  # new memory under the same tensor
+        >>> cache.get([("x", leaf)], batch_dims=1).by_key["x"][0].ctypes.data == leaf.data_ptr()
+        True
+    """
+
+    __slots__ = ("_seen", "_columns")
+
+    def __init__(self) -> None:
+        self._seen: tuple = ()
+        self._columns: Columns | None = None
+
+    def __reduce__(self) -> tuple:
+        return ColumnCache, ()
+
+    def get(self, leaves: list[tuple[Any, Any]], batch_dims: int) -> Columns | None:
+        seen = self._seen
+        if len(seen) == len(leaves) and all(
+            key == seen_key and leaf is tensor and leaf.data_ptr() == address
+            for (key, leaf), (seen_key, tensor, address) in zip(leaves, seen)
+        ):
+            return self._columns
+        self._columns = columns = numpy_columns(leaves, batch_dims)
+        self._seen = () if columns is None else tuple((key, leaf, leaf.data_ptr()) for key, leaf in leaves)
+        return columns
+
+
+def matching_arrays(
+    data: TensorDictBase,
+    columns: Columns,
+    rows: int,
+    skip_key: Any = None,
+    extra: dict[Any, torch.Tensor] | None = None,
+) -> list[tuple[np.ndarray, np.ndarray]] | None:
+    """``(stored array, new rows)`` for every column, when ``data``'s leaves (but
+    ``skip_key``) and the ``extra`` entries are exactly the columns, each with ``rows``
+    rows of the stored item shape and dtype; ``None`` otherwise (nothing is converted).
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> columns = numpy_columns([("x", torch.zeros(4, 2)), ("i", torch.zeros(4))], batch_dims=1)
+        >>> data = TensorDict({"x": torch.ones(3, 2)}, [3])
+        >>> pairs = matching_arrays(data, columns, rows=3, extra={"i": torch.arange(3.0)})
+        >>> [new.shape for _, new in pairs]
+        [(3, 2), (3,)]
+        >>> matching_arrays(data.double(), columns, rows=3, extra={"i": torch.arange(3.0)}) is None
+        True
+    """
+    by_key = columns.by_key
+    # A store without nested keys takes only flat batches: listing the top level is enough.
+    nested = columns.nested or isinstance(skip_key, tuple)
+    leaves = data.items(include_nested=True, leaves_only=True) if nested else data.items()
+    pairs = []
+    try:
+        for key, value in chain(leaves, extra.items()) if extra else leaves:
+            if key == skip_key:
+                continue
+            column = by_key.get(key)
+            if column is None or not isinstance(value, torch.Tensor):
+                return None  # a key that is not stored, or a non-tensor leaf
+            # numpy() refuses tensors off the CPU, with autograd history, or with lazy
+            # conjugate/negative bits.
+            array = value.numpy()
+            shape, dtype = array.shape, array.dtype
+            if shape[0] != rows or shape[1:] != column[1] or (dtype is not column[2] and dtype != column[2]):
+                return None
+            pairs.append((column[0], array))
+    except (RuntimeError, TypeError, IndexError):
+        return None
+    return pairs if len(pairs) == len(by_key) else None
