@@ -40,6 +40,8 @@ from typing import Any, Sequence
 
 import torch
 
+from torchrl_ext._huge_pages import empty_huge
+
 __all__ = ["MaxSegmentTree", "MinSegmentTree", "SegmentTree", "SumSegmentTree"]
 
 IndexLike = int | Sequence[int] | torch.Tensor
@@ -106,11 +108,11 @@ class SegmentTree:
         for _ in sizes[:-1]:
             lengths.insert(0, lengths[0] * fanout)
         top_dtype = self._top_dtype if len(sizes) > 1 and self._top_dtype else dtype
+        # Searches walk the levels at random places: huge pages spare the TLB walks.
         self._levels = [
-            torch.full(
-                (n,), self._neutral, dtype=top_dtype if k == len(sizes) - 1 else dtype,
-                device=self._device,
-            )
+            empty_huge(
+                (n,), dtype=top_dtype if k == len(sizes) - 1 else dtype, device=self._device,
+            ).fill_(self._neutral)
             for k, n in enumerate(lengths)
         ]
         self._scratch_buffers: dict[tuple[str, torch.dtype], torch.Tensor] = {}

@@ -14,7 +14,7 @@ from torchrl.data import (
 )
 
 from torchrl_ext.storages import FastMemmapStorage, FastTensorStorage
-from torchrl_ext.storages.fast import select_rows
+from torchrl_ext.storages._gathers import select_rows
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -214,7 +214,7 @@ def test_a_first_batch_larger_than_the_capacity_is_rejected():
 @settings(max_examples=25, deadline=None)
 def test_gathers_equal_tensordicts_own_indexing(n_rows, seed):
     """gather_rows / gather_coordinates (unchecked constructor) == TensorDict indexing + set."""
-    from torchrl_ext.storages.fast import gather_coordinates, gather_rows
+    from torchrl_ext.storages._gathers import gather_coordinates, gather_rows
 
     g = torch.Generator().manual_seed(seed)
     stored = TensorDict({"obs": torch.randn(7, 3, 2, generator=g), ("next", "obs"): torch.randn(7, 3, 2, generator=g),
@@ -232,7 +232,7 @@ def test_gathers_equal_tensordicts_own_indexing(n_rows, seed):
 
 
 def test_sampler_info_of_the_wrong_shape_is_named():
-    from torchrl_ext.storages.fast import gather_rows
+    from torchrl_ext.storages._gathers import gather_rows
 
     stored = TensorDict({"obs": torch.arange(5.0)}, [5])
     with pytest.raises(ValueError, match=r"sampler info 'weight' has shape \[3\].*batch size \[2\]"):

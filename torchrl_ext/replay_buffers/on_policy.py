@@ -17,7 +17,7 @@ thresholds and a hook recomputing log-probs and values with the current actor.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Any, Callable, Iterator
 
 import torch

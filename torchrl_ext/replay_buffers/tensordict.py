@@ -31,7 +31,7 @@ from torchrl.data.replay_buffers.storages import Storage, TensorStorage
 from torchrl_ext.io.atomic_dir import atomic_save_dir, committed_dir
 from torchrl_ext.io.state_files import load_state, save_state
 from torchrl_ext.replay_buffers._lean_extend import LeanExtend
-from torchrl_ext.storages.fast import gather_coordinates, gather_rows
+from torchrl_ext.storages._gathers import gather_coordinates, gather_rows
 from torchrl_ext.samplers.minibatch import _EpochMinibatchSampler
 from torchrl_ext.storages.rollout import RolloutStorage
 from torchrl_ext.writers.rollout import RolloutWriter

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from torchrl_ext.storages.fast import assemble, select_rows
+from torchrl_ext.storages._gathers import assemble, select_rows
 
 
 class RingReads:

@@ -31,7 +31,7 @@ from tensordict import TensorDictBase
 
 from torchrl_ext._keys import nested_key
 from torchrl_ext.storages.episodes import EpisodicEnvRingStorage
-from torchrl_ext.storages.fast import select_rows
+from torchrl_ext.storages._gathers import select_rows
 
 __all__ = ["DedupEnvRingStorage"]
 

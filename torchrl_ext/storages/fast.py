@@ -29,164 +29,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase, is_tensor_collection
+from tensordict import TensorDictBase, is_tensor_collection
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage
 from torchrl.data.replay_buffers.writers import RoundRobinWriter
 
-from torchrl_ext.storages._numpy_rows import NUMPY_DTYPES, ColumnCache, matching_arrays
+from torchrl_ext._huge_pages import advise_huge_pages
+from torchrl_ext.storages._gathers import gather_rows
+from torchrl_ext.storages._numpy_rows import ColumnCache, matching_arrays
 
 __all__ = ["FastMemmapStorage", "FastTensorStorage", "gather_rows"]
-
-# TensorDict's constructor re-checks every entry's batch dims and device (about 40 us for a
-# dozen leaves); the gathers below build entries that satisfy both by construction, so they
-# use the unchecked constructor TensorDict's own ops use, when this tensordict has it.
-_NEW_UNSAFE = getattr(TensorDict, "_new_unsafe", None)
-
-
-def assemble(entries: dict[Any, torch.Tensor], batch_size: torch.Size, device: Any,
-             extra: dict[Any, torch.Tensor] | None = None) -> TensorDict:
-    """``TensorDict({**entries, **extra}, batch_size, device)`` without re-checking ``entries``.
-
-    ``entries`` must already lead with ``batch_size`` and live on ``device`` (gathered from a
-    storage's own leaves); ``extra`` (sampler info) is checked, moved to ``device`` and added.
-
-    Examples:
-        >>> import torch
-        >>> td = assemble({"a": torch.zeros(2, 3), ("b", "c"): torch.ones(2)}, torch.Size([2]), None,
-        ...               extra={"index": torch.tensor([4, 1])})
-        >>> td.batch_size, td["b", "c"].tolist(), td["index"].tolist()
-        (torch.Size([2]), [1.0, 1.0], [4, 1])
-    """
-    batch_size = torch.Size(batch_size)
-    if device is not None and not isinstance(device, torch.device):
-        device = torch.device(device)
-    for key, value in (extra or {}).items():
-        if value.shape[: len(batch_size)] != batch_size:
-            raise ValueError(
-                f"sampler info {key!r} has shape {list(value.shape)}, which does not lead with the "
-                f"sample's batch size {list(batch_size)}; return per-item info from the sampler."
-            )
-        entries[key] = value if device is None or value.device == device else value.to(device)
-    if _NEW_UNSAFE is None:
-        return TensorDict(entries, batch_size=batch_size, device=device)
-    root: dict[str, Any] = {}
-    for key, value in entries.items():
-        if isinstance(key, tuple):
-            node = root
-            for part in key[:-1]:
-                node = node.setdefault(part, {})
-            node[key[-1]] = value
-        else:
-            root[key] = value
-    return _NEW_UNSAFE(source=root, batch_size=batch_size, device=device)
-
-
-def gather_rows(
-    stored: TensorDictBase,
-    index: torch.Tensor,
-    extra: dict[Any, torch.Tensor] | None = None,
-    leaves: list[tuple[Any, torch.Tensor]] | None = None,
-) -> TensorDict:
-    """``stored[index]`` for a 1-D index, one ``index_select`` per leaf, plus ``extra`` entries.
-
-    Args:
-        stored: a TensorDict whose leaves are all tensors, batch dim first.
-        index: 1-D integer tensor of rows, all within ``stored``.
-        extra: entries of shape ``[len(index), ...]`` added to the result.
-        leaves: ``stored``'s ``(key, tensor)`` leaves, if the caller keeps them
-            (listing them costs microseconds per call).
-
-    Returns:
-        A TensorDict of batch size ``[len(index)]`` on ``stored``'s device.
-
-    Examples:
-        >>> import torch
-        >>> from tensordict import TensorDict
-        >>> from torchrl_ext.storages.fast import gather_rows
-        >>> td = TensorDict({"a": torch.arange(5.0), ("b", "c"): torch.arange(5) * 10}, [5])
-        >>> out = gather_rows(td, torch.tensor([4, 0]))
-        >>> out["a"].tolist(), out["b", "c"].tolist()
-        ([4.0, 0.0], [40, 0])
-    """
-    device = stored.device
-    if device is not None and index.device != device:
-        index = index.to(device)
-    if leaves is None:
-        leaves = stored.items(include_nested=True, leaves_only=True)
-    entries = {key: select_rows(tensor, index) for key, tensor in leaves}
-    return assemble(entries, index.shape, device, extra)
-
-
-# glibc serves allocations above 32 MiB (its largest mmap threshold) with fresh mmaps,
-# whose every 4 KiB page faults on first write: a 115 MB gather of frames spent three
-# quarters of its time in page faults. numpy asks for transparent huge pages on such
-# arrays (madvise), 512x fewer faults where the kernel grants them (as here); smaller
-# outputs come from the reused heap and stay with torch's allocator.
-_HUGE_OUTPUT_BYTES = 32 << 20
-
-
-def select_rows(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``tensor.index_select(0, index)``; outputs of 32 MiB or more on the CPU are
-    allocated by numpy (huge pages), so they are not resizable in place.
-
-    Examples:
-        >>> import torch
-        >>> select_rows(torch.arange(6).reshape(3, 2), torch.tensor([2, 0])).tolist()
-        [[4, 5], [0, 1]]
-    """
-    dtype = NUMPY_DTYPES.get(tensor.dtype)
-    if dtype is None or not tensor.is_cpu or (
-        index.numel() * tensor.element_size() * (tensor.numel() // max(tensor.shape[0], 1))
-        < _HUGE_OUTPUT_BYTES
-    ):
-        return tensor.index_select(0, index)
-    out = torch.from_numpy(np.empty((index.numel(), *tensor.shape[1:]), dtype=dtype))
-    return torch.index_select(tensor, 0, index, out=out)
-
-
-def gather_coordinates(
-    stored: TensorDictBase,
-    index: tuple[torch.Tensor, ...],
-    extra: dict[Any, torch.Tensor] | None = None,
-    leaves: Any = None,
-) -> TensorDict:
-    """``stored[index]`` for one integer tensor per leading dim: one ``index_select``
-    of flat rows per leaf (TensorDict's advanced indexing costs several times more).
-
-    Args:
-        stored: a TensorDict whose leaves are all tensors, ``len(index)`` leading dims
-            laid out contiguously (so each leaf flattens to rows without a copy).
-        index: coordinates, broadcastable to the result's batch shape.
-        extra: entries of the result's batch shape added to it.
-        leaves: ``stored``'s ``(key, tensor)`` leaves, if the caller keeps them.
-
-    Examples:
-        >>> import torch
-        >>> from tensordict import TensorDict
-        >>> from torchrl_ext.storages.fast import gather_coordinates
-        >>> td = TensorDict({"a": torch.arange(6.0).reshape(2, 3)}, [2, 3])
-        >>> gather_coordinates(td, (torch.tensor([1, 0]), torch.tensor([2, 1])))["a"].tolist()
-        [5.0, 1.0]
-    """
-    coords = torch.broadcast_tensors(*index) if len(index) > 1 else index
-    ndim, shape = len(coords), coords[0].shape
-    flat = coords[0]
-    for coord, size in zip(coords[1:], stored.batch_size[1:]):
-        flat = flat * size + coord
-    device = stored.device
-    flat = flat.reshape(-1) if device is None else flat.reshape(-1).to(device)
-    if leaves is None:
-        leaves = stored.items(include_nested=True, leaves_only=True)
-    if len(shape) == 1:  # the usual sampler output: the gathered rows already have the batch shape
-        entries = {key: select_rows(leaf.flatten(0, ndim - 1), flat) for key, leaf in leaves}
-    else:
-        entries = {
-            key: select_rows(leaf.flatten(0, ndim - 1), flat).reshape(*shape, *leaf.shape[ndim:])
-            for key, leaf in leaves
-        }
-    return assemble(entries, shape, device, extra)
 
 
 class _SliceWritesIndexSelectReads:
@@ -433,6 +285,18 @@ class FastTensorStorage(_SliceWritesIndexSelectReads, LazyTensorStorage):
         >>> rb.storage.get(torch.tensor([0, 1, 2, 3]))["obs"].tolist()
         [4.0, 5.0, 2.0, 3.0]
     """
+
+    def _init(self, data: Any) -> None:
+        super()._init(data)
+        # TorchRL allocates the leaves with empty_like: not written yet, the moment to
+        # ask for huge pages (see torchrl_ext._huge_pages).
+        stored = self._storage
+        if isinstance(stored, torch.Tensor):
+            advise_huge_pages(stored)
+        elif is_tensor_collection(stored):
+            for leaf in stored.values(include_nested=True, leaves_only=True):
+                if isinstance(leaf, torch.Tensor):
+                    advise_huge_pages(leaf)
 
 
 class FastMemmapStorage(_SliceWritesIndexSelectReads, LazyMemmapStorage):

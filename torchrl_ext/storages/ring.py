@@ -32,6 +32,7 @@ from torchrl_ext.io.state_files import (
     tensordict_from_state,
     tensordict_state,
 )
+from torchrl_ext._huge_pages import empty_huge
 from torchrl_ext.storages._ring_reads import RingReads
 from torchrl_ext.storages._ring_sharing import RingSharing
 from torchrl_ext.storages._ring_steps import RingStepWrites
@@ -277,9 +278,9 @@ class EnvRingStorage(RingReads, RingStepWrites, RingSharing, Storage):
         shape = (self._num_envs, self._max_length)
         self._storage = TensorDict(
             {
-                key: torch.zeros(
+                key: empty_huge(
                     shape + tuple(leaf.shape[batch_dims:]), dtype=leaf.dtype, device=self._device
-                )
+                ).zero_()
                 for key, leaf in _leaves(data)
             },
             batch_size=shape,

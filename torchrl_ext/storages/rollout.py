@@ -34,7 +34,7 @@ from torchrl_ext.io.state_files import (
     tensordict_from_state,
     tensordict_state,
 )
-from torchrl_ext.storages.fast import gather_coordinates
+from torchrl_ext.storages._gathers import gather_coordinates
 
 __all__ = ["RolloutStorage"]
 
