@@ -47,9 +47,12 @@ def advise_huge_pages(tensor: torch.Tensor) -> bool:
     if last - first < _HUGE:
         return False
     if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-        _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    return _libc.madvise(first, last - first, _MADV_HUGEPAGE) == 0
+        try:
+            _libc = ctypes.CDLL(None, use_errno=True)
+            _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        except (OSError, AttributeError):  # no C library with madvise: no advice
+            _libc = False
+    return bool(_libc) and _libc.madvise(first, last - first, _MADV_HUGEPAGE) == 0
 
 
 def empty_huge(shape: tuple[int, ...], *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -113,11 +113,11 @@ def select_rows(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         >>> select_rows(torch.arange(6).reshape(3, 2), torch.tensor([2, 0])).tolist()
         [[4, 5], [0, 1]]
     """
+    # The row stride sizes the output (exactly for contiguous rows): one cheap test first.
+    if index.numel() * tensor.stride(0) * tensor.element_size() < _HUGE_OUTPUT_BYTES:
+        return tensor.index_select(0, index)
     dtype = NUMPY_DTYPES.get(tensor.dtype)
-    if dtype is None or not tensor.is_cpu or (
-        index.numel() * tensor.element_size() * (tensor.numel() // max(tensor.shape[0], 1))
-        < _HUGE_OUTPUT_BYTES
-    ):
+    if dtype is None or not tensor.is_cpu:
         return tensor.index_select(0, index)
     out = torch.from_numpy(np.empty((index.numel(), *tensor.shape[1:]), dtype=dtype))
     return torch.index_select(tensor, 0, index, out=out)
