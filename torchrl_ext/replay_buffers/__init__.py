@@ -3,7 +3,8 @@ and the on-policy rollout buffers."""
 from torchrl_ext.replay_buffers.env_ring import EnvRingReplayBuffer
 from torchrl_ext.replay_buffers.on_policy import OnPolicyKeys, OnPolicyReplayBuffer, VTraceReplayBuffer
 from torchrl_ext.replay_buffers.segments import PathGAEReplayBuffer
-from torchrl_ext.replay_buffers.tensordict import PrioritizedReplayBuffer, TensorDictReplayBuffer
+from torchrl_ext.replay_buffers.prioritized import PrioritizedReplayBuffer
+from torchrl_ext.replay_buffers.tensordict import TensorDictReplayBuffer
 
 __all__ = [
     "EnvRingReplayBuffer",

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -35,12 +35,8 @@ from torchrl_ext.storages._gathers import gather_coordinates, gather_rows
 from torchrl_ext.samplers.minibatch import _EpochMinibatchSampler
 from torchrl_ext.storages.rollout import RolloutStorage
 from torchrl_ext.writers.rollout import RolloutWriter
-from torchrl_ext.samplers.prioritized import (
-    PrioritizedSampler,
-    PrioritizedSamplerWithoutReplacement,
-)
 
-__all__ = ["PrioritizedReplayBuffer", "TensorDictReplayBuffer"]
+__all__ = ["TensorDictReplayBuffer"]
 
 # Files of the state TorchRL's dumps leaves out (see TensorDictReplayBuffer._extra_state).
 _EXTRA_TENSORS, _EXTRA_METADATA = "torchrl_ext_state.safetensors", "torchrl_ext_state.json"
@@ -345,108 +341,3 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
         state = super().__getstate__()
         state["_gather_cache"] = None
         return state
-
-
-class PrioritizedReplayBuffer(TensorDictReplayBuffer):
-    """Prioritized TensorDict replay buffer on pure-torch trees.
-
-    A drop-in for ``torchrl.data.TensorDictPrioritizedReplayBuffer`` that
-    needs no ``torchrl._torchrl`` extension. Samples carry ``index`` and
-    ``priority_weight``; write priorities back with
-    :meth:`update_tensordict_priority` (reads ``priority_key``) or
-    :meth:`update_priority`.
-
-    Keyword Args:
-        alpha: priority exponent (>= 0).
-        beta: importance-sampling exponent in ``[0, 1]``.
-        storage: the storage, e.g. ``LazyTensorStorage(1_000_000)``; its
-            ``max_size`` sizes the priority trees.
-        eps: added to priorities before the exponent. Defaults to 1e-8.
-        priority_key: key read by :meth:`update_tensordict_priority` (and on
-            ``extend`` when present). Defaults to ``"td_error"``.
-        reduction: how multi-element priorities per item are reduced
-            (``"max"``, ``"min"``, ``"mean"``, ``"median"``, ``"sum"``).
-        weights: ``"per"`` (standard, default) or ``"alf"`` importance weights;
-            see :class:`~torchrl_ext.samplers.PrioritizedSampler`.
-        initial_priority: lower bound of the priority of new data. Defaults to 1.
-        max_priority_within_buffer: new data gets the max priority still stored
-            rather than the max ever seen.
-        replacement: ``False`` draws one index per equal-mass stratum.
-        sampler_device: device of the priority trees (default: follows a CUDA
-            storage, else CPU).
-        **kwargs: any other ``TensorDictReplayBuffer`` argument (``batch_size``,
-            ``transform``, ``generator``, ``checkpointer``, ...).
-
-    Examples:
-        >>> import torch
-        >>> from tensordict import TensorDict
-        >>> from torchrl.data import LazyTensorStorage
-        >>> from torchrl_ext.replay_buffers import PrioritizedReplayBuffer
-        >>> rb = PrioritizedReplayBuffer(
-        ...     alpha=0.6, beta=0.4, storage=LazyTensorStorage(1000), batch_size=32
-        ... )
-        >>> _ = rb.extend(TensorDict({"obs": torch.randn(100, 4)}, [100]))
-        >>> batch = rb.sample()
-        >>> sorted(batch.keys())
-        ['index', 'obs', 'priority_weight']
-        >>> batch["td_error"] = torch.rand(32)
-        >>> rb.update_tensordict_priority(batch)
-    """
-
-    def __init__(
-        self,
-        *,
-        alpha: float,
-        beta: float,
-        storage: Storage | Callable[[], Storage],
-        eps: float = 1e-8,
-        priority_key: str | tuple[str, ...] = "td_error",
-        reduction: str = "max",
-        weights: str = "per",
-        initial_priority: float = 1.0,
-        max_priority_within_buffer: bool = False,
-        replacement: bool = True,
-        sampler_device: torch.device | str | None = None,
-        **kwargs: Any,
-    ) -> None:
-        if kwargs.pop("sampler", None) is not None:  # None: a config's unset field
-            raise TypeError(
-                "PrioritizedReplayBuffer builds its own sampler; pass alpha/beta/... "
-                "instead of sampler=, or use TensorDictReplayBuffer(sampler=...)."
-            )
-        if callable(storage) and not isinstance(storage, Storage):
-            storage = storage()
-        if not isinstance(storage, Storage):
-            raise TypeError(
-                f"storage must be a torchrl Storage (e.g. LazyTensorStorage(capacity)), "
-                f"got {type(storage).__name__}."
-            )
-        sampler_cls = PrioritizedSampler if replacement else PrioritizedSamplerWithoutReplacement
-        sampler = sampler_cls(
-            storage.max_size,
-            alpha,
-            beta,
-            eps,
-            reduction=reduction,
-            max_priority_within_buffer=max_priority_within_buffer,
-            device=sampler_device,
-            initial_priority=initial_priority,
-            weights=weights,
-        )
-        super().__init__(storage=storage, sampler=sampler, priority_key=priority_key, **kwargs)
-
-    # ------------------------------------------------------------------
-    def update_tensordict_priority(self, data: TensorDictBase) -> None:
-        """Writes ``data[priority_key]`` back as the priority of ``data["index"]``.
-
-        A missing priority gives the items the sampler's default priority. A
-        priority with extra dims (per agent, per step) is reduced with the
-        sampler's ``reduction``.
-        """
-        if not (self._lean_path() and data.ndim == 1 and getattr(self._storage, "ndim", 1) == 1):
-            return super().update_tensordict_priority(data)
-        priority = data.get(self.priority_key, None)
-        if priority is None:
-            priority = self._sampler.default_priority
-        with self._replay_lock, self._write_lock:
-            self._sampler.update_priority(data.get("index"), priority, storage=self._storage)

@@ -28,7 +28,10 @@ class RingStepWrites:
         cannot view (not on the CPU, bfloat16), or a subclass whose ``_write`` does
         more than copy rows (an episode index). Built lazily and dropped by
         ``_index_leaves`` and pickling: the views must be of the leaves the storage
-        holds now (``share_memory_`` and loads put them in new memory).
+        holds now (``share_memory_`` and loads put them in new memory). The rings
+        replace their leaves only through ``_index_leaves``, so this cache needs no
+        per-call check; TorchRL's storages, whose leaves TorchRL may swap, use
+        :class:`~torchrl_ext.storages._numpy_rows.ColumnCache` instead.
         """
         columns = self.__dict__.get("_step_columns_cache")
         if columns is None and self._storage is not None:
