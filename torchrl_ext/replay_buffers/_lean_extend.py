@@ -7,13 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 from tensordict import TensorDictBase
 from torchrl.data.replay_buffers.writers import TensorDictRoundRobinWriter
 from torchrl.envs.transforms import Compose
 
-from torchrl_ext.storages.fast import FastMemmapStorage, FastTensorStorage
+from torchrl_ext.storages.fast import FastMemmapStorage, FastTensorStorage, ring_index
 
 __all__ = ["LeanExtend"]
 
@@ -66,7 +65,7 @@ class LeanExtend:
         n, capacity = data.shape[0], storage.max_size
         with self._replay_lock, self._write_lock:
             start = writer._cursor
-            index = _ring_index(start, n, capacity, data.device)
+            index = ring_index(start, n, capacity, data.device)
             writer._cursor = (start + n) % capacity
             writer._write_count += n
             # TorchRL writes "index" into a shallow copy of the batch; the storage takes it
@@ -86,12 +85,3 @@ class LeanExtend:
                 ) from err
         return index
 
-
-def _ring_index(start: int, n: int, capacity: int, device: Any) -> torch.Tensor:
-    """``(start + arange(n)) % capacity``; on the CPU through numpy (a third of torch's calls)."""
-    if device is not None and torch.device(device).type != "cpu":
-        return torch.arange(start, start + n, device=device).remainder_(capacity)
-    index = np.arange(start, start + n)
-    if start + n > capacity:
-        index %= capacity
-    return torch.from_numpy(index)

@@ -107,8 +107,5 @@ class RingSharing:
             self._pos_np, self._size_np = self._current_pos.numpy(), self._current_size.numpy()
         else:
             self._counter_views()
-        if self._storage is None:
-            self._flat = []
-        else:
-            self._index_leaves()
+        self._index_leaves()
 

@@ -300,7 +300,12 @@ class EnvRingStorage(RingReads, RingStepWrites, RingSharing, Storage):
         return self._layout_cache is not None and unravel_key(key) in self._layout_cache
 
     def _index_leaves(self) -> None:
+        """Derives the flat views, the layout and (lazily) the column views from the stored
+        leaves: the one place they are rebuilt when the leaves change (none before a write)."""
         self.__dict__.pop("_step_columns_cache", None)
+        if self._storage is None:
+            self._flat, self._layout_cache = [], None
+            return
         self._flat = [
             (key, leaf.view(-1, *leaf.shape[2:])) for key, leaf in _leaves(self._storage)
         ]
@@ -332,11 +337,7 @@ class EnvRingStorage(RingReads, RingStepWrites, RingSharing, Storage):
                     f"{name}={getattr(self, name)}; build it with the same geometry."
                 )
         self._storage = tensordict_from_state(state_dict["data"], self._device)
-        if self._storage is not None:
-            self._index_leaves()
-        else:
-            self._flat, self._layout_cache = [], None
-            self.__dict__.pop("_step_columns_cache", None)
+        self._index_leaves()
         pos, size, resets = state_dict["counters"]
         self._current_pos.copy_(pos)
         self._current_size.copy_(size)
