@@ -40,7 +40,10 @@ def numpy_columns(leaves: Any, batch_dims: int) -> Columns | None:
     items, or ``None`` if numpy cannot view one of them."""
     by_key = {}
     for key, leaf in leaves:
-        if not isinstance(leaf, torch.Tensor) or not leaf.is_cpu or leaf.dtype not in NUMPY_DTYPES:
+        if (
+            not isinstance(leaf, torch.Tensor) or not leaf.is_cpu or leaf.dtype not in NUMPY_DTYPES
+            or leaf.requires_grad  # a read must keep the graph: torch's gathers do
+        ):
             return None
         array = leaf.numpy()
         by_key[key] = (array, array.shape[batch_dims:], array.dtype)

@@ -12,6 +12,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from torchrl_ext.storages._gathers import assemble, select_rows
+from torchrl_ext.storages._numpy_rows import numpy_columns
 
 
 class RingReads:
@@ -66,13 +67,40 @@ class RingReads:
         flat_batch = len(shape) == 1  # rows already have the batch shape: no reshapes
         if not flat_batch:
             root, after = root.reshape(-1), after.reshape(-1)
+        columns = self._read_columns() if root.is_cpu else None
         entries = {}
+        if columns is not None:
+            root_np, after_np = root.numpy(), after.numpy()
+            for key, array, is_next in columns:
+                if key not in extra:
+                    value = torch.from_numpy(array.take(after_np if is_next else root_np, axis=0))
+                    entries[key] = value if flat_batch else value.reshape(*shape, *array.shape[1:])
+            return assemble(entries, shape, self._device, extra)
         for key, leaf in self._flat:
             if key in extra:
                 continue
             value = select_rows(leaf, after if isinstance(key, tuple) and key[0] == "next" else root)
             entries[key] = value if flat_batch else value.reshape(*shape, *leaf.shape[1:])
         return assemble(entries, shape, self._device, extra)
+
+    def _read_columns(self) -> list[tuple[Any, np.ndarray, bool]] | None:
+        """``(key, numpy view of the flat [E * L, ...] leaf, whether it is a "next" entry)``
+        per leaf, or ``None`` where numpy cannot view one (not on the CPU, bfloat16).
+
+        A sample gathers a few hundred rows per leaf: numpy's ``take`` costs about half
+        a torch ``index_select`` there, and it allocates outputs of any size from fresh
+        (huge-page advised) memory. Built lazily and dropped by ``_index_leaves`` and
+        pickling, like the step columns (:meth:`_step_columns`).
+        """
+        columns = self.__dict__.get("_read_columns_cache", False)
+        if columns is False:
+            found = numpy_columns(self._flat, batch_dims=1) if self._storage is not None else None
+            columns = None if found is None else [
+                (key, array, isinstance(key, tuple) and key[0] == "next")
+                for key, (array, _, _) in found.by_key.items()
+            ]
+            self._read_columns_cache = columns
+        return columns
 
     def _check_readable(self, env: torch.Tensor, position: torch.Tensor) -> None:
         """Hook for :meth:`get`: subclasses refuse steps they cannot rebuild whole."""
@@ -83,7 +111,14 @@ class RingReads:
         """:meth:`get` for coordinates known to be valid, plus ``extra`` entries of the same batch shape."""
         flat = self._flat_index(env, position)
         shape = flat.shape
-        if len(shape) == 1:  # rows already have the batch shape
+        columns = self._read_columns() if flat.is_cpu else None
+        if columns is not None:
+            rows = flat.reshape(-1).numpy()
+            entries = {
+                key: torch.from_numpy(array.take(rows, axis=0)).reshape(*shape, *array.shape[1:])
+                for key, array, _ in columns
+            }
+        elif len(shape) == 1:  # rows already have the batch shape
             entries = {key: select_rows(leaf, flat) for key, leaf in self._flat}
         else:
             flat = flat.reshape(-1)
@@ -161,11 +196,12 @@ class RingReads:
         total, ends, base = self._draw_tables()
         if total == 0:
             raise RuntimeError("Cannot sample from an empty storage.")
-        flat = torch.randint(total, (batch_size,), generator=self._rng)
-        env = torch.searchsorted(ends, flat, right=True)
-        return env, flat.add_(base.index_select(0, env))
+        flat = torch.randint(total, (batch_size,), generator=self._rng).numpy()
+        env = np.searchsorted(ends, flat, side="right")
+        flat += base[env]
+        return torch.from_numpy(env), torch.from_numpy(flat)
 
-    def _draw_tables(self) -> tuple[int, torch.Tensor, torch.Tensor]:
+    def _draw_tables(self) -> tuple[int, np.ndarray, np.ndarray]:
         """Readable steps in all, their running count per env, and what turns a flat draw into
         a position, for the counters as they are (kept until they move: a draw is then four ops)."""
         key = self._pos_np.tobytes() + self._size_np.tobytes()
@@ -174,5 +210,5 @@ class RingReads:
             readable = np.maximum(self._size_np - self.required_lookback, 0)
             ends = readable.cumsum()
             base = self._pos_np - self._size_np + self.required_lookback - ends + readable
-            cached = self._draw_cache = (key, int(ends[-1]), torch.from_numpy(ends), torch.from_numpy(base))
+            cached = self._draw_cache = (key, int(ends[-1]), ends, base)
         return cached[1:]

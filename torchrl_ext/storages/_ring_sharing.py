@@ -88,6 +88,7 @@ class RingSharing:
         state = super().__getstate__()
         state.pop("_draw_cache", None)  # derived from the counters: rebuilt at the next draw
         state.pop("_step_columns_cache", None)  # numpy views: rebuilt on the unpickled leaves
+        state.pop("_read_columns_cache", None)
         # Flat views of the leaves: pickled apart, they would arrive as copies, and
         # writes would miss what state_dict and checkpoints read. Rebuilt on arrival.
         state.pop("_flat", None)

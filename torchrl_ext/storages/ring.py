@@ -303,6 +303,7 @@ class EnvRingStorage(RingReads, RingStepWrites, RingSharing, Storage):
         """Derives the flat views, the layout and (lazily) the column views from the stored
         leaves: the one place they are rebuilt when the leaves change (none before a write)."""
         self.__dict__.pop("_step_columns_cache", None)
+        self.__dict__.pop("_read_columns_cache", None)
         if self._storage is None:
             self._flat, self._layout_cache = [], None
             return
