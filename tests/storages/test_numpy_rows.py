@@ -113,3 +113,47 @@ def test_fast_storage_state_after_numpy_writes_equals_torchrl_storage():
         assert len(ours) == len(theirs) and ours._last_cursor_index == theirs._last_cursor_index
         assert torch.equal(ours._last_cursor, theirs._last_cursor)
         assert (ours._storage[: len(ours)] == theirs._storage[: len(theirs)]).all()  # rows written so far
+
+
+def sample_matches_storage(rb: TensorDictReplayBuffer, n: int = 16) -> TensorDict:
+    """A sample whose every leaf equals the storage's rows at its index (read with TensorDict indexing)."""
+    sample = rb.sample(n)
+    want = rb.storage._storage[sample["index"]]
+    for key in want.keys(include_nested=True, leaves_only=True):
+        assert torch.equal(sample.get(key), want.get(key)), key
+        assert sample.get(key).dtype == want.get(key).dtype
+    return sample
+
+
+@pytest.mark.parametrize("storage_cls", [FastTensorStorage, LazyTensorStorage])
+def test_numpy_gathers_read_the_leaves_the_storage_holds_now(storage_cls):
+    rb = TensorDictReplayBuffer(storage=storage_cls(6))
+    rb.extend(batch(6))
+    sample_matches_storage(rb)
+    rb.storage._storage.share_memory_()  # same tensors, new memory: the views must follow
+    rb.extend(batch(6, 50.0))
+    assert sorted(sample_matches_storage(rb, 32)["obs"][:, 0].unique().tolist()) == [
+        50.0 + i for i in range(6)]
+    other = TensorDictReplayBuffer(storage=storage_cls(6))
+    other.extend(batch(6))
+    sample_matches_storage(other)
+    other.load_state_dict(rb.state_dict())
+    assert sorted(sample_matches_storage(other, 32)["obs"][:, 0].unique().tolist()) == [
+        50.0 + i for i in range(6)]
+    copy = pickle.loads(pickle.dumps(other))
+    copy.extend(batch(6, 90.0))
+    assert sorted(sample_matches_storage(copy, 32)["obs"][:, 0].unique().tolist()) == [
+        90.0 + i for i in range(6)]
+
+
+@pytest.mark.parametrize("case", ["bfloat16", "requires_grad"])
+def test_leaves_numpy_cannot_view_are_gathered_by_torch(case):
+    rb = TensorDictReplayBuffer(storage=FastTensorStorage(6))
+    data = batch(6)
+    if case == "bfloat16":
+        data.set("low", torch.arange(6.0, dtype=torch.bfloat16))
+    rb.extend(data)
+    if case == "requires_grad":  # the stored leaf joins the graph
+        rb.storage._storage.set_("obs", rb.storage._storage["obs"] * torch.ones(1, requires_grad=True))
+    sample = sample_matches_storage(rb)
+    assert sample["obs"].requires_grad == (case == "requires_grad")

@@ -31,7 +31,8 @@ from torchrl.data.replay_buffers.storages import Storage, TensorStorage
 from torchrl_ext.io.atomic_dir import atomic_save_dir, committed_dir
 from torchrl_ext.io.state_files import load_state, save_state
 from torchrl_ext.replay_buffers._lean_extend import LeanExtend
-from torchrl_ext.storages._gathers import gather_coordinates, gather_rows
+from torchrl_ext.storages._gathers import assemble, gather_coordinates, gather_rows, take_rows
+from torchrl_ext.storages._numpy_rows import ColumnCache
 from torchrl_ext.samplers.minibatch import _EpochMinibatchSampler
 from torchrl_ext.storages.rollout import RolloutStorage
 from torchrl_ext.writers.rollout import RolloutWriter
@@ -116,6 +117,9 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
             kwargs["batch_size"] = 1
         super().__init__(**kwargs)
         self._gather_cache: tuple[Any, list[tuple[Any, torch.Tensor]]] | None = None
+        # Numpy views of the stored leaves for CPU gathers, rebuilt when TorchRL swaps or
+        # moves a leaf (loads, share_memory_, memmap_); pickles empty.
+        self._gather_columns = ColumnCache()
 
     def _transpose(self, data: Any) -> Any:
         if isinstance(self._storage, RolloutStorage) and isinstance(data, TensorDictBase) and data.batch_dims == 1:
@@ -223,7 +227,11 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
         """``storage[rows]`` (one ``index_select`` per stored tensor) plus ``info``."""
         stored = self._storage._storage
         extra = _info_entries(info, rows.numel())
-        return gather_rows(stored, rows, extra=extra, leaves=self._leaves_of(stored))
+        leaves = self._leaves_of(stored)
+        columns = self._gather_columns.get(leaves, batch_dims=1) if rows.is_cpu else None
+        if columns is not None:
+            return assemble(take_rows(columns, rows), rows.shape, stored.device, extra)
+        return gather_rows(stored, rows, extra=extra, leaves=leaves)
 
     def _gather_coordinates(self, index: tuple[torch.Tensor, ...], info: dict[str, Any]) -> TensorDictBase:
         """``storage[index]`` for coordinates into an ``ndim >= 2`` storage: one

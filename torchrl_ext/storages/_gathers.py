@@ -12,9 +12,9 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from torchrl_ext.storages._numpy_rows import NUMPY_DTYPES
+from torchrl_ext.storages._numpy_rows import NUMPY_DTYPES, Columns
 
-__all__ = ["assemble", "gather_coordinates", "gather_rows", "select_rows"]
+__all__ = ["assemble", "gather_coordinates", "gather_rows", "select_rows", "take_rows"]
 
 # TensorDict's constructor re-checks every entry's batch dims and device (about 40 us for a
 # dozen leaves); the gathers below build entries that satisfy both by construction, so they
@@ -121,6 +121,24 @@ def select_rows(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         return tensor.index_select(0, index)
     out = torch.from_numpy(np.empty((index.numel(), *tensor.shape[1:]), dtype=dtype))
     return torch.index_select(tensor, 0, index, out=out)
+
+
+def take_rows(columns: Columns, rows: torch.Tensor) -> dict[Any, torch.Tensor]:
+    """``{key: stored[rows]}`` for every column, through numpy's ``take`` (CPU ``rows``).
+
+    On a sample's few hundred rows numpy's ``take`` costs about half a torch
+    ``index_select``; its outputs come from numpy's allocator (huge-page advised
+    when large), like :func:`select_rows`' large outputs.
+
+    Examples:
+        >>> import torch
+        >>> from torchrl_ext.storages._numpy_rows import numpy_columns
+        >>> columns = numpy_columns([("a", torch.arange(6).reshape(3, 2))], batch_dims=1)
+        >>> take_rows(columns, torch.tensor([2, 0]))["a"].tolist()
+        [[4, 5], [0, 1]]
+    """
+    index = rows.numpy()
+    return {key: torch.from_numpy(array.take(index, axis=0)) for key, (array, _, _) in columns.by_key.items()}
 
 
 def gather_coordinates(
