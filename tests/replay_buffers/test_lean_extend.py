@@ -74,3 +74,21 @@ def test_a_failing_priority_write_back_is_torchrls_error():
     bad["td_error"] = torch.tensor([float("nan"), 1.0])
     with pytest.raises(RuntimeError, match="Failed to update priority of extended data"):
         rb.extend(bad)
+
+
+@pytest.mark.parametrize("priority_key", ["td_error", ("td_error",), ("meta", "td_error")])
+def test_priorities_under_any_spelling_of_the_key_are_written_back(priority_key):
+    # The lean path skips the priority lookup only when the batch provably lacks the key:
+    # a stored column under any spelling of it (a 1-tuple, a nested key) must still be read.
+    leaves, trees = [], []
+    for storage in (FastTensorStorage(16), LazyTensorStorage(16)):
+        rb = PrioritizedReplayBuffer(alpha=0.7, beta=0.5, storage=storage, priority_key=priority_key)
+        for first, n in ((0, 5), (5, 9), (14, 6)):
+            data = batch(first, n)
+            data.set(priority_key, torch.linspace(0.5, 2.0, n) + first)
+            rb.extend(data)
+        trees.append(rb.sampler.state_dict()["_sum_tree"]["levels"][0])
+        leaves.append(rb.storage.get(torch.arange(16)).get(priority_key))
+    assert torch.equal(trees[0], trees[1])
+    assert torch.equal(leaves[0], leaves[1])
+    assert bool((trees[0][:16] != trees[0][0]).any())  # the priorities differ from the initial one

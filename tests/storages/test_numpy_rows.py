@@ -157,3 +157,23 @@ def test_leaves_numpy_cannot_view_are_gathered_by_torch(case):
         rb.storage._storage.set_("obs", rb.storage._storage["obs"] * torch.ones(1, requires_grad=True))
     sample = sample_matches_storage(rb)
     assert sample["obs"].requires_grad == (case == "requires_grad")
+
+
+def test_tensor_leaves_list_what_items_lists_in_the_same_order():
+    from tensordict import LazyStackedTensorDict, NonTensorData
+
+    from torchrl_ext.storages._numpy_rows import tensor_leaves
+
+    def items(td):
+        return list(td.items(include_nested=True, leaves_only=True))
+
+    plain = TensorDict({"b": torch.zeros(2), "next": {"z": torch.ones(2, 3), "a": {"deep": torch.ones(2)}},
+                        "a": torch.zeros(2, 1), "empty": {}}, [2])
+    non_tensor = plain.clone()
+    non_tensor.set("note", NonTensorData("x", batch_size=[2]))
+    stacked = LazyStackedTensorDict.lazy_stack([plain[0], plain[1]])
+    for td in (plain, non_tensor, stacked):
+        got, want = tensor_leaves(td), items(td)
+        assert [key for key, _ in got] == [key for key, _ in want]
+        assert all(a is b or torch.equal(a, b) for (_, a), (_, b) in zip(got, want))
+    assert [key for key, _ in tensor_leaves(plain)] == ["b", ("next", "z"), ("next", "a", "deep"), "a"]

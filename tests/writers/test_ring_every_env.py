@@ -225,3 +225,15 @@ def test_priorities_given_with_a_step_of_every_env_reach_the_sampler():
     leaves = sampler._tree.leaves[: E * L].reshape(E, L)[:, :2]
     expected = torch.tensor([[1.0, 4.0], [2.0, 5.0], [3.0, 6.0]]) ** sampler.alpha
     assert torch.allclose(leaves.double(), expected.double())
+
+
+def test_steps_after_a_write_with_autograd_history_are_stored():
+    # The stored leaf joins the graph after that write; numpy cannot view it, so later
+    # every-env steps take the general write (they raised RuntimeError from numpy() before).
+    rb = EnvRingReplayBuffer(num_envs=2, max_length=4)
+    rb.extend(TensorDict({"obs": torch.zeros(2, 1)}, [2]))
+    rb.extend(TensorDict({"obs": torch.ones(2, 1).requires_grad_()}, [2]), env_ids=torch.tensor([1, 0]))
+    assert rb.storage._storage["obs"].requires_grad
+    index = rb.extend(TensorDict({"obs": torch.full((2, 1), 2.0)}, [2]))
+    assert index.tolist() == [[0, 2], [1, 2]]
+    assert rb.storage._storage["obs"][:, :3, 0].tolist() == [[0.0, 1.0, 2.0], [0.0, 1.0, 2.0]]

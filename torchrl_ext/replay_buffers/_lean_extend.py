@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDictBase, unravel_key
 from torchrl.data.replay_buffers.writers import TensorDictRoundRobinWriter
 from torchrl.envs.transforms import Compose
 
@@ -70,10 +70,14 @@ class LeanExtend:
             writer._write_count += n
             # TorchRL writes "index" into a shallow copy of the batch; the storage takes it
             # apart and stores it with the rows, so that no copy is made.
-            storage._set_ring_rows(start, index, data, extra={"index": index})
+            stored_keys = storage._set_ring_rows(start, index, data, extra={"index": index})
             writer._mark_update_entities(index)
             self._sampler.extend(index)
-        if update_priority is None or update_priority:
+        # A batch found to hold exactly the stored keys has no priority entry unless one is
+        # stored: that spares TensorDict.get's miss (several us on a 1,000-row write).
+        if (update_priority is None or update_priority) and (
+            stored_keys is None or unravel_key(self.priority_key) in stored_keys
+        ):
             try:
                 priority = data.get(self.priority_key, None)
                 if priority is not None:

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
 #: torch dtypes whose CPU tensors numpy views without a copy (bfloat16 has no numpy twin).
 NUMPY_DTYPES = {
@@ -29,10 +29,9 @@ Column = tuple[np.ndarray, tuple[int, ...], np.dtype]
 
 
 class Columns(NamedTuple):
-    """Stored columns by key, and whether any key is nested (a tuple)."""
+    """Stored columns by key."""
 
     by_key: dict[Any, Column]
-    nested: bool
 
 
 def numpy_columns(leaves: Any, batch_dims: int) -> Columns | None:
@@ -47,7 +46,7 @@ def numpy_columns(leaves: Any, batch_dims: int) -> Columns | None:
             return None
         array = leaf.numpy()
         by_key[key] = (array, array.shape[batch_dims:], array.dtype)
-    return Columns(by_key, any(isinstance(key, tuple) for key in by_key))
+    return Columns(by_key)
 
 
 class ColumnCache:
@@ -86,6 +85,38 @@ class ColumnCache:
         return columns
 
 
+def tensor_leaves(data: TensorDictBase) -> list[tuple[Any, Any]]:
+    """``list(data.items(include_nested=True, leaves_only=True))``, in the same order.
+
+    A plain :class:`~tensordict.TensorDict` of tensors is listed from its entry dicts:
+    about a third of ``items``' cost, which a write of a few kilobytes pays twice (the
+    batch and the stored leaves). Any other TensorDict type, or a non-tensor leaf,
+    takes ``items``.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> td = TensorDict({"a": torch.zeros(2), "next": {"b": torch.ones(2, 3)}}, [2])
+        >>> [key for key, _ in tensor_leaves(td)]
+        ['a', ('next', 'b')]
+    """
+    leaves = _plain_leaves(data, ()) if type(data) is TensorDict else None
+    return list(data.items(include_nested=True, leaves_only=True)) if leaves is None else leaves
+
+
+def _plain_leaves(data: TensorDict, prefix: tuple) -> list[tuple[Any, torch.Tensor]] | None:
+    leaves = []
+    for key, value in data._tensordict.items():
+        if isinstance(value, torch.Tensor):
+            leaves.append(((*prefix, key) if prefix else key, value))
+            continue
+        nested = _plain_leaves(value, (*prefix, key)) if type(value) is TensorDict else None
+        if nested is None:
+            return None
+        leaves.extend(nested)
+    return leaves
+
+
 def matching_arrays(
     data: TensorDictBase,
     columns: Columns,
@@ -109,9 +140,7 @@ def matching_arrays(
         True
     """
     by_key = columns.by_key
-    # A store without nested keys takes only flat batches: listing the top level is enough.
-    nested = columns.nested or isinstance(skip_key, tuple)
-    leaves = data.items(include_nested=True, leaves_only=True) if nested else data.items()
+    leaves = tensor_leaves(data)
     pairs = []
     try:
         for key, value in chain(leaves, extra.items()) if extra else leaves:

@@ -37,7 +37,7 @@ from torchrl.data.replay_buffers.writers import RoundRobinWriter
 
 from torchrl_ext._huge_pages import advise_huge_pages
 from torchrl_ext.storages._gathers import gather_rows
-from torchrl_ext.storages._numpy_rows import ColumnCache, matching_arrays
+from torchrl_ext.storages._numpy_rows import ColumnCache, Columns, matching_arrays, tensor_leaves
 
 __all__ = ["FastMemmapStorage", "FastTensorStorage", "gather_rows"]
 
@@ -59,32 +59,50 @@ class _SliceWritesIndexSelectReads:
         self._copy_ranges(leaves, ranges, cursor, data, set_cursor)
 
     def _set_ring_rows(self, start: int, cursor: torch.Tensor, data: Any,
-                       extra: dict[Any, torch.Tensor] | None = None) -> None:
+                       extra: dict[Any, torch.Tensor] | None = None) -> dict[Any, Any] | None:
         """:meth:`set` of ``data`` plus the ``extra`` entries (TorchRL's ``"index"``) at
         ``cursor = (start + arange(n)) % max_size`` on an initialised 1-D storage, for callers
-        that built the cursor that way (no re-check of it). ``data`` is not modified."""
-        leaves = self._numpy_pairs(data, extra)
-        if leaves is None:
-            if extra:
-                data = data.clone(False)
-                for key, value in extra.items():
-                    data.set(key, value)
-            leaves = self._checked_leaves(cursor, data)
-            if leaves is None:
-                return self.set(cursor, data)
-        self._copy_ranges(leaves, _ring_slices(start, cursor.numel(), self.max_size), cursor, data, True)
+        that built the cursor that way (no re-check of it). ``data`` is not modified.
 
-    def _numpy_pairs(self, data: Any, extra: dict[Any, torch.Tensor] | None = None) -> list | None:
-        """``(stored, new rows)`` numpy views for a ``[N]`` batch that matches the stored
-        leaves exactly (:func:`~torchrl_ext.storages._numpy_rows.matching_arrays`): the
-        layout check and the copies in a fraction of torch's calls. ``None`` otherwise."""
+        Returns:
+            The stored columns by key when ``data`` was found to hold exactly them (with
+            the ``extra`` ones): a key that is not among them is not in ``data`` either,
+            which a caller can then know without a lookup. ``None`` otherwise.
+        """
+        ranges = _ring_slices(start, cursor.numel(), self.max_size)
+        columns = self._columns_of(data)
+        pairs = None if columns is None else matching_arrays(data, columns, data.shape[0], extra=extra)
+        if pairs is not None:
+            self._copy_ranges(pairs, ranges, cursor, data, True)
+            return columns.by_key
+        if extra:
+            data = data.clone(False)
+            for key, value in extra.items():
+                data.set(key, value)
+        leaves = self._checked_leaves(cursor, data)
+        if leaves is None:
+            self.set(cursor, data)
+        else:
+            self._copy_ranges(leaves, ranges, cursor, data, True)
+        return None
+
+    def _columns_of(self, data: Any) -> Columns | None:
+        """Numpy views of the stored leaves, when ``data`` is a ``[N]`` batch for a 1-D
+        storage (the numpy write paths' case); ``None`` otherwise or where numpy cannot
+        view a leaf. Rebuilt when TorchRL replaces or moves a leaf (:class:`ColumnCache`)."""
         if self.ndim != 1 or not isinstance(data, TensorDictBase) or data.batch_dims != 1:
             return None
         cache = self.__dict__.get("_numpy_columns")
         if cache is None:
             cache = self._numpy_columns = ColumnCache()
-        columns = cache.get(list(self._storage.items(include_nested=True, leaves_only=True)), batch_dims=1)
-        return None if columns is None else matching_arrays(data, columns, data.shape[0], extra=extra)
+        return cache.get(tensor_leaves(self._storage), batch_dims=1)
+
+    def _numpy_pairs(self, data: Any) -> list | None:
+        """``(stored, new rows)`` numpy views for a ``[N]`` batch that matches the stored
+        leaves exactly (:func:`~torchrl_ext.storages._numpy_rows.matching_arrays`): the
+        layout check and the copies in a fraction of torch's calls. ``None`` otherwise."""
+        columns = self._columns_of(data)
+        return None if columns is None else matching_arrays(data, columns, data.shape[0])
 
     def _checked_leaves(self, cursor: Any, data: Any) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
         """:meth:`_check_matches_storage`; a refused write first moves back the writer that advanced for it."""
@@ -159,7 +177,7 @@ class _SliceWritesIndexSelectReads:
             _raise_layout_mismatch(expected, got)
         if isinstance(data, torch.Tensor):
             return [(self._storage, data)]
-        return [(self._storage.get(key), leaf) for key, leaf in _leaves(data)]
+        return [(self._storage.get(key), leaf) for key, leaf in tensor_leaves(data)]
 
     def _stored_layout(self) -> dict[Any, tuple[tuple[int, ...], torch.dtype]] | None:
         # The stored TensorDict is fixed once initialised; a new one (after
@@ -238,10 +256,6 @@ def _ring_slices(start: int, n: int, capacity: int) -> list[tuple[int, int, int,
     return ranges
 
 
-def _leaves(data: TensorDictBase) -> list[tuple[Any, Any]]:
-    return list(data.items(include_nested=True, leaves_only=True))
-
-
 def _layout(data: Any, item_dims: int) -> dict[Any, tuple[tuple[int, ...], torch.dtype]] | None:
     """Per-leaf item shape (without the first ``item_dims`` dims) and dtype."""
     if isinstance(data, torch.Tensor):
@@ -249,7 +263,7 @@ def _layout(data: Any, item_dims: int) -> dict[Any, tuple[tuple[int, ...], torch
     if not isinstance(data, TensorDictBase):
         return None
     layout = {}
-    for key, leaf in _leaves(data):
+    for key, leaf in tensor_leaves(data):
         if not isinstance(leaf, torch.Tensor):
             return None  # non-tensor leaves: TorchRL's own handling
         layout[key] = (tuple(leaf.shape[item_dims:]), leaf.dtype)

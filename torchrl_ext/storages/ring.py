@@ -36,7 +36,8 @@ from torchrl_ext._huge_pages import empty_huge
 from torchrl_ext.storages._ring_reads import RingReads
 from torchrl_ext.storages._ring_sharing import RingSharing
 from torchrl_ext.storages._ring_steps import RingStepWrites
-from torchrl_ext.storages.fast import _layout, _leaves, _raise_layout_mismatch
+from torchrl_ext.storages._numpy_rows import tensor_leaves
+from torchrl_ext.storages.fast import _layout, _raise_layout_mismatch
 
 __all__ = ["EnvRingStorage", "EnvRingStorageCheckpointer"]
 
@@ -281,7 +282,7 @@ class EnvRingStorage(RingReads, RingStepWrites, RingSharing, Storage):
                 key: empty_huge(
                     shape + tuple(leaf.shape[batch_dims:]), dtype=leaf.dtype, device=self._device
                 ).zero_()
-                for key, leaf in _leaves(data)
+                for key, leaf in tensor_leaves(data)
             },
             batch_size=shape,
             device=self._device,
@@ -308,7 +309,7 @@ class EnvRingStorage(RingReads, RingStepWrites, RingSharing, Storage):
             self._flat, self._layout_cache = [], None
             return
         self._flat = [
-            (key, leaf.view(-1, *leaf.shape[2:])) for key, leaf in _leaves(self._storage)
+            (key, leaf.view(-1, *leaf.shape[2:])) for key, leaf in tensor_leaves(self._storage)
         ]
         self._layout_cache = _layout(self._storage, 2)
 
