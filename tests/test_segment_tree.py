@@ -315,3 +315,51 @@ def test_thresholds_outside_the_total_are_rejected(threshold):
 def test_max_requires_track_max():
     with pytest.raises(RuntimeError, match="track_max=True"):
         PrioritySegmentTree(4).max()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@settings(max_examples=30, deadline=None)
+@given(data=st.data())
+def test_priority_tree_numpy_writes_equal_the_torch_writes(layout, data):
+    """CPU writes go through numpy views; the torch path (other devices) must give the same tree."""
+    fanout, top_size = layout
+    capacity = data.draw(st.integers(1, 300))
+    trees = [PrioritySegmentTree(capacity, track_max=True, fanout=fanout, top_size=top_size) for _ in range(2)]
+    trees[1]._numpy_levels = lambda: None  # the torch path, as off the CPU
+    values = st.floats(0.0, 1e3, width=32) | st.just(0.0)
+    for _ in range(data.draw(st.integers(1, 6))):
+        n = data.draw(st.integers(1, 2 * capacity))
+        index = torch.tensor(data.draw(st.lists(st.integers(0, capacity - 1), min_size=n, max_size=n)))
+        value = torch.tensor(data.draw(st.lists(values, min_size=n, max_size=n)), dtype=torch.float32)
+        for tree in trees:
+            tree[index] = value
+    assert trees[0]._numpy_cache._columns is not None  # the numpy path ran
+    numpy_tree, torch_tree = trees
+    assert torch.equal(numpy_tree.leaves, torch_tree.leaves)
+    assert numpy_tree.nnz == torch_tree.nnz == int(torch.count_nonzero(torch_tree.leaves))
+    for mine, theirs in zip(numpy_tree._levels, torch_tree._levels):
+        torch.testing.assert_close(mine, theirs, rtol=1e-6, atol=0.0)
+    for mine, theirs in zip(numpy_tree._min_levels + numpy_tree._max_levels,
+                            torch_tree._min_levels + torch_tree._max_levels):
+        assert torch.equal(mine, theirs)
+    assert numpy_tree.min_nonzero() == torch_tree.min_nonzero()
+
+
+def test_priority_tree_numpy_views_follow_to_load_and_pickling():
+    import pickle
+
+    tree = PrioritySegmentTree(100, fanout=4, top_size=8, track_max=True)
+    tree[torch.arange(100)] = torch.arange(1.0, 101.0)
+    copy = pickle.loads(pickle.dumps(tree))
+    copy[torch.tensor([5, 5])] = torch.tensor([0.0, 500.0])  # last write wins
+    assert float(copy.summary()) == 5050.0 - 6.0 + 500.0 and float(tree.summary()) == 5050.0
+    assert float(copy.max()) == 500.0 and copy.leaves[5] == 500.0 and tree.leaves[5] == 6.0
+    fresh = PrioritySegmentTree(100, fanout=4, top_size=8, track_max=True)
+    fresh[torch.tensor([0])] = torch.tensor([1.0])  # builds the views
+    fresh.load_state_dict(copy.state_dict())
+    fresh[torch.tensor([7])] = torch.tensor([0.5])
+    assert float(fresh.summary()) == 5050.0 - 6.0 + 500.0 - 8.0 + 0.5
+    assert fresh.min_nonzero() == 0.5 and fresh.nnz == 100
+    moved = fresh.to("cpu")  # replaces the tensors: the views must be rebuilt
+    moved[torch.tensor([7])] = torch.tensor([0.25])
+    assert moved.min_nonzero() == 0.25 and float(moved.leaves[7]) == 0.25

@@ -13,9 +13,11 @@ import math
 import struct
 from typing import Any
 
+import numpy as np
 import torch
 
 from torchrl_ext.segment_tree import SumSegmentTree, _store
+from torchrl_ext.storages._numpy_rows import ColumnCache, Columns
 
 __all__ = ["PrioritySegmentTree", "reduce_per_item"]
 
@@ -57,6 +59,7 @@ class PrioritySegmentTree(SumSegmentTree):
             if track_max
             else None
         )
+        self._numpy_cache = ColumnCache()
 
     def _refresh_level(self, k: int, rows: torch.Tensor, parents: torch.Tensor | None) -> None:
         super()._refresh_level(k, rows, parents)
@@ -112,6 +115,78 @@ class PrioritySegmentTree(SumSegmentTree):
     def _tensors(self) -> list[torch.Tensor]:
         return [*super()._tensors(), *self._min_levels, *(self._max_levels or ())]
 
+    # ------------------------------------------------------------------
+    # CPU writes through numpy
+    def _write(self, index: torch.Tensor, value: torch.Tensor) -> None:
+        small = index.shape[0] < _NUMPY_WRITES_BELOW  # larger writes: torch's kernels win
+        arrays = self._numpy_levels() if small and index.is_cpu and value.is_cpu else None
+        if arrays is None:
+            return super()._write(index, value)
+        self._write_arrays(arrays, index.numpy(), value.numpy())
+
+    def _numpy_levels(self) -> Columns | None:
+        """Numpy views of every level (sums, minimum keys, maxima) and of the last-write
+        tickets, or ``None`` off the CPU or for dtypes numpy has no twin of.
+
+        A prioritized update writes a few hundred leaves: about 20 torch kernels that
+        cost several microseconds each, where numpy's calls cost one or two. The views
+        are checked against the tensors on every call (``to()`` replaces them; a load
+        copies into them) and pickle empty.
+        """
+        if self._tickets is None:
+            self._tickets = torch.empty(self._capacity, dtype=torch.int32, device=self._device)
+        tensors = [*self._levels, *self._min_levels, *(self._max_levels or ()), self._tickets]
+        return self._numpy_cache.get(list(enumerate(tensors)), batch_dims=1)
+
+    def _write_arrays(self, arrays: Columns, index: np.ndarray, value: np.ndarray) -> None:
+        """:meth:`_write` of validated, non-empty ``index`` / ``value`` on the numpy views."""
+        views = [array for array, _, _ in arrays.by_key.values()]
+        depth = len(self._levels)
+        levels, min_levels = views[:depth], views[depth:2 * depth - 1]
+        max_levels = views[2 * depth - 1:3 * depth - 2] if self._max_levels is not None else []
+        tickets = views[-1]
+        n = index.shape[0]
+        value = value.astype(levels[0].dtype, copy=False)
+        once = None
+        if n > 1:
+            # Last write wins: each index's largest position (ufunc.at is unbuffered, so
+            # repeats are all applied), then every entry carries its index's last value.
+            positions = np.arange(n, dtype=np.int32)
+            tickets[index] = -1
+            np.maximum.at(tickets, index, positions)
+            last = tickets[index]
+            value = value[last]
+            once = last == positions
+        if self._track_nnz:
+            old = levels[0][index]
+            counted = (value != 0), (old != 0)
+            if once is not None:
+                counted = tuple(c & once for c in counted)
+            change = int(np.count_nonzero(counted[0])) - int(np.count_nonzero(counted[1]))
+            if change:
+                self._nnz += change
+        levels[0][index] = value
+        parents, fanout = index, self._fanout
+        no_key = _NO_KEY[_KEY_DTYPES[self._dtype]]
+        for k in range(1, depth):
+            children = levels[k - 1].reshape(-1, fanout)
+            if children.shape[0] <= parents.shape[0]:
+                # Small level (and every level above it): recomputed whole, as the torch path does.
+                for j in range(k, depth):
+                    self._refresh_level(j, self._levels[j - 1].view(-1, fanout), None)
+                return
+            parents = parents >> self._shift
+            rows = children.take(parents, axis=0)
+            levels[k][parents] = rows.sum(1, dtype=levels[k].dtype)
+            if k == 1:
+                min_rows = (rows.view(min_levels[0].dtype) - 1) & no_key
+            else:
+                min_rows = min_levels[k - 2].reshape(-1, fanout).take(parents, axis=0)
+            min_levels[k - 1][parents] = min_rows.min(1)
+            if max_levels:
+                max_rows = rows if k == 1 else max_levels[k - 2].reshape(-1, fanout).take(parents, axis=0)
+                max_levels[k - 1][parents] = max_rows.max(1)
+
     def state_dict(self) -> dict[str, Any]:
         return super().state_dict() | {
             "min_levels": [level.clone() for level in self._min_levels],
@@ -134,6 +209,10 @@ class PrioritySegmentTree(SumSegmentTree):
             self._max_levels = [level.to(self._device) for level in self._max_levels]
         return self
 
+
+# Writes of fewer entries go through numpy on the CPU; measured on a 1M tree: numpy 172 us
+# against torch's 262 us at 256 entries, level at 2048, torch 11% faster at 4096.
+_NUMPY_WRITES_BELOW = 2048
 
 _KEY_DTYPES = {
     torch.float32: torch.int32,
