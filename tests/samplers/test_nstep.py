@@ -169,3 +169,18 @@ def test_bad_input():
     rb.extend(transition([0.0], [1.0], [1.0], [False]))
     with pytest.raises(ValueError, match="needs 'finished' in the stored data"):
         rb.sample(1)
+
+
+def test_rewards_with_autograd_history_are_sampled_through_torch():
+    # A stored reward that joined the graph puts the chain table's rewards in it too;
+    # numpy cannot view those, so the table's lookups must stay with torch's gathers.
+    rb = EnvRingReplayBuffer(num_envs=2, max_length=8, sampler=NStepSampler(3, gamma=0.5), batch_size=4)
+    for i in range(5):
+        reward = torch.ones(2, 1).requires_grad_(i == 2)
+        rb.extend(TensorDict({"obs": torch.full((2, 1), float(i)), "next": {
+            "obs": torch.full((2, 1), i + 1.0), "reward": reward,
+            "done": torch.zeros(2, 1, dtype=torch.bool)}}, [2]))
+    batch = rb.sample()
+    assert rb.sampler._chain_table.reward.requires_grad and batch["next", "reward"].requires_grad
+    # chains of up to 3 steps, 1 + 0.5 + 0.25 when all three exist
+    assert set(batch["next", "reward"].detach().reshape(-1).tolist()) <= {1.0, 1.5, 1.75}

@@ -68,7 +68,7 @@ class ChainTable:
         # Every op here costs microseconds per sample: no copies or moves that are not needed.
         if flat.device != self.stop.device:
             flat = flat.to(self.stop.device)
-        if flat.is_cpu and self.reward.dtype != torch.bfloat16:
+        if flat.is_cpu and self.reward.dtype != torch.bfloat16 and not self.reward.requires_grad:
             # numpy's take costs about half an index_select on a sample's few hundred rows.
             rows = flat.numpy()
             m = self.stop.numpy().take(rows).astype(np.int64)

@@ -119,7 +119,8 @@ class PrioritySegmentTree(SumSegmentTree):
     # CPU writes through numpy
     def _write(self, index: torch.Tensor, value: torch.Tensor) -> None:
         small = index.shape[0] < _NUMPY_WRITES_BELOW  # larger writes: torch's kernels win
-        arrays = self._numpy_levels() if small and index.is_cpu and value.is_cpu else None
+        numpy_ok = index.is_cpu and value.is_cpu and not value.requires_grad
+        arrays = self._numpy_levels() if small and numpy_ok else None
         if arrays is None:
             return super()._write(index, value)
         self._write_arrays(arrays, index.numpy(), value.numpy())
