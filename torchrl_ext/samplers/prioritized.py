@@ -385,6 +385,16 @@ class PrioritizedSamplerWithoutReplacement(PrioritizedSampler):
 _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
 
+def _bounds(values: torch.Tensor) -> tuple[Any, Any]:
+    """``(min, max)`` of a non-empty tensor as Python numbers (numpy on the CPU: a
+    fraction of ``aminmax`` and two host syncs at an update's few hundred entries)."""
+    if values.is_cpu:
+        array = values.numpy()
+        return array.min().item(), array.max().item()
+    low, high = torch.aminmax(values)
+    return low.item(), high.item()
+
+
 def _register_replacement_dispatch() -> None:
     # TorchRL routes ``Cls(replacement=False)`` through this (private) table.
     try:
@@ -396,12 +406,3 @@ def _register_replacement_dispatch() -> None:
 
 _register_replacement_dispatch()
 
-
-def _bounds(values: torch.Tensor) -> tuple[Any, Any]:
-    """``(min, max)`` of a non-empty tensor as Python numbers (numpy on the CPU: a
-    fraction of ``aminmax`` and two host syncs at an update's few hundred entries)."""
-    if values.is_cpu:
-        array = values.numpy()
-        return array.min().item(), array.max().item()
-    low, high = torch.aminmax(values)
-    return low.item(), high.item()
