@@ -222,10 +222,15 @@ class SegmentTree:
                     device=self._device,
                 )
             positions = self._positions[:n]
+        tickets = self._ticket_buffer()
+        tickets.scatter_reduce_(0, index, positions, "amax", include_self=False)
+        return tickets.index_select(0, index)
+
+    def _ticket_buffer(self) -> torch.Tensor:
+        """Scratch of :meth:`_last_write`: a position per leaf (allocated on first use)."""
         if self._tickets is None:
             self._tickets = torch.empty(self._capacity, dtype=torch.int32, device=self._device)
-        self._tickets.scatter_reduce_(0, index, positions, "amax", include_self=False)
-        return self._tickets.index_select(0, index)
+        return self._tickets
 
     def _refresh_level(self, k: int, rows: torch.Tensor, parents: torch.Tensor | None) -> None:
         """Recomputes level ``k`` from ``rows`` of children (all rows when

@@ -88,4 +88,3 @@ class LeanExtend:
                     "update_priority=False in the extend method and update the priority manually."
                 ) from err
         return index
-

@@ -21,6 +21,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from torchrl_ext.storages._gathers import take
+
 __all__ = ["ChainTable"]
 
 # Chains computed per block in a full rebuild: bounds the [block, n_step]
@@ -72,10 +74,8 @@ class ChainTable:
             # numpy's take costs about half an index_select on a sample's few hundred rows.
             rows = flat.numpy()
             m = self.stop.numpy().take(rows).astype(np.int64)
-            return tuple(torch.from_numpy(a) for a in (
-                m, self.reward.numpy().take(rows, axis=0),
-                self._steps_by_stop.numpy().take(m, axis=0), self._discount_by_stop.numpy().take(m, axis=0),
-            ))
+            return (torch.from_numpy(m), take(self.reward.numpy(), rows),
+                    take(self._steps_by_stop.numpy(), m), take(self._discount_by_stop.numpy(), m))
         m = self.stop.index_select(0, flat).long()
         reward = self.reward.index_select(0, flat)
         return m, reward, self._steps_by_stop.index_select(0, m), self._discount_by_stop.index_select(0, m)

@@ -134,9 +134,7 @@ class PrioritySegmentTree(SumSegmentTree):
         are checked against the tensors on every call (``to()`` replaces them; a load
         copies into them) and pickle empty.
         """
-        if self._tickets is None:
-            self._tickets = torch.empty(self._capacity, dtype=torch.int32, device=self._device)
-        tensors = [*self._levels, *self._min_levels, *(self._max_levels or ()), self._tickets]
+        tensors = [*self._levels, *self._min_levels, *(self._max_levels or ()), self._ticket_buffer()]
         return self._numpy_cache.get(list(enumerate(tensors)), batch_dims=1)
 
     def _write_arrays(self, arrays: Columns, index: np.ndarray, value: np.ndarray) -> None:

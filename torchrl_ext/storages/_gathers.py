@@ -14,7 +14,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from torchrl_ext.storages._numpy_rows import NUMPY_DTYPES, Columns
 
-__all__ = ["assemble", "gather_coordinates", "gather_rows", "select_rows", "take_rows"]
+__all__ = ["assemble", "gather_coordinates", "gather_rows", "select_rows", "take", "take_rows"]
 
 # TensorDict's constructor re-checks every entry's batch dims and device (about 40 us for a
 # dozen leaves); the gathers below build entries that satisfy both by construction, so they
@@ -123,6 +123,11 @@ def select_rows(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return torch.index_select(tensor, 0, index, out=out)
 
 
+def take(array: np.ndarray, rows: np.ndarray) -> torch.Tensor:
+    """``array[rows]`` (rows along the first dim) as a new tensor, through numpy's ``take``."""
+    return torch.from_numpy(array.take(rows, axis=0))
+
+
 def take_rows(columns: Columns, rows: torch.Tensor) -> dict[Any, torch.Tensor]:
     """``{key: stored[rows]}`` for every column, through numpy's ``take`` (CPU ``rows``).
 
@@ -138,7 +143,7 @@ def take_rows(columns: Columns, rows: torch.Tensor) -> dict[Any, torch.Tensor]:
         [[4, 5], [0, 1]]
     """
     index = rows.numpy()
-    return {key: torch.from_numpy(array.take(index, axis=0)) for key, (array, _, _) in columns.by_key.items()}
+    return {key: take(array, index) for key, (array, _, _) in columns.by_key.items()}
 
 
 def gather_coordinates(

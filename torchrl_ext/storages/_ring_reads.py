@@ -11,8 +11,8 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from torchrl_ext.storages._gathers import assemble, select_rows
-from torchrl_ext.storages._numpy_rows import numpy_columns
+from torchrl_ext.storages._gathers import assemble, select_rows, take, take_rows
+from torchrl_ext.storages._numpy_rows import Columns, numpy_columns
 
 
 class RingReads:
@@ -68,24 +68,22 @@ class RingReads:
         if not flat_batch:
             root, after = root.reshape(-1), after.reshape(-1)
         columns = self._read_columns() if root.is_cpu else None
+        if columns is None:
+            sources, pick = self._flat, select_rows
+        else:
+            sources = [(key, array) for key, (array, _, _) in columns.by_key.items()]
+            root, after, pick = root.numpy(), after.numpy(), take
         entries = {}
-        if columns is not None:
-            root_np, after_np = root.numpy(), after.numpy()
-            for key, array, is_next in columns:
-                if key not in extra:
-                    value = torch.from_numpy(array.take(after_np if is_next else root_np, axis=0))
-                    entries[key] = value if flat_batch else value.reshape(*shape, *array.shape[1:])
-            return assemble(entries, shape, self._device, extra)
-        for key, leaf in self._flat:
+        for key, source in sources:
             if key in extra:
                 continue
-            value = select_rows(leaf, after if isinstance(key, tuple) and key[0] == "next" else root)
-            entries[key] = value if flat_batch else value.reshape(*shape, *leaf.shape[1:])
+            value = pick(source, after if isinstance(key, tuple) and key[0] == "next" else root)
+            entries[key] = value if flat_batch else value.reshape(*shape, *source.shape[1:])
         return assemble(entries, shape, self._device, extra)
 
-    def _read_columns(self) -> list[tuple[Any, np.ndarray, bool]] | None:
-        """``(key, numpy view of the flat [E * L, ...] leaf, whether it is a "next" entry)``
-        per leaf, or ``None`` where numpy cannot view one (not on the CPU, bfloat16).
+    def _read_columns(self) -> Columns | None:
+        """Numpy views of the flat ``[E * L, ...]`` leaves, or ``None`` where numpy cannot
+        view one (not on the CPU, bfloat16, autograd history).
 
         A sample gathers a few hundred rows per leaf: numpy's ``take`` costs about half
         a torch ``index_select`` there, and it allocates outputs of any size from fresh
@@ -94,11 +92,7 @@ class RingReads:
         """
         columns = self.__dict__.get("_read_columns_cache", False)
         if columns is False:
-            found = numpy_columns(self._flat, batch_dims=1) if self._storage is not None else None
-            columns = None if found is None else [
-                (key, array, isinstance(key, tuple) and key[0] == "next")
-                for key, (array, _, _) in found.by_key.items()
-            ]
+            columns = numpy_columns(self._flat, batch_dims=1) if self._storage is not None else None
             self._read_columns_cache = columns
         return columns
 
@@ -110,22 +104,14 @@ class RingReads:
     ) -> TensorDictBase:
         """:meth:`get` for coordinates known to be valid, plus ``extra`` entries of the same batch shape."""
         flat = self._flat_index(env, position)
-        shape = flat.shape
+        shape, rows = flat.shape, flat.reshape(-1)
         columns = self._read_columns() if flat.is_cpu else None
         if columns is not None:
-            rows = flat.reshape(-1).numpy()
-            entries = {
-                key: torch.from_numpy(array.take(rows, axis=0)).reshape(*shape, *array.shape[1:])
-                for key, array, _ in columns
-            }
-        elif len(shape) == 1:  # rows already have the batch shape
-            entries = {key: select_rows(leaf, flat) for key, leaf in self._flat}
+            entries = take_rows(columns, rows)
         else:
-            flat = flat.reshape(-1)
-            entries = {
-                key: select_rows(leaf, flat).reshape(*shape, *leaf.shape[1:])
-                for key, leaf in self._flat
-            }
+            entries = {key: select_rows(leaf, rows) for key, leaf in self._flat}
+        if len(shape) != 1:  # else the rows already have the batch shape
+            entries = {key: value.reshape(*shape, *value.shape[1:]) for key, value in entries.items()}
         return assemble(entries, shape, self._device, extra)
 
     def read(self, env_ids: torch.Tensor, positions: torch.Tensor) -> TensorDictBase:
