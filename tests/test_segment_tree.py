@@ -363,3 +363,15 @@ def test_priority_tree_numpy_views_follow_to_load_and_pickling():
     moved = fresh.to("cpu")  # replaces the tensors: the views must be rebuilt
     moved[torch.tensor([7])] = torch.tensor([0.25])
     assert moved.min_nonzero() == 0.25 and float(moved.leaves[7]) == 0.25
+
+
+def test_priority_tree_numpy_writes_keep_the_last_of_repeats_without_per_leaf_scratch():
+    """Small CPU updates resolve repeated indices by sorting the update, not with a
+    capacity-sized ticket array: after them the tree holds no per-leaf scratch."""
+    tree = PrioritySegmentTree(1000, fanout=4, top_size=8)
+    tree[torch.tensor([3, 7, 3, 9, 7, 3])] = torch.tensor([1.0, 2.0, 0.0, 4.0, 5.0, 6.0])
+    assert tree._tickets is None
+    assert tree.leaves[[3, 7, 9]].tolist() == [6.0, 5.0, 4.0]
+    assert float(tree.summary()) == 15.0 and tree.nnz == 3 and tree.min_nonzero() == 4.0
+    tree[torch.tensor([9, 9])] = torch.tensor([0.5, 0.0])  # the last write (a zero) wins
+    assert tree.leaves[9] == 0.0 and tree.nnz == 2 and tree.min_nonzero() == 5.0

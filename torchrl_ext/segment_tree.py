@@ -38,6 +38,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 
 from torchrl_ext._huge_pages import empty_huge
@@ -244,6 +245,12 @@ class SegmentTree:
         """Reduction of each row, as ``dtype`` (the dtype of the level written)."""
         raise NotImplementedError
 
+    @staticmethod
+    def _prefix_total(prefix: torch.Tensor) -> float:
+        """The total at the end of a :meth:`_top_prefix`, as a Python float (read
+        through numpy on the CPU: no indexing kernel, no host sync)."""
+        return float(prefix.numpy()[-1]) if prefix.is_cpu else float(prefix[-1])
+
     def summary(self) -> torch.Tensor:
         """Reduction of all leaves, as a 0-d tensor."""
         raise NotImplementedError
@@ -439,7 +446,7 @@ class SumSegmentTree(SegmentTree):
         if thr.numel() == 0:
             return torch.empty(shape, dtype=torch.long, device=self._device)
         prefix = self._top_prefix()
-        total = float(prefix[-1])
+        total = self._prefix_total(prefix)
         tmin, tmax = (float(x) for x in torch.aminmax(thr))
         # summary() (in the tree's dtype) is what a caller sees as "the total";
         # a total summed in another order (ALF's, say) may exceed it by a few
@@ -467,7 +474,7 @@ class SumSegmentTree(SegmentTree):
         non-zero child.
         """
         node, value = self._walk(thr, prefix, capped=False)
-        if len(self._levels) > 1 and not float(value.amin()) > 0:
+        if len(self._levels) > 1 and not _smallest(value) > 0:
             node, value = self._walk(thr, prefix, capped=True)
         return node, value
 
@@ -571,6 +578,11 @@ class MaxSegmentTree(SegmentTree):
 
 
 # ----------------------------------------------------------------------
+def _smallest(values: torch.Tensor) -> float:
+    """Minimum of a non-empty tensor as a Python number (numpy on the CPU)."""
+    return float(np.minimum.reduce(values.numpy())) if values.is_cpu else float(values.amin())
+
+
 def _check_int(name: str, value: object, *, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {value!r}.")

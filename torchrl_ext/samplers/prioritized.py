@@ -225,7 +225,7 @@ class PrioritizedSampler(PriorityCheckpoints, _TorchRLPrioritizedSampler):
         check_batch_size(batch_size)
         tree = self._sum_tree
         prefix = tree._top_prefix()
-        total = float(prefix[-1])
+        total = tree._prefix_total(prefix)
         if not total > 0:
             raise RuntimeError(
                 "every stored priority is zero, so nothing can be sampled; give some "
@@ -241,10 +241,16 @@ class PrioritizedSampler(PriorityCheckpoints, _TorchRLPrioritizedSampler):
         # below it, so the walk needs no cap at the top.
         draw = draw.mul_(math.nextafter(total, 0.0))
         index, value = tree._sample_walk(draw, prefix)
-        if self._weights == "per":
-            weight = value.div(tree.min_nonzero()).pow_(-self._beta)
+        if not value.is_cpu:
+            weight = (
+                value.div(tree.min_nonzero()).pow_(-self._beta)
+                if self._weights == "per"
+                else value.mul(tree._nnz.to(value.dtype)).div_(total)
+            )
+        elif self._weights == "per":  # numpy: a fraction of a torch kernel per call here
+            weight = torch.from_numpy(np.power(value.numpy() / tree.min_nonzero(), -self._beta))
         else:
-            weight = value.mul(tree._nnz.to(value.dtype)).div_(total)
+            weight = torch.from_numpy(value.numpy() * tree.nnz / total)
         if storage.ndim > 1:
             index = torch.unravel_index(index, storage.shape)
         return index, {"priority_weight": weight}
