@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 from tensordict import TensorDictBase
 
@@ -45,7 +44,6 @@ class RingStepWrites:
             if columns is None:
                 return None
             self._step_columns_cache = columns
-            self._column_rows = np.arange(self._num_envs) * self._max_length  # flat row of slot 0
         return columns
 
     def _write_step(self, position: int, data: TensorDictBase, skip_key: Any = None) -> bool:
@@ -69,6 +67,21 @@ class RingStepWrites:
         slot = position % self._max_length
         for stored, array in pairs:
             stored[:, slot] = array
-        self._last_cursor = torch.from_numpy(self._column_rows + slot)  # as _write sets it
+        self._last_cursor = slot  # expanded to flat rows when read (see _last_cursor)
         self._bump_mutation_revision()
         return True
+
+    @property
+    def _last_cursor(self) -> torch.Tensor | None:
+        """Flat rows of the last write, as ``_write`` records them (kept for inspection:
+        TorchRL's shared last-cursor index has no meaning for per-env rings). A step
+        write records only its slot: building the rows costs a tensor per step, about
+        as much as a step's copies, and is rarely needed."""
+        cursor = self.__dict__.get("_last_cursor_value")
+        if isinstance(cursor, int):
+            cursor = self._last_cursor_value = torch.arange(self._num_envs) * self._max_length + cursor
+        return cursor
+
+    @_last_cursor.setter
+    def _last_cursor(self, cursor: torch.Tensor | int | None) -> None:
+        self.__dict__["_last_cursor_value"] = cursor

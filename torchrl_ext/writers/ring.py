@@ -123,7 +123,7 @@ class EnvRingWriter(Writer):
         storage.advance(env_ids, steps)
         self._write_count += env.numel()
         index = torch.stack([env.reshape(-1), position.reshape(-1)], -1)
-        self._mark_update_entities(index)
+        self._mark_update_entities(storage, index)
         return index
 
     def _write_every_env(self, storage: EnvRingStorage, data: TensorDictBase, env_ids: Any) -> torch.Tensor | None:
@@ -162,7 +162,7 @@ class EnvRingWriter(Writer):
         index = index_template.copy()
         index[:, 1] = position
         index = torch.from_numpy(index)
-        self._mark_update_entities(index)
+        self._mark_update_entities(storage, index)
         return index
 
     def _every_env(self, num_envs: int) -> tuple[torch.Tensor, np.ndarray]:
@@ -329,8 +329,9 @@ class EnvRingWriter(Writer):
         self.__dict__.update(state)
         self._room = threading.Condition()
 
-    def _mark_update_entities(self, index: torch.Tensor) -> None:
-        for entity in self.storage._attached_entities_iter():
+    @staticmethod
+    def _mark_update_entities(storage: EnvRingStorage, index: torch.Tensor) -> None:
+        for entity in storage._attached_entities_iter():
             entity.mark_update(index)
 
     def __repr__(self) -> str:
