@@ -375,3 +375,19 @@ def test_priority_tree_numpy_writes_keep_the_last_of_repeats_without_per_leaf_sc
     assert float(tree.summary()) == 15.0 and tree.nnz == 3 and tree.min_nonzero() == 4.0
     tree[torch.tensor([9, 9])] = torch.tensor([0.5, 0.0])  # the last write (a zero) wins
     assert tree.leaves[9] == 0.0 and tree.nnz == 2 and tree.min_nonzero() == 5.0
+
+
+def test_tree_writes_accept_values_with_autograd_history():
+    tree = SumSegmentTree(4)
+    tree[torch.tensor([0, 2])] = torch.tensor([1.0, 2.0], requires_grad=True)
+    assert float(tree.summary()) == 3.0
+    with pytest.raises(ValueError, match="finite"):
+        tree[torch.tensor([1])] = torch.tensor([math.nan], requires_grad=True)
+    assert float(tree.summary()) == 3.0  # unchanged after the error
+
+
+@pytest.mark.parametrize("name", ["MinSegmentTree", "MaxSegmentTree"])
+def test_min_max_trees_store_plain_values(name):
+    tree = {"MinSegmentTree": MinSegmentTree, "MaxSegmentTree": MaxSegmentTree}[name](4)
+    tree[torch.tensor([0, 2])] = torch.tensor([1.0, 2.0], requires_grad=True)
+    assert not tree.leaves.requires_grad and tree.summary().grad_fn is None

@@ -38,9 +38,9 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-import numpy as np
 import torch
 
+from torchrl_ext._host import bounds, last, smallest
 from torchrl_ext._huge_pages import empty_huge
 
 __all__ = ["MaxSegmentTree", "MinSegmentTree", "SegmentTree", "SumSegmentTree"]
@@ -168,8 +168,7 @@ class SegmentTree:
     def __getitem__(self, indices: IndexLike) -> torch.Tensor:
         index = self._as_index(indices)
         if index.numel():
-            low, high = (int(x) for x in torch.aminmax(index))
-            self._check_range(low, high)
+            self._check_range(*bounds(index))
         return self._levels[0].index_select(0, index.reshape(-1)).reshape(index.shape)
 
     def __setitem__(self, indices: IndexLike, values: ValueLike) -> None:
@@ -177,10 +176,8 @@ class SegmentTree:
         value = self._as_values(values, index)
         if index.numel() == 0:
             return
-        low, high = (int(x) for x in torch.aminmax(index))
-        self._check_range(low, high)
-        vmin, vmax = (float(x) for x in torch.aminmax(value))
-        self._check_values(vmin, vmax)
+        self._check_range(*bounds(index))
+        self._check_values(*(float(x) for x in bounds(value)))
         self._write(index, value)
 
     def _write(self, index: torch.Tensor, value: torch.Tensor) -> None:
@@ -245,12 +242,6 @@ class SegmentTree:
         """Reduction of each row, as ``dtype`` (the dtype of the level written)."""
         raise NotImplementedError
 
-    @staticmethod
-    def _prefix_total(prefix: torch.Tensor) -> float:
-        """The total at the end of a :meth:`_top_prefix`, as a Python float (read
-        through numpy on the CPU: no indexing kernel, no host sync)."""
-        return float(prefix.numpy()[-1]) if prefix.is_cpu else float(prefix[-1])
-
     def summary(self) -> torch.Tensor:
         """Reduction of all leaves, as a 0-d tensor."""
         raise NotImplementedError
@@ -311,7 +302,9 @@ class SegmentTree:
         return torch.as_tensor(indices, dtype=torch.long, device=self._device)
 
     def _as_values(self, values: ValueLike, index: torch.Tensor) -> torch.Tensor:
-        value = torch.as_tensor(values, device=self._device)
+        # Values are data: a written tensor's autograd history must not reach the levels
+        # (they would track gradients, and every later sum with out= would raise).
+        value = torch.as_tensor(values, device=self._device).detach()
         if not (value.is_floating_point() or value.dtype in _INT_DTYPES):
             raise TypeError(f"values must be real numbers, got dtype={value.dtype}.")
         value = value.to(self._dtype)
@@ -446,8 +439,8 @@ class SumSegmentTree(SegmentTree):
         if thr.numel() == 0:
             return torch.empty(shape, dtype=torch.long, device=self._device)
         prefix = self._top_prefix()
-        total = self._prefix_total(prefix)
-        tmin, tmax = (float(x) for x in torch.aminmax(thr))
+        total = last(prefix)
+        tmin, tmax = bounds(thr)
         # summary() (in the tree's dtype) is what a caller sees as "the total";
         # a total summed in another order (ALF's, say) may exceed it by a few
         # ulps, which is rounding, not a caller error.
@@ -474,7 +467,7 @@ class SumSegmentTree(SegmentTree):
         non-zero child.
         """
         node, value = self._walk(thr, prefix, capped=False)
-        if len(self._levels) > 1 and not _smallest(value) > 0:
+        if len(self._levels) > 1 and not smallest(value) > 0:
             node, value = self._walk(thr, prefix, capped=True)
         return node, value
 
@@ -578,11 +571,6 @@ class MaxSegmentTree(SegmentTree):
 
 
 # ----------------------------------------------------------------------
-def _smallest(values: torch.Tensor) -> float:
-    """Minimum of a non-empty tensor as a Python number (numpy on the CPU)."""
-    return float(np.minimum.reduce(values.numpy())) if values.is_cpu else float(values.amin())
-
-
 def _check_int(name: str, value: object, *, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {value!r}.")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import strategies as st
@@ -42,8 +43,10 @@ class PriorityModel:
         return min(self.written, self.capacity)
 
     def leaf(self, row: int) -> float:
+        """``(p + eps) ** alpha`` as the float32 tree holds it: a value below float32's
+        range (a tiny priority raised to alpha > 1) is stored as 0, never sampled."""
         p = self.priority[row]
-        return 0.0 if p is None else (p + self.eps) ** self.alpha
+        return 0.0 if p is None else float(np.float32((p + self.eps) ** self.alpha))
 
     def default(self) -> float:
         """Raw priority for new items, computed before they are written.

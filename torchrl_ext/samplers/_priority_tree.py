@@ -9,6 +9,7 @@ about 1.1x the leaves instead of 2-3x for separate trees.
 """
 from __future__ import annotations
 
+import functools
 import math
 import struct
 from typing import Any
@@ -230,20 +231,14 @@ def _last_writes(index: np.ndarray, value: np.ndarray) -> tuple[np.ndarray, np.n
     return index[keep], value[keep]
 
 
+@functools.lru_cache(maxsize=None)
 def _ones(fanout: int, dtype: np.dtype) -> np.ndarray | None:
     """A ones vector whose product with ``[k, fanout]`` rows sums them (BLAS dtypes only)."""
-    if dtype not in _BLAS_DTYPES:
+    if dtype not in (np.float32, np.float64):
         return None
-    key = (fanout, dtype)
-    ones = _ONES.get(key)
-    if ones is None:
-        ones = _ONES[key] = np.ones(fanout, dtype=dtype)
-        ones.flags.writeable = False
+    ones = np.ones(fanout, dtype=dtype)
+    ones.flags.writeable = False
     return ones
-
-
-_BLAS_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-_ONES: dict[tuple[int, np.dtype], np.ndarray] = {}
 
 
 def _rows(level: torch.Tensor, fanout: int, parents: torch.Tensor | None) -> torch.Tensor:

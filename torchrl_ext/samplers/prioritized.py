@@ -19,6 +19,7 @@ from torchrl.data import PrioritizedSampler as _TorchRLPrioritizedSampler
 from torchrl.data.replay_buffers.storages import Storage
 
 from torchrl_ext._checks import check_batch_size, check_real
+from torchrl_ext._host import bounds, last
 from torchrl_ext.samplers._priority_state import SHARING_REFUSED, PriorityCheckpoints
 from torchrl_ext.samplers._priority_tree import PrioritySegmentTree, reduce_per_item
 
@@ -225,7 +226,7 @@ class PrioritizedSampler(PriorityCheckpoints, _TorchRLPrioritizedSampler):
         check_batch_size(batch_size)
         tree = self._sum_tree
         prefix = tree._top_prefix()
-        total = tree._prefix_total(prefix)
+        total = last(prefix)
         if not total > 0:
             raise RuntimeError(
                 "every stored priority is zero, so nothing can be sampled; give some "
@@ -241,16 +242,16 @@ class PrioritizedSampler(PriorityCheckpoints, _TorchRLPrioritizedSampler):
         # below it, so the walk needs no cap at the top.
         draw = draw.mul_(math.nextafter(total, 0.0))
         index, value = tree._sample_walk(draw, prefix)
-        if not value.is_cpu:
-            weight = (
-                value.div(tree.min_nonzero()).pow_(-self._beta)
-                if self._weights == "per"
-                else value.mul(tree._nnz.to(value.dtype)).div_(total)
+        per = self._weights == "per"
+        if value.is_cpu:  # numpy: a fraction of a torch kernel per call at a batch's size
+            array = value.numpy()
+            weight = torch.from_numpy(
+                np.power(array / tree.min_nonzero(), -self._beta) if per else array * tree.nnz / total
             )
-        elif self._weights == "per":  # numpy: a fraction of a torch kernel per call here
-            weight = torch.from_numpy(np.power(value.numpy() / tree.min_nonzero(), -self._beta))
+        elif per:
+            weight = value.div(tree.min_nonzero()).pow_(-self._beta)
         else:
-            weight = torch.from_numpy(value.numpy() * tree.nnz / total)
+            weight = value.mul(tree._nnz.to(value.dtype)).div_(total)
         if storage.ndim > 1:
             index = torch.unravel_index(index, storage.shape)
         return index, {"priority_weight": weight}
@@ -292,13 +293,13 @@ class PrioritizedSampler(PriorityCheckpoints, _TorchRLPrioritizedSampler):
         priority = self._priority_vector(priority, index.shape[0], device)
         if index.numel() == 0:
             return
-        low, high = _bounds(index)
+        low, high = bounds(index)
         if low < 0:
             keep = index != -1
             index, priority = index[keep], priority[keep]
             if index.numel() == 0:
                 return
-            low, high = _bounds(index)
+            low, high = bounds(index)
         if low < 0 or high >= self._max_capacity:
             bad = low if low < 0 else high
             raise ValueError(
@@ -306,7 +307,7 @@ class PrioritizedSampler(PriorityCheckpoints, _TorchRLPrioritizedSampler):
                 f"{self._max_capacity}; indices must lie in [0, {self._max_capacity - 1}] "
                 "(or be -1 to skip an entry)."
             )
-        pmin, pmax = _bounds(priority)
+        pmin, pmax = bounds(priority)
         if not (math.isfinite(pmin) and math.isfinite(pmax)) or pmin < 0:
             raise ValueError(
                 f"priority must be finite and >= 0, got values in [{pmin}, {pmax}]; "
@@ -389,16 +390,6 @@ class PrioritizedSamplerWithoutReplacement(PrioritizedSampler):
 
 
 _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
-
-
-def _bounds(values: torch.Tensor) -> tuple[Any, Any]:
-    """``(min, max)`` of a non-empty tensor as Python numbers (numpy on the CPU: a
-    fraction of ``aminmax`` and two host syncs at an update's few hundred entries)."""
-    if values.is_cpu:
-        array = values.numpy()
-        return array.min().item(), array.max().item()
-    low, high = torch.aminmax(values)
-    return low.item(), high.item()
 
 
 def _register_replacement_dispatch() -> None:

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from torchrl_ext._host import bounds
 from torchrl_ext.io.state_files import load_state, save_state
 from torchrl_ext.samplers._priority_tree import PrioritySegmentTree
 from torchrl_ext.samplers.trajectory import TrajectorySampler
@@ -241,7 +242,7 @@ class PrioritizedTrajectorySampler(TrajectorySampler):
         if env_ids.numel() == 0:
             return
         storage._check_env_ids(env_ids)
-        pmin, pmax = (float(x) for x in torch.aminmax(priorities))
+        pmin, pmax = bounds(priorities)
         if not (math.isfinite(pmin) and math.isfinite(pmax)) or pmin < 0:
             raise ValueError(
                 f"priorities must be finite and >= 0, got values in [{pmin}, {pmax}]; "

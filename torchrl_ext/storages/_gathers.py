@@ -12,7 +12,8 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from torchrl_ext.storages._numpy_rows import NUMPY_DTYPES, Columns
+from torchrl_ext._host import NUMPY_DTYPES
+from torchrl_ext.storages._numpy_rows import Columns
 
 __all__ = ["assemble", "gather_coordinates", "gather_rows", "select_rows", "take", "take_rows"]
 

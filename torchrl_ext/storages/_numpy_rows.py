@@ -17,12 +17,8 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-#: torch dtypes whose CPU tensors numpy views without a copy (bfloat16 has no numpy twin).
-NUMPY_DTYPES = {
-    torch.bool: np.bool_, torch.uint8: np.uint8, torch.int8: np.int8, torch.int16: np.int16,
-    torch.int32: np.int32, torch.int64: np.int64, torch.float16: np.float16,
-    torch.float32: np.float32, torch.float64: np.float64,
-}
+from torchrl_ext._host import NUMPY_DTYPES
+
 
 #: A stored column: (the stored leaf as a numpy array, the item shape, the numpy dtype).
 Column = tuple[np.ndarray, tuple[int, ...], np.dtype]

@@ -35,6 +35,7 @@ from tensordict import TensorDictBase, is_tensor_collection
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage
 from torchrl.data.replay_buffers.writers import RoundRobinWriter
 
+from torchrl_ext._host import bounds
 from torchrl_ext._huge_pages import advise_huge_pages
 from torchrl_ext.storages._gathers import gather_rows
 from torchrl_ext.storages._numpy_rows import ColumnCache, Columns, matching_arrays, tensor_leaves
@@ -223,7 +224,7 @@ class _SliceWritesIndexSelectReads:
             and self.initialized
             and isinstance(stored, TensorDictBase)
         ):
-            low, high = (int(x) for x in torch.aminmax(index))
+            low, high = bounds(index)
             size = len(self)
             if 0 <= low and high < size:
                 return gather_rows(stored, index)
