@@ -21,6 +21,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from torchrl_ext._host import numpy_view
 from torchrl_ext.storages._gathers import take
 
 __all__ = ["ChainTable"]
@@ -70,11 +71,12 @@ class ChainTable:
         # Every op here costs microseconds per sample: no copies or moves that are not needed.
         if flat.device != self.stop.device:
             flat = flat.to(self.stop.device)
-        if flat.is_cpu and self.reward.dtype != torch.bfloat16 and not self.reward.requires_grad:
+        reward = numpy_view(self.reward) if flat.is_cpu else None
+        if reward is not None:
             # numpy's take costs about half an index_select on a sample's few hundred rows.
             rows = flat.numpy()
             m = self.stop.numpy().take(rows).astype(np.int64)
-            return (torch.from_numpy(m), take(self.reward.numpy(), rows),
+            return (torch.from_numpy(m), take(reward, rows),
                     take(self._steps_by_stop.numpy(), m), take(self._discount_by_stop.numpy(), m))
         m = self.stop.index_select(0, flat).long()
         reward = self.reward.index_select(0, flat)

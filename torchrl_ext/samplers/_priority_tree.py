@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from torchrl_ext._host import numpy_view
 from torchrl_ext.segment_tree import SumSegmentTree, _store
 from torchrl_ext.storages._numpy_rows import ColumnCache, Columns
 
@@ -119,12 +120,12 @@ class PrioritySegmentTree(SumSegmentTree):
     # ------------------------------------------------------------------
     # CPU writes through numpy
     def _write(self, index: torch.Tensor, value: torch.Tensor) -> None:
-        small = index.shape[0] < _NUMPY_WRITES_BELOW  # larger writes: torch's kernels win
-        numpy_ok = index.is_cpu and value.is_cpu and not value.requires_grad
-        arrays = self._numpy_levels() if small and numpy_ok else None
-        if arrays is None:
-            return super()._write(index, value)
-        self._write_arrays(arrays, index.numpy(), value.numpy())
+        if index.shape[0] < _NUMPY_WRITES_BELOW:  # larger writes: torch's kernels win
+            index_np, value_np = numpy_view(index), numpy_view(value)
+            arrays = self._numpy_levels() if index_np is not None and value_np is not None else None
+            if arrays is not None:
+                return self._write_arrays(arrays, index_np, value_np)
+        super()._write(index, value)
 
     def _numpy_levels(self) -> Columns | None:
         """Numpy views of every level (sums, minimum keys, maxima), or ``None`` off the

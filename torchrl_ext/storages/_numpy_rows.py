@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from torchrl_ext._host import NUMPY_DTYPES
+from torchrl_ext._host import numpy_view
 
 
 #: A stored column: (the stored leaf as a numpy array, the item shape, the numpy dtype).
@@ -35,12 +35,10 @@ def numpy_columns(leaves: Any, batch_dims: int) -> Columns | None:
     items, or ``None`` if numpy cannot view one of them."""
     by_key = {}
     for key, leaf in leaves:
-        if (
-            not isinstance(leaf, torch.Tensor) or not leaf.is_cpu or leaf.dtype not in NUMPY_DTYPES
-            or leaf.requires_grad  # a read must keep the graph: torch's gathers do
-        ):
+        # A leaf with autograd history is refused too: a read must keep the graph, as torch's gathers do.
+        array = numpy_view(leaf) if isinstance(leaf, torch.Tensor) else None
+        if array is None:
             return None
-        array = leaf.numpy()
         by_key[key] = (array, array.shape[batch_dims:], array.dtype)
     return Columns(by_key)
 
