@@ -10,7 +10,8 @@ Everything runs in one process. One op = sample(B) + update_priority(B) with fre
 priorities on a full buffer of 1,000,000 vector transitions (alpha=0.6, beta=0.4), at B=256 and
 B=4096, for: cpprb's PrioritizedReplayBuffer, TorchRL's TensorDictReplayBuffer with its
 PrioritizedSampler (end to end and sampler only), and torchrl_ext's PrioritizedReplayBuffer
-(end to end) and PrioritizedSampler (sampler only). A last case times torchrl_ext's sampler at
+(end to end) and PrioritizedSampler (sampler only). Two sampler-only cases repeat B=256 on skewed
+priorities (lognormal), where fewer rejection draws are accepted. A last case times torchrl_ext's sampler at
 10,000,000 capacity and reports its tree memory. The timing method is bench_value.py's (see
 _harness.py): warm-up, k calls per repetition, repetitions interleaved round-robin with the GC
 off, torch at 1 thread, background load measured and waited out before each case.
@@ -68,7 +69,10 @@ TARGETS = [
     ("B256", EXT_S, TRL_S, 1.0),
     ("B4096", EXT_S, TRL_S, 1.0),
 ]
-INFO_RATIOS = [("B256", EXT, TRL), ("B4096", EXT, TRL)]  # printed without a target
+# Sampler-only pairs on skewed priorities, |TD error| ~ lognormal(0, sigma): (key suffix, sigma).
+SKEWED = [("skew1_B256", 1.0), ("skew3_B256", 3.0)]
+INFO_RATIOS = [("B256", EXT, TRL), ("B4096", EXT, TRL),  # printed without a target
+               *[(suffix, EXT_S, TRL_S) for suffix, _ in SKEWED]]
 
 
 @dataclass
@@ -252,6 +256,37 @@ def per_case(bufs: Buffers, batch_size: int) -> Case:
     return Case(f"per_1M_B{batch_size}", title, TRL, impls, lambda: ext_checks(bufs, batch_size))
 
 
+def skewed_case(suffix: str, sigma: float, capacity: int, batch_size: int = 256) -> Case:
+    """Sampler-only, TorchRL's C++ sampler against torchrl_ext's, on priorities drawn from
+    lognormal(0, sigma), the timed updates too. The title gives the share of proposals
+    torchrl_ext's rejection draws would accept (sums of 32 leaves against the largest):
+    below about 0.12 at B=256 its sampler walks the tree instead."""
+    storage = TensorStorage(TensorDict({"done": torch.zeros(capacity, 1, dtype=torch.bool)}, [capacity]))
+    g = torch.Generator().manual_seed(3)
+    priority = torch.randn(capacity, generator=g).mul_(sigma).exp_()
+    pool = [torch.randn(batch_size, generator=g).mul_(sigma).exp_() for _ in range(POOL)]
+    trl, ext = TorchRLPrioritizedSampler(capacity, ALPHA, BETA), PrioritizedSampler(capacity, ALPHA, BETA)
+    for sampler in (trl, ext):
+        sampler.update_priority(torch.arange(capacity), priority)
+    impls = [
+        Impl(TRL_S, f"torchrl PrioritizedSampler.sample(storage, {batch_size}) + update_priority (C++ trees)",
+             False, sampler_op(trl, storage, batch_size, pool)),
+        Impl(EXT_S, f"torchrl_ext PrioritizedSampler.sample(storage, {batch_size}) + update_priority",
+             False, sampler_op(ext, storage, batch_size, pool)),
+    ]
+    rows = ext._sum_tree._levels[1][: ext._sum_tree._sizes[1]]
+    acceptance = float(rows.mean() / rows.max())
+
+    def checks() -> list[Check]:
+        index, info = ext.sample(storage, batch_size)
+        return [check_indices(f"{EXT_S} {suffix}: index", index, capacity),
+                check_weights(f"{EXT_S} {suffix}: priority_weight", info["priority_weight"])]
+    title = (f"sampler only, sample({batch_size}) + update_priority({batch_size}) on a full {capacity:,} "
+             f"sampler, priorities lognormal(0, {sigma:g}) (alpha={ALPHA}, beta={BETA}; rejection "
+             f"acceptance {acceptance:.2f} before timing)")
+    return Case(f"per_1M_{suffix}", title, TRL_S, impls, checks)
+
+
 def big_sampler_case(capacity: int) -> tuple[Case, PrioritizedSampler, dict[str, int]]:
     """torchrl_ext's sampler alone at 10M capacity, B=256 and B=4096 in one interleaved case.
 
@@ -381,6 +416,10 @@ def main() -> int:
                 run(per_case(bufs, b))
         del bufs  # ~2 GB of buffers; free them before the 10M sampler
         gc.collect()
+    for suffix, sigma in SKEWED:
+        if selected(a, f"per_1M_{suffix}"):
+            run(skewed_case(suffix, sigma, CAPACITY))
+            gc.collect()
     if selected(a, "per_10M_sampler"):  # i.e. the case key contains --only
         case, sampler, nbytes = big_sampler_case(BIG_CAPACITY)
         run(case)

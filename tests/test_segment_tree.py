@@ -391,3 +391,48 @@ def test_min_max_trees_store_plain_values(name):
     tree = {"MinSegmentTree": MinSegmentTree, "MaxSegmentTree": MaxSegmentTree}[name](4)
     tree[torch.tensor([0, 2])] = torch.tensor([1.0, 2.0], requires_grad=True)
     assert not tree.leaves.requires_grad and tree.summary().grad_fn is None
+
+
+# --------------------------------------------------------------------------- rejection draws
+# 99.9% quantile of the chi-square distribution with 29 degrees of freedom.
+CHI2_999_29 = 58.301
+
+
+def skewed_rows(capacity: int = 40) -> torch.Tensor:
+    """Leaves 1, ..., 40 with the first of every row of 4 set to zero: 30 non-zero
+    leaves from 2 to 40 in rows summing to 9, 21, ..., 117."""
+    values = torch.arange(1.0, capacity + 1.0)
+    values[torch.arange(0, capacity, 4)] = 0.0  # a zero leaf at the start of every row
+    return values
+
+
+@pytest.mark.parametrize("layout", [(32, 32768), (4, 8)], ids=["leaves proposed", "rows proposed"])
+def test_draw_by_rejection_frequencies_follow_the_leaves(layout):
+    fanout, top_size = layout
+    values = skewed_rows()
+    tree = PrioritySegmentTree(40, fanout=fanout, top_size=top_size)
+    tree[torch.arange(40)] = values
+    generator = torch.Generator().manual_seed(0)
+    counts = torch.zeros(40)
+    for _ in range(100):
+        drawn = tree.draw_by_rejection(256, generator)
+        assert drawn is not None
+        index, value = drawn
+        assert index.dtype == torch.long and torch.equal(value, tree[index])
+        counts += torch.bincount(index, minlength=40)
+    assert counts[values == 0].sum() == 0  # zero leaves are never drawn
+    expected = values[values > 0] / values.sum() * counts.sum()
+    chi_square = float(((counts[values > 0] - expected) ** 2 / expected).sum())
+    assert chi_square < CHI2_999_29
+
+
+def test_draw_by_rejection_declines_where_a_walk_is_cheaper_or_nothing_can_be_drawn():
+    generator = torch.Generator().manual_seed(0)
+    tree = PrioritySegmentTree(1000, fanout=4, top_size=8)
+    assert tree.draw_by_rejection(8, generator) is None  # every leaf zero
+    tree[torch.arange(1000)] = torch.full((1000,), 1e-3)
+    tree[torch.tensor([500])] = torch.tensor([1e3])  # one row outweighs all: few proposals accepted
+    assert tree.draw_by_rejection(256, generator) is None
+    tree[torch.tensor([500])] = torch.tensor([1e-3])
+    index, _ = tree.draw_by_rejection(256, generator)
+    assert index.shape == (256,) and bool(((index >= 0) & (index < 1000)).all())

@@ -14,7 +14,7 @@ from torchrl_ext.samplers import PrioritizedSampler, PrioritizedSamplerWithoutRe
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 # 99.9% quantiles of the chi-square distribution, by degrees of freedom.
-CHI2_999 = {4: 18.467, 9: 27.877}
+CHI2_999 = {4: 18.467, 9: 27.877, 10: 29.588}
 
 
 class FullStorage:
@@ -78,6 +78,34 @@ def test_frequencies_follow_priorities_to_the_alpha(device, alpha):
         counts += torch.bincount(index.cpu(), minlength=10)
     expected = (priorities + 1e-8) ** alpha
     assert chi_square(counts, expected / expected.sum()) < CHI2_999[9]
+
+
+@pytest.mark.parametrize("skewed", [False, True], ids=["rows drawn by rejection", "walked"])
+def test_frequencies_in_a_two_level_tree_by_rejection_and_by_walk(skewed, monkeypatch):
+    """40,000 items (a tree with a level above the leaves) in ten blocks with priorities
+    1..10. With ``skewed``, item 123 (its own group 10) is so large that rejection would
+    accept too few proposals, and the sampler walks the tree instead."""
+    n, blocks = 40_000, 10
+    priorities = torch.arange(1.0, blocks + 1).repeat_interleave(n // blocks)
+    group = torch.arange(n) // (n // blocks)
+    if skewed:
+        priorities[123], group[123] = 1e9, blocks
+    sampler = filled_sampler(priorities.tolist(), alpha=0.7)
+    sampler._rng = torch.Generator().manual_seed(0)
+    tree = sampler._sum_tree
+    assert len(tree._levels) > 1
+    walks = []
+    walk = tree._sample_walk
+    monkeypatch.setattr(tree, "_sample_walk", lambda *args: walks.append(1) or walk(*args))
+    counts = torch.zeros(blocks + 1)
+    for _ in range(40):
+        index, _ = sampler.sample(FullStorage(n), 256)
+        counts += torch.bincount(group[index], minlength=blocks + 1)
+    assert len(walks) == (40 if skewed else 0)
+    mass = torch.zeros(blocks + 1, dtype=torch.float64).index_add_(0, group, priorities.double() ** 0.7)
+    seen = mass > 0
+    assert counts[~seen].sum() == 0
+    assert chi_square(counts[seen], (mass[seen] / mass.sum()).float()) < CHI2_999[int(seen.sum()) - 1]
 
 
 def test_stratified_sampling_covers_uniform_items_once_each():

@@ -99,6 +99,81 @@ class PrioritySegmentTree(SumSegmentTree):
         fmt = _STRUCT_FORMATS[self._dtype]
         return struct.unpack(fmt[1], struct.pack(fmt[0], key + 1))[0]
 
+    def draw_by_rejection(
+        self, n: int, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``n`` leaves drawn with probability ``value / total``, or ``None``.
+
+        Rejection sampling on the level above the leaves: a node proposed uniformly
+        is accepted with probability ``node sum / largest node sum``, and a leaf of
+        an accepted node is then drawn in proportion to its value. A leaf's chance
+        is its value over the total (to the rounding of the stored sums, as for a
+        walk), and the first ``n`` accepted proposals are ``n`` independent draws.
+        It costs a few numpy calls where a walk costs a cumsum of the top level and
+        a dozen small kernels per level below. Sums of ``fanout`` leaves vary far
+        less than the leaves do, so most proposals are accepted even for skewed
+        priorities.
+
+        Returns ``None`` (walk instead) off the CPU, for dtypes numpy has no twin
+        of, when too few proposals would be accepted for rejection to beat a walk
+        (a mostly empty buffer, say; see ``_min_acceptance``), or when a batch of
+        proposals falls short of ``n`` or lands on a zero leaf by rounding.
+        Throwing such a batch away keeps the draws exact: which proposals are
+        accepted decides only whether the batch is used, and given that, the
+        accepted ones are still independent draws.
+
+        Returns:
+            int64 leaf indices ``[n]`` and their values ``[n]``.
+
+        Examples:
+            >>> import torch
+            >>> tree = PrioritySegmentTree(3)
+            >>> tree[torch.arange(3)] = torch.tensor([1.0, 0.0, 3.0])
+            >>> index, value = tree.draw_by_rejection(1000, torch.Generator().manual_seed(0))
+            >>> sorted(set(index.tolist())), bool((value == tree[index]).all())
+            ([0, 2], True)
+        """
+        arrays = self._numpy_levels()
+        if arrays is None:
+            return None
+        views = [array for array, _, _ in arrays.by_key.values()]
+        leaves, fanout = views[0], self._fanout
+        # The proposals' level without its padding: the leaves in a one-level tree.
+        nodes = leaves[: self._capacity] if len(self._levels) == 1 else views[1][: self._sizes[1]]
+        peak = nodes.max().item()
+        if not peak > 0:
+            return None
+        acceptance = nodes.sum().item() / (nodes.shape[0] * peak)
+        if acceptance < _min_acceptance(n):
+            return None
+        # About 5 standard deviations of headroom at n = 256: a short batch is rare.
+        proposals = int(n / acceptance * 1.2) + 32
+        # One draw for the proposals, their coins and the shares within rows: uniform
+        # integers as floor(u * count) are off by at most 2**-53 relative.
+        uniform = torch.rand(2 * proposals + n, dtype=torch.float64, generator=generator).numpy()
+        node = np.minimum(uniform[:proposals] * nodes.shape[0], nodes.shape[0] - 1).astype(np.int64)
+        accepted = np.flatnonzero(uniform[proposals:2 * proposals] * peak < nodes[node])[:n]
+        if accepted.shape[0] < n:
+            return None
+        node = node[accepted]
+        if len(self._levels) == 1:
+            return torch.from_numpy(node), torch.from_numpy(leaves[node])
+        rows = leaves.reshape(-1, fanout).take(node, axis=0)
+        # torch's kernel: numpy's BLAS would start threads that then contend with torch's.
+        running = torch.from_numpy(rows).cumsum(1).numpy()
+        share = uniform[2 * proposals:] * running[:, -1]
+        below = running <= share.astype(rows.dtype)[:, None]
+        # The first child whose running sum exceeds the share; a row wholly below it
+        # (the share rounded up to the row's sum) would give 0: walk instead.
+        child = below.argmin(1)
+        if below[:, -1].any():
+            return None
+        flat = child + np.arange(0, n * fanout, fanout)
+        value = rows.reshape(-1)[flat]
+        if not value.min() > 0:
+            return None
+        return torch.from_numpy(node * fanout + child), torch.from_numpy(value)
+
     def max(self) -> torch.Tensor:
         """Largest leaf (0 while every leaf is zero), 0-d tensor; needs ``track_max``."""
         if self._max_levels is None:
@@ -197,6 +272,16 @@ class PrioritySegmentTree(SumSegmentTree):
         if self._max_levels is not None:
             self._max_levels = [level.to(self._device) for level in self._max_levels]
         return self
+
+
+def _min_acceptance(n: int) -> float:
+    """The acceptance below which a walk draws ``n`` leaves faster than rejection.
+
+    Proposals cost per draw divided by the acceptance, a walk per draw plus a fixed
+    cumsum of the top. Measured on a 1M tree (CPU, one process): level at about 0.1
+    for 256 draws, 0.15-0.2 for 1,024, 0.3 for 2,048 and 0.35-0.4 for 4,096.
+    """
+    return 0.12 * math.sqrt(n / 256)
 
 
 # Writes of fewer entries go through numpy on the CPU; measured on a 1M tree: numpy 172 us

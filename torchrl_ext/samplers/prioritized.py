@@ -225,6 +225,31 @@ class PrioritizedSampler(PriorityCheckpoints, _TorchRLPrioritizedSampler):
             )
         check_batch_size(batch_size)
         tree = self._sum_tree
+        drawn = None if self._stratified else tree.draw_by_rejection(batch_size, self._rng)
+        if drawn is not None:
+            index, value = drawn
+            total = last(tree._top_prefix()) if self._weights == "alf" else math.nan
+        else:
+            index, value, total = self._walk_draw(tree, batch_size)
+        per = self._weights == "per"
+        if value.is_cpu:  # numpy: a fraction of a torch kernel per call at a batch's size
+            array = value.numpy()
+            weight = torch.from_numpy(
+                np.power(array / tree.min_nonzero(), -self._beta) if per else array * tree.nnz / total
+            )
+        elif per:
+            weight = value.div(tree.min_nonzero()).pow_(-self._beta)
+        else:
+            weight = value.mul(tree._nnz.to(value.dtype)).div_(total)
+        if storage.ndim > 1:
+            index = torch.unravel_index(index, storage.shape)
+        return index, {"priority_weight": weight}
+
+    def _walk_draw(
+        self, tree: PrioritySegmentTree, batch_size: int
+    ) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """Leaf indices, their values and the total, by walking the tree from
+        uniform (or, without replacement, stratified) thresholds."""
         prefix = tree._top_prefix()
         total = last(prefix)
         if not total > 0:
@@ -242,19 +267,7 @@ class PrioritizedSampler(PriorityCheckpoints, _TorchRLPrioritizedSampler):
         # below it, so the walk needs no cap at the top.
         draw = draw.mul_(math.nextafter(total, 0.0))
         index, value = tree._sample_walk(draw, prefix)
-        per = self._weights == "per"
-        if value.is_cpu:  # numpy: a fraction of a torch kernel per call at a batch's size
-            array = value.numpy()
-            weight = torch.from_numpy(
-                np.power(array / tree.min_nonzero(), -self._beta) if per else array * tree.nnz / total
-            )
-        elif per:
-            weight = value.div(tree.min_nonzero()).pow_(-self._beta)
-        else:
-            weight = value.mul(tree._nnz.to(value.dtype)).div_(total)
-        if storage.ndim > 1:
-            index = torch.unravel_index(index, storage.shape)
-        return index, {"priority_weight": weight}
+        return index, value, total
 
     # ------------------------------------------------------------------
     # Priorities
