@@ -436,3 +436,24 @@ def test_draw_by_rejection_declines_where_a_walk_is_cheaper_or_nothing_can_be_dr
     tree[torch.tensor([500])] = torch.tensor([1e-3])
     index, _ = tree.draw_by_rejection(256, generator)
     assert index.shape == (256,) and bool(((index >= 0) & (index < 1000)).all())
+
+
+def test_draw_by_rejection_declines_a_share_that_rounds_up_to_its_rows_sum(monkeypatch):
+    """Uniform draws just below 1: every proposal is accepted, but each share, rounded to
+    float32, equals its row's sum, so no child exceeds it. Taking the first child then
+    would bias the draw; the tree declines and the sampler walks."""
+    tree = PrioritySegmentTree(64, fanout=4, top_size=8)
+    tree[torch.arange(64)] = torch.ones(64)
+    almost_one = 1.0 - 2.0**-30
+    monkeypatch.setattr(torch, "rand", lambda n, **kwargs: torch.full((n,), almost_one, dtype=torch.float64))
+    assert tree.draw_by_rejection(16) is None
+
+
+def test_draw_by_rejection_declines_a_batch_of_proposals_that_falls_short(monkeypatch):
+    """Uniform draws just below 1 propose only the last row, whose sum is half the
+    largest: no proposal is accepted, and the tree declines rather than return fewer."""
+    tree = PrioritySegmentTree(64, fanout=4, top_size=8)
+    tree[torch.arange(64)] = torch.cat([torch.ones(60), torch.full((4,), 0.5)])
+    almost_one = 1.0 - 2.0**-30
+    monkeypatch.setattr(torch, "rand", lambda n, **kwargs: torch.full((n,), almost_one, dtype=torch.float64))
+    assert tree.draw_by_rejection(16) is None

@@ -163,11 +163,9 @@ class PrioritySegmentTree(SumSegmentTree):
         running = torch.from_numpy(rows).cumsum(1).numpy()
         share = uniform[2 * proposals:] * running[:, -1]
         below = running <= share.astype(rows.dtype)[:, None]
-        # The first child whose running sum exceeds the share; a row wholly below it
-        # (the share rounded up to the row's sum) would give 0: walk instead.
-        child = below.argmin(1)
-        if below[:, -1].any():
+        if below[:, -1].any():  # a share rounded up to its row's sum: no child exceeds it
             return None
+        child = below.argmin(1)  # the first child whose running sum exceeds the share
         flat = child + np.arange(0, n * fanout, fanout)
         value = rows.reshape(-1)[flat]
         if not value.min() > 0:
