@@ -19,7 +19,7 @@ import torch
 
 from torchrl_ext._host import numpy_view, smallest
 from torchrl_ext.segment_tree import SumSegmentTree, _store
-from torchrl_ext.storages._numpy_rows import ColumnCache, Columns
+from torchrl_ext.storages._numpy_rows import ColumnCache
 
 __all__ = ["PrioritySegmentTree", "reduce_per_item"]
 
@@ -133,10 +133,9 @@ class PrioritySegmentTree(SumSegmentTree):
             >>> sorted(set(index.tolist())), bool((value == tree[index]).all())
             ([0, 2], True)
         """
-        arrays = self._numpy_levels()
-        if arrays is None:
+        views = self._numpy_levels()
+        if views is None:
             return None
-        views = [array for array, _, _ in arrays.by_key.values()]
         leaves, fanout = views[0], self._fanout
         # The proposals' level without its padding: the leaves in a one-level tree.
         nodes = leaves[: self._capacity] if len(self._levels) == 1 else views[1][: self._sizes[1]]
@@ -195,14 +194,14 @@ class PrioritySegmentTree(SumSegmentTree):
     def _write(self, index: torch.Tensor, value: torch.Tensor) -> None:
         if index.shape[0] < _NUMPY_WRITES_BELOW:  # larger writes: torch's kernels win
             index_np, value_np = numpy_view(index), numpy_view(value)
-            arrays = self._numpy_levels() if index_np is not None and value_np is not None else None
-            if arrays is not None:
-                return self._write_arrays(arrays, index_np, value_np)
+            views = self._numpy_levels() if index_np is not None and value_np is not None else None
+            if views is not None:
+                return self._write_arrays(views, index_np, value_np)
         super()._write(index, value)
 
-    def _numpy_levels(self) -> Columns | None:
-        """Numpy views of every level (sums, minimum keys, maxima), or ``None`` off the
-        CPU or for dtypes numpy has no twin of.
+    def _numpy_levels(self) -> list[np.ndarray] | None:
+        """Numpy views of every level, in order: the sums, the minimum keys, then the
+        maxima; ``None`` off the CPU or for dtypes numpy has no twin of.
 
         A prioritized update writes a few hundred leaves: about 20 torch kernels that
         cost several microseconds each, where numpy's calls cost one or two. The views
@@ -210,11 +209,11 @@ class PrioritySegmentTree(SumSegmentTree):
         copies into them) and pickle empty.
         """
         tensors = [*self._levels, *self._min_levels, *(self._max_levels or ())]
-        return self._numpy_cache.get(list(enumerate(tensors)), batch_dims=1)
+        columns = self._numpy_cache.get(list(enumerate(tensors)), batch_dims=1)
+        return None if columns is None else [array for array, _, _ in columns.by_key.values()]
 
-    def _write_arrays(self, arrays: Columns, index: np.ndarray, value: np.ndarray) -> None:
-        """:meth:`_write` of validated, non-empty ``index`` / ``value`` on the numpy views."""
-        views = [array for array, _, _ in arrays.by_key.values()]
+    def _write_arrays(self, views: list[np.ndarray], index: np.ndarray, value: np.ndarray) -> None:
+        """:meth:`_write` of validated, non-empty ``index`` / ``value`` on the :meth:`_numpy_levels` views."""
         depth = len(self._levels)
         levels, min_levels = views[:depth], views[depth:2 * depth - 1]
         max_levels = views[2 * depth - 1:] if self._max_levels is not None else []
