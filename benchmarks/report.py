@@ -89,6 +89,13 @@ def load_results(results_dir: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
+def missing_results(results_dir: Path) -> list[str]:
+    """The scripts of ``BENCHES`` with no JSON file in ``results_dir`` (the results are not in git,
+    so on a fresh clone a partial run leaves the others missing)."""
+    return [name for name in BENCHES if not any((results_dir / f"{stem}{name}.json").is_file()
+                                                for stem in ("", "bench_"))]
+
+
 def case_impls(case: dict[str, Any]) -> dict[str, dict[str, Any]]:
     impls = case.get("impls") or {}
     if isinstance(impls, list):
@@ -394,11 +401,23 @@ def update_readme(readme: Path, results: dict[str, dict[str, Any]]) -> bool:
     return True
 
 
-def write_report(results_dir: Path, output_md: Path, img_dir: Path, readme: Path | None = None) -> list[Path]:
-    """Writes RESULTS.md, the plots and (given ``readme``) the README's table; returns the files written."""
+def write_report(results_dir: Path, output_md: Path, img_dir: Path, readme: Path | None = None,
+                 partial: bool = False) -> list[Path]:
+    """Writes RESULTS.md, the plots and (given ``readme``) the README's table; returns the files written.
+
+    Raises:
+        FileNotFoundError: if ``results_dir`` has no results, or (unless ``partial``) lacks some
+            script's: the report would silently drop that script's sections and targets.
+    """
     results = load_results(results_dir)
     if not results:
         raise FileNotFoundError(f"no benchmark JSON files in {results_dir}: run `python benchmarks/suite.py` first")
+    missing = missing_results(results_dir)
+    if missing and not partial:
+        raise FileNotFoundError(
+            f"no results for {', '.join(missing)} in {results_dir}, so the report would drop their sections and "
+            f"targets: run them (`python benchmarks/suite.py --scripts {','.join(missing)}`) or the full suite, "
+            "or pass --partial to write a report of the scripts present only")
     img_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for name, plot in (("bench_throughput.png", plot_throughput), ("bench_value.png", plot_value),
@@ -420,9 +439,11 @@ def main() -> None:
     ap.add_argument("--img-dir", type=Path, default=ROOT / "docs" / "img")
     ap.add_argument("--readme", type=Path, default=ROOT / "README.md",
                     help="README whose bench:start/bench:end block is rewritten (--readme '' to skip)")
+    ap.add_argument("--partial", action="store_true",
+                    help="write the report even if some scripts have no results (their sections are left out)")
     a = ap.parse_args()
     readme = a.readme if str(a.readme) not in ("", ".") else None
-    for path in write_report(a.results, a.output_md, a.img_dir, readme):
+    for path in write_report(a.results, a.output_md, a.img_dir, readme, partial=a.partial):
         print(f"wrote {path}")
 
 

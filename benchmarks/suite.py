@@ -248,7 +248,13 @@ def main() -> int:
         print(f"Suite wall time {time.perf_counter() - t0:.0f} s.")
         return code
     runs = [run_script(s, out_dir, quick=False) for s in scripts]
-    if not a.no_report:
+    missing = report.missing_results(out_dir)
+    if not a.no_report and missing:
+        # The other scripts' results are not in git: regenerating would drop their sections.
+        print(f"RESULTS.md, the plots and the README table are left as they are: {out_dir} has no results for "
+              f"{', '.join(missing)}. Run those scripts too (--scripts {','.join(missing)}) to regenerate them; "
+              f"this run's reports are {', '.join(str(out_dir / f'{s}.md') for s in scripts)}.")
+    elif not a.no_report:
         for path in report.write_report(out_dir, HERE / "RESULTS.md", HERE.parent / "docs" / "img",
                                         HERE.parent / "README.md"):
             print(f"wrote {path}")

@@ -114,7 +114,7 @@ def test_write_report_makes_the_table_and_the_plots(tmp_path: Path) -> None:
     for name, payload in results.items():
         (res_dir / f"{name}.json").write_text(json.dumps(payload))
     md, img = tmp_path / "RESULTS.md", tmp_path / "img"
-    written = report.write_report(res_dir, md, img)
+    written = report.write_report(res_dir, md, img, partial=True)  # storage and sweep only
     assert {p.name for p in written} == {"bench_throughput.png", "bench_value.png", "benchmark_summary.png",
                                          "RESULTS.md"}
     for p in written[:-1]:
@@ -130,6 +130,37 @@ def test_write_report_makes_the_table_and_the_plots(tmp_path: Path) -> None:
 def test_write_report_without_results_names_the_fix(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="run `python benchmarks/suite.py` first"):
         report.write_report(tmp_path, tmp_path / "R.md", tmp_path / "img")
+
+
+def test_write_report_refuses_to_drop_the_scripts_without_results(tmp_path: Path) -> None:
+    (tmp_path / "storage.json").write_text(json.dumps(storage_results()["storage"]))
+    (tmp_path / "bench_value.json").write_text("{}")  # the prefixed name counts too
+    missing = report.missing_results(tmp_path)
+    assert missing == [name for name in report.BENCHES if name not in ("storage", "value")]
+    md = tmp_path / "R.md"
+    md.write_text("the previous report")
+    with pytest.raises(FileNotFoundError, match=r"no results for prioritized, nstep, .*--scripts prioritized,nstep"):
+        report.write_report(tmp_path, md, tmp_path / "img")
+    assert md.read_text() == "the previous report"
+    assert not (tmp_path / "img").exists()
+
+
+def test_a_partial_full_run_leaves_the_report_as_it_is(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    def fake_run(script: str, out_dir: Path, quick: bool) -> suite.Run:
+        (out_dir / f"{script}.json").write_text(json.dumps(storage_results()[script]))
+        return suite.Run(script, 0, 0.0, out_dir / f"{script}.json", out_dir / f"{script}.md")
+
+    def no_report(*args: object, **kwargs: object) -> list[Path]:
+        raise AssertionError("write_report must not run on a partial results folder")
+
+    monkeypatch.setattr(suite, "run_script", fake_run)
+    monkeypatch.setattr(report, "write_report", no_report)
+    monkeypatch.setattr(sys, "argv", ["suite.py", "--scripts", "storage", "--results", str(tmp_path)])
+    assert suite.main() == 0
+    out = capsys.readouterr().out
+    assert "left as they are" in out and "--scripts prioritized,nstep,ring" in out
+    assert str(tmp_path / "storage.md") in out
 
 
 def test_run_inline_returns_the_exit_code_and_keeps_the_output(tmp_path: Path) -> None:
