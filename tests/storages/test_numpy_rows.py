@@ -11,23 +11,25 @@ from torchrl.data import LazyTensorStorage
 
 from torchrl_ext.replay_buffers import TensorDictReplayBuffer
 from torchrl_ext.storages import FastMemmapStorage, FastTensorStorage
-from torchrl_ext.storages._numpy_rows import ColumnCache, matching_arrays, numpy_columns
+from torchrl_ext.storages._numpy_rows import ColumnCache, matching_arrays, numpy_columns, tensor_leaves
 
 
-def batch(n: int, start: float = 0.0) -> TensorDict:
+def batch(n: int, start: float = 0.0, nested: bool = True) -> TensorDict:
+    """A nested batch, or a flat one (whose entries are its leaves: matching_arrays' direct path)."""
     x = start + torch.arange(n, dtype=torch.float32)
-    return TensorDict({"obs": torch.stack([x, -x], 1), "next": {"obs": x.unsqueeze(1)},
-                       "done": x.remainder(2) == 0}, [n])
+    second = {"next": {"obs": x.unsqueeze(1)}} if nested else {"next_obs": x.unsqueeze(1)}
+    return TensorDict({"obs": torch.stack([x, -x], 1), **second, "done": x.remainder(2) == 0}, [n])
 
 
-def stored_columns(n: int = 5):
-    leaves = list(batch(n).items(include_nested=True, leaves_only=True))
+def stored_columns(n: int = 5, nested: bool = True):
+    leaves = list(batch(n, nested=nested).items(include_nested=True, leaves_only=True))
     return numpy_columns(leaves, batch_dims=1)
 
 
-def test_matching_arrays_pairs_every_column_with_the_new_rows():
-    columns = stored_columns()
-    data = batch(3, 10.0)
+@pytest.mark.parametrize("nested", [True, False])
+def test_matching_arrays_pairs_every_column_with_the_new_rows(nested):
+    columns = stored_columns(nested=nested)
+    data = batch(3, 10.0, nested=nested)
     pairs = matching_arrays(data, columns, rows=3)
     by_array = {id(stored): new for stored, new in pairs}
     for key, (stored, _, _) in columns.by_key.items():
@@ -44,10 +46,26 @@ def test_matching_arrays_pairs_every_column_with_the_new_rows():
         lambda td: td.set("obs", td.get("obs").requires_grad_()),   # autograd history
         lambda td: td.set("obs", td.get("obs").to(torch.bfloat16)),  # no numpy twin
         lambda td: td.set("obs", torch.zeros(3, 2, device="meta")),   # not on the CPU
+        lambda td: td.set(("sub", "x"), torch.zeros(3)),              # a nested key not stored
     ],
 )
-def test_matching_arrays_refuses_any_difference(change):
-    assert matching_arrays(change(batch(3)), stored_columns(), rows=3) is None
+@pytest.mark.parametrize("nested", [True, False])
+def test_matching_arrays_refuses_any_difference(change, nested):
+    assert matching_arrays(change(batch(3, nested=nested)), stored_columns(nested=nested), rows=3) is None
+
+
+def test_matching_arrays_reads_a_flat_batch_as_the_listed_leaves_would():
+    """The direct path for a flat batch (and the listing it falls back to for a nested one)."""
+    columns = stored_columns(nested=False)
+    data = batch(3, 4.0, nested=False)
+    direct = matching_arrays(data, columns, rows=3)
+    listed = [(columns.by_key[key][0], leaf.numpy()) for key, leaf in tensor_leaves(data)]
+    assert [(id(a), b.tolist()) for a, b in direct] == [(id(a), b.tolist()) for a, b in listed]
+    # a nested env-id key to skip: the flat path meets its sub-TensorDict and lists the leaves
+    with_ids = data.set(("meta", "env_id"), torch.arange(3))
+    assert matching_arrays(with_ids, columns, rows=3) is None
+    skipped = matching_arrays(with_ids, columns, rows=3, skip_key=("meta", "env_id"))
+    assert [b.tolist() for _, b in skipped] == [b.tolist() for _, b in direct]
 
 
 def test_matching_arrays_takes_extra_entries_and_a_skipped_key():

@@ -221,3 +221,21 @@ def test_writes_after_unpickling_reach_the_checkpointed_data():
     assert restored._storage["x"].tolist() == [[2.0, 6.0, 0.0], [1.0, 5.0, 0.0]]
     assert copy.storage._storage["x"].tolist() == [[2.0, 6.0, 0.0], [1.0, 5.0, 0.0]]
     assert rb.storage._storage["x"].tolist() == [[2.0, 0.0, 0.0], [1.0, 0.0, 0.0]]
+
+
+def test_common_position_and_fullness_follow_every_env_counter():
+    """The byte comparisons behind the every-env write path: one differing env is enough."""
+    storage = EnvRingStorage(num_envs=3, max_length=2)
+    assert storage._common_position() == 0 and not storage._is_full
+    storage.advance(None, 1)
+    assert storage._common_position() == 1 and not storage._is_full
+    storage.advance(torch.tensor([2]), 1)  # env 2 alone: positions 1, 1, 2
+    assert storage._common_position() is None and not storage._is_full
+    storage.advance(torch.tensor([0, 1]), 1)  # back in step at 2: every ring full
+    assert storage._common_position() == 2 and storage._is_full
+    storage.shrink(torch.tensor([1]), 1)
+    assert storage._common_position() == 2 and not storage._is_full
+    assert storage.current_size.tolist() == [2, 1, 2]
+    single = EnvRingStorage(num_envs=1, max_length=4)
+    single.advance(None, 3)
+    assert single._common_position() == 3 and not single._is_full

@@ -134,15 +134,31 @@ def matching_arrays(
         True
     """
     by_key = columns.by_key
+    if type(data) is TensorDict and not extra:
+        # The entries of a flat batch are its leaves: no listing (a microsecond of a 17 KB write).
+        pairs = _matched(data._tensordict.items(), by_key, rows, skip_key, on_nested=_NESTED)
+        if pairs is not _NESTED:
+            return pairs
     leaves = tensor_leaves(data)
+    return _matched(chain(leaves, extra.items()) if extra else leaves, by_key, rows, skip_key)
+
+
+_NESTED = object()  # a flat batch's entries turned out to hold a sub-TensorDict
+
+
+def _matched(items: Any, by_key: dict[Any, Column], rows: int, skip_key: Any, on_nested: Any = None) -> Any:
+    """:func:`matching_arrays` of the ``(key, value)`` entries ``items``; ``on_nested`` when one
+    of them is a TensorDict."""
     pairs = []
     try:
-        for key, value in chain(leaves, extra.items()) if extra else leaves:
+        for key, value in items:
             if key == skip_key:
                 continue
+            if not isinstance(value, torch.Tensor):
+                return on_nested if isinstance(value, TensorDictBase) else None  # else a non-tensor leaf
             column = by_key.get(key)
-            if column is None or not isinstance(value, torch.Tensor):
-                return None  # a key that is not stored, or a non-tensor leaf
+            if column is None:
+                return None  # a key that is not stored
             # numpy() refuses tensors off the CPU, with autograd history, or with lazy
             # conjugate/negative bits.
             array = value.numpy()

@@ -151,9 +151,8 @@ class EnvRingWriter(Writer):
             and torch.equal(env_ids, every_env)  # torch.equal also compares the lengths
         ):
             return None
-        positions = storage._pos_np.tolist()  # a list count: 5x cheaper than a numpy comparison
-        position = positions[0]
-        if positions.count(position) != num_envs:
+        position = storage._common_position()
+        if position is None:
             return None
         if not storage._write_step(position, data, skip_key):
             return None
