@@ -153,22 +153,27 @@ def test_shared_memory_writes_are_visible():
 
 # --------------------------------------------------------------------------- bad input
 BAD_WRITES = {
-    "extra key": (chunk(10, 3).set("extra", torch.ones(3)), "extra: \\['extra'\\]"),
-    "missing key": (chunk(10, 3).exclude("pixels"), "missing: \\['pixels'\\]"),
-    "shape": (chunk(10, 3).set("obs", torch.ones(3, 5)), r"'obs': stored items have shape \[3\]"),
-    "dtype": (chunk(10, 3).set("obs", torch.ones(3, 3, dtype=torch.float64)), "stored dtype"),
-    "too large": (chunk(10, 11), "capacity 10; extend in chunks"),
+    "extra key": (chunk(10, 3).set("extra", torch.ones(3)), ValueError, "extra: \\['extra'\\]"),
+    "missing key": (chunk(10, 3).exclude("pixels"), ValueError, "missing: \\['pixels'\\]"),
+    "shape": (chunk(10, 3).set("obs", torch.ones(3, 5)), ValueError, r"'obs': stored items have shape \[3\]"),
+    "dtype": (chunk(10, 3).set("obs", torch.ones(3, 3, dtype=torch.float64)), ValueError, "stored dtype"),
+    "too large": (chunk(10, 11), ValueError, "capacity 10; extend in chunks"),
+    # TensorDict's own leaf listing omits non-tensor entries: they were once dropped without a word.
+    "non-tensor entry": (chunk(10, 3).set_non_tensor("tag", "a"), TypeError,
+                         r"non-tensor entries \['tag'\]; FastTensorStorage stores tensors only"),
+    "nested non-tensor entry": (chunk(10, 3).set_non_tensor(("next", "tag"), "a"), TypeError,
+                                r"non-tensor entries \[\('next', 'tag'\)\]"),
 }
 
 
 @pytest.mark.parametrize("case", BAD_WRITES)
 def test_bad_writes_raise_before_touching_stored_data(case):
-    data, match = BAD_WRITES[case]
+    data, error, match = BAD_WRITES[case]
     storage = FastTensorStorage(10)
     rb = TensorDictReplayBuffer(storage=storage)
     rb.extend(chunk(0, 8))
     before = storage._storage.clone()
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(error, match=match):
         rb.extend(data)  # would wrap around: two slices, neither may be written
     # Rows 8-9 were never written and may hold NaN garbage, hence equal_nan.
     for key, value in before.items(include_nested=True, leaves_only=True):
@@ -184,11 +189,11 @@ def test_the_write_after_a_refused_one_lands_at_the_old_cursor(case, buffer):
     torchrl_ext's buffer) put it back, so the next write fills the next row."""
     from torchrl_ext.replay_buffers import TensorDictReplayBuffer as ExtTensorDictReplayBuffer
 
-    data, match = BAD_WRITES[case]
+    data, error, match = BAD_WRITES[case]
     cls = ExtTensorDictReplayBuffer if buffer == "torchrl_ext" else TensorDictReplayBuffer
     rb = cls(storage=FastTensorStorage(10))
     rb.extend(chunk(0, 8))
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(error, match=match):
         rb.extend(data)
     assert rb.writer._cursor == 8 and rb.write_count == 8
     rb.extend(chunk(100, 1))
@@ -204,6 +209,16 @@ def test_a_refused_add_on_torchrls_buffer_leaves_the_cursor():
     assert rb.writer._cursor == 3 and rb.write_count == 3
     rb.add(chunk(100, 1)[0])
     assert rb.storage.get(torch.arange(4))["obs"][:, 0].tolist() == [0, 1, 2, 100]
+
+@pytest.mark.parametrize("key", ["tag", ("next", "tag")])
+def test_a_first_batch_with_non_tensor_entries_is_rejected(key):
+    rb = TensorDictReplayBuffer(storage=FastTensorStorage(10))
+    with pytest.raises(TypeError, match="non-tensor entries .*Drop them"):
+        rb.extend(chunk(0, 3).set_non_tensor(key, "a"))
+    assert len(rb) == 0 and not rb.storage.initialized
+    rb.extend(chunk(0, 3))
+    assert rb.storage.get(torch.arange(3))["obs"][:, 0].tolist() == [0, 1, 2]
+
 
 def test_a_first_batch_larger_than_the_capacity_is_rejected():
     with pytest.raises(ValueError, match="capacity 4"):

@@ -178,12 +178,13 @@ def test_leaves_numpy_cannot_view_are_gathered_by_torch(case):
 
 
 def test_tensor_leaves_list_what_items_lists_in_the_same_order():
-    from tensordict import LazyStackedTensorDict, NonTensorData
+    """Non-tensor leaves included (TensorDict's default listing omits them), so callers can refuse them."""
+    from tensordict import LazyStackedTensorDict, NonTensorData, is_leaf_nontensor
 
     from torchrl_ext.storages._numpy_rows import tensor_leaves
 
     def items(td):
-        return list(td.items(include_nested=True, leaves_only=True))
+        return list(td.items(include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor))
 
     plain = TensorDict({"b": torch.zeros(2), "next": {"z": torch.ones(2, 3), "a": {"deep": torch.ones(2)}},
                         "a": torch.zeros(2, 1), "empty": {}}, [2])
@@ -195,3 +196,4 @@ def test_tensor_leaves_list_what_items_lists_in_the_same_order():
         assert [key for key, _ in got] == [key for key, _ in want]
         assert all(a is b or torch.equal(a, b) for (_, a), (_, b) in zip(got, want))
     assert [key for key, _ in tensor_leaves(plain)] == ["b", ("next", "z"), ("next", "a", "deep"), "a"]
+    assert [key for key, _ in tensor_leaves(non_tensor)][-1] == "note"

@@ -239,3 +239,18 @@ def test_common_position_and_fullness_follow_every_env_counter():
     single = EnvRingStorage(num_envs=1, max_length=4)
     single.advance(None, 3)
     assert single._common_position() == 3 and not single._is_full
+
+
+@pytest.mark.parametrize("key", ["tag", ("sub", "tag")])
+@pytest.mark.parametrize("first", [True, False])
+def test_non_tensor_entries_are_refused_not_dropped(key, first):
+    """TensorDict's own leaf listing omits non-tensor entries: they were once dropped without a word."""
+    rb = EnvRingReplayBuffer(num_envs=2, max_length=3)
+    step = TensorDict({"obs": torch.tensor([1.0, 2.0]), "sub": {"x": torch.zeros(2)}}, [2])
+    if not first:
+        rb.extend(step)
+    with pytest.raises(TypeError, match="non-tensor leaves cannot be stored in EnvRingStorage"):
+        rb.extend(step.clone().set_non_tensor(key, "a"))
+    assert rb.storage.current_pos.tolist() == ([0, 0] if first else [1, 1])
+    rb.extend(step * 3)
+    assert rb.storage.get((torch.tensor([0, 1]), rb.storage.current_pos - 1))["obs"].tolist() == [3.0, 6.0]

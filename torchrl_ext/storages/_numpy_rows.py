@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDict, TensorDictBase, is_leaf_nontensor
 
 from torchrl_ext._host import numpy_view
 
@@ -80,7 +80,9 @@ class ColumnCache:
 
 
 def tensor_leaves(data: TensorDictBase) -> list[tuple[Any, Any]]:
-    """``list(data.items(include_nested=True, leaves_only=True))``, in the same order.
+    """``list(data.items(include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor))``,
+    in the same order: the tensor leaves, and the non-tensor ones (strings and other
+    ``NonTensorData``) that ``items``' default leaves out, so that a caller can refuse them.
 
     A plain :class:`~tensordict.TensorDict` of tensors is listed from its entry dicts:
     about a third of ``items``' cost, which a write of a few kilobytes pays twice (the
@@ -95,7 +97,9 @@ def tensor_leaves(data: TensorDictBase) -> list[tuple[Any, Any]]:
         ['a', ('next', 'b')]
     """
     leaves = _plain_leaves(data, ()) if type(data) is TensorDict else None
-    return list(data.items(include_nested=True, leaves_only=True)) if leaves is None else leaves
+    if leaves is None:
+        return list(data.items(include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor))
+    return leaves
 
 
 def _plain_leaves(data: TensorDict, prefix: tuple) -> list[tuple[Any, torch.Tensor]] | None:

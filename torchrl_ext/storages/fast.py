@@ -166,12 +166,15 @@ class _SliceWritesIndexSelectReads:
                 f"newest: data[-{self.max_size}:])."
             )
         if not self.initialized:
+            _refuse_non_tensors(data, type(self).__name__)
             return None
         pairs = None if single else self._numpy_pairs(data)
         if pairs is not None:
             return pairs
         expected = self._stored_layout()
         got = _layout(data, item_dims=0 if single else 1)
+        if got is None:
+            _refuse_non_tensors(data, type(self).__name__)
         if got is None or expected is None:
             return None
         if got != expected:
@@ -269,6 +272,19 @@ def _layout(data: Any, item_dims: int) -> dict[Any, tuple[tuple[int, ...], torch
             return None  # non-tensor leaves: TorchRL's own handling
         layout[key] = (tuple(leaf.shape[item_dims:]), leaf.dtype)
     return layout
+
+
+def _refuse_non_tensors(data: Any, owner: str) -> None:
+    """Raises ``TypeError`` if the TensorDict ``data`` has non-tensor leaves, which ``owner`` does
+    not store (its reads gather tensors only: such entries would be lost without a word)."""
+    if not isinstance(data, TensorDictBase):
+        return
+    keys = [key for key, leaf in tensor_leaves(data) if not isinstance(leaf, torch.Tensor)]
+    if keys:
+        raise TypeError(
+            f"data has non-tensor entries {keys}; {owner} stores tensors only. Drop them "
+            f"(data.exclude(*{keys!r})), or keep such data in TorchRL's LazyTensorStorage."
+        )
 
 
 def _raise_layout_mismatch(expected: dict, got: dict) -> None:
