@@ -89,11 +89,10 @@ def load_results(results_dir: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
-def missing_results(results_dir: Path) -> list[str]:
-    """The scripts of ``BENCHES`` with no JSON file in ``results_dir`` (the results are not in git,
-    so on a fresh clone a partial run leaves the others missing)."""
-    return [name for name in BENCHES if not any((results_dir / f"{stem}{name}.json").is_file()
-                                                for stem in ("", "bench_"))]
+def missing_results(results: dict[str, dict[str, Any]]) -> list[str]:
+    """The scripts of ``BENCHES`` without results in ``results`` (:func:`load_results`). The results
+    are not in git, so on a fresh clone a partial run leaves the others missing."""
+    return [name for name in BENCHES if name not in results]
 
 
 def case_impls(case: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -412,7 +411,7 @@ def write_report(results_dir: Path, output_md: Path, img_dir: Path, readme: Path
     results = load_results(results_dir)
     if not results:
         raise FileNotFoundError(f"no benchmark JSON files in {results_dir}: run `python benchmarks/suite.py` first")
-    missing = missing_results(results_dir)
+    missing = missing_results(results)
     if missing and not partial:
         raise FileNotFoundError(
             f"no results for {', '.join(missing)} in {results_dir}, so the report would drop their sections and "

@@ -248,7 +248,7 @@ def main() -> int:
         print(f"Suite wall time {time.perf_counter() - t0:.0f} s.")
         return code
     runs = [run_script(s, out_dir, quick=False) for s in scripts]
-    missing = report.missing_results(out_dir)
+    missing = report.missing_results(report.load_results(out_dir))
     if not a.no_report and missing:
         # The other scripts' results are not in git: regenerating would drop their sections.
         print(f"RESULTS.md, the plots and the README table are left as they are: {out_dir} has no results for "

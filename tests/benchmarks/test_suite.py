@@ -135,7 +135,7 @@ def test_write_report_without_results_names_the_fix(tmp_path: Path) -> None:
 def test_write_report_refuses_to_drop_the_scripts_without_results(tmp_path: Path) -> None:
     (tmp_path / "storage.json").write_text(json.dumps(storage_results()["storage"]))
     (tmp_path / "bench_value.json").write_text("{}")  # the prefixed name counts too
-    missing = report.missing_results(tmp_path)
+    missing = report.missing_results(report.load_results(tmp_path))
     assert missing == [name for name in report.BENCHES if name not in ("storage", "value")]
     md = tmp_path / "R.md"
     md.write_text("the previous report")

@@ -249,7 +249,7 @@ def test_non_tensor_entries_are_refused_not_dropped(key, first):
     step = TensorDict({"obs": torch.tensor([1.0, 2.0]), "sub": {"x": torch.zeros(2)}}, [2])
     if not first:
         rb.extend(step)
-    with pytest.raises(TypeError, match="non-tensor leaves cannot be stored in EnvRingStorage"):
+    with pytest.raises(TypeError, match=r"non-tensor entries \[.*'tag'.*\]; EnvRingStorage stores tensors only"):
         rb.extend(step.clone().set_non_tensor(key, "a"))
     assert rb.storage.current_pos.tolist() == ([0, 0] if first else [1, 1])
     rb.extend(step * 3)

@@ -37,7 +37,7 @@ from torchrl_ext.storages._ring_reads import RingReads
 from torchrl_ext.storages._ring_sharing import RingSharing
 from torchrl_ext.storages._ring_steps import RingStepWrites
 from torchrl_ext.storages._numpy_rows import tensor_leaves
-from torchrl_ext.storages.fast import _layout, _raise_layout_mismatch
+from torchrl_ext.storages.fast import _layout, _raise_layout_mismatch, _refuse_non_tensors
 
 __all__ = ["EnvRingStorage", "EnvRingStorageCheckpointer"]
 
@@ -229,11 +229,8 @@ class EnvRingStorage(RingReads, RingStepWrites, RingSharing, Storage):
                 f"{list(env.shape)} steps; give one (env, position) pair per step."
             )
         layout = _layout(data, env.ndim)
-        if layout is None:
-            raise TypeError(
-                "every leaf of data must be a tensor; non-tensor leaves cannot be stored in "
-                f"{type(self).__name__}."
-            )
+        if layout is None:  # a leaf that is not a tensor: named in the error
+            _refuse_non_tensors(data, type(self).__name__)
         if self._storage is None:
             self._allocate(data, env.ndim)
         elif layout != self._layout_cache:
