@@ -112,6 +112,24 @@ def test_bad_input():
         rollout.set(0, step(0))
 
 
+def test_non_tensor_entries_count_as_step_keys():
+    """TensorDict's default key listing leaves non-tensor entries out; a step adding one once
+    failed deep in TensorDict's assignment instead of the key check."""
+    rollout = RolloutStorage(T)
+    rollout.insert(step(0))
+    with pytest.raises(ValueError, match=r"step keys differ from the rollout's \(missing: \[\], extra: \['tag'\]\)"):
+        rollout.insert(step(1).set_non_tensor("tag", "a"))
+    assert rollout.step == 1
+    tagged = RolloutStorage(T)
+    tagged.insert(step(0).set_non_tensor("tag", "a"))
+    tagged.insert(step(1).set_non_tensor("tag", "b"))
+    assert tagged.step == 2 and [tagged._storage[t].get("tag").tolist() for t in (0, 1)] == [["a"] * N, ["b"] * N]
+    with pytest.raises(ValueError, match=r"missing: \['tag'\]"):
+        tagged.insert(step(2))
+    with pytest.raises(ValueError, match=r"data has keys .*'tag'"):
+        filled().write_rollout(torch.stack([step(t).set_non_tensor("tag", "c") for t in range(T + 1)]))
+
+
 def test_checkpoint_round_trip(tmp_path):
     rollout = RolloutStorage(T)
     rollout.insert(step(0))

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDictBase, is_leaf_nontensor
 from torchrl.data.replay_buffers.checkpointers import StorageCheckpointerBase
 from torchrl.data.replay_buffers.storages import Storage
 
@@ -201,7 +201,7 @@ class RolloutStorage(Storage):
             )
         if self._storage is None:
             self._allocate(steps[0])
-        step_keys = set(steps.keys(True, True))
+        step_keys = _entry_keys(steps)
         if step_keys != self._step_keys:
             missing = sorted(map(str, self._step_keys - step_keys))
             extra = sorted(map(str, step_keys - self._step_keys))
@@ -247,7 +247,7 @@ class RolloutStorage(Storage):
                 raise ValueError(f"carry key {key!r} is missing under 'next' of the step.")
         batch = (self._num_steps + 1, *step.batch_size)
         self._storage = step.to(self._device).unsqueeze(0).expand(batch).clone().zero_()
-        self._step_keys = set(step.keys(True, True))
+        self._step_keys = _entry_keys(step)
 
     def write_rollout(self, data: TensorDictBase) -> None:
         """Replaces the rollout by ``data`` ``[L + 1, N]``: ``L`` filled steps and the slot after them.
@@ -269,7 +269,7 @@ class RolloutStorage(Storage):
             )
         if self._storage is None:
             self._allocate(data[0])
-        keys = set(data.keys(True, True))
+        keys = _entry_keys(data)
         if keys != self._step_keys or data.batch_size[1:] != self._storage.batch_size[1:]:
             raise ValueError(
                 f"data has keys {sorted(map(str, keys))} and envs {list(data.batch_size[1:])}; the "
@@ -369,6 +369,12 @@ class RolloutStorage(Storage):
 
     def _empty(self) -> None:
         self._step = 0
+
+
+def _entry_keys(data: TensorDictBase) -> set[Any]:
+    """The leaf keys of ``data``, non-tensor entries included (TensorDict's default listing leaves
+    them out, so a step that adds or lacks one would pass the key check)."""
+    return set(data.keys(True, True, is_leaf=is_leaf_nontensor))
 
 
 def _next(key: Any) -> tuple:
