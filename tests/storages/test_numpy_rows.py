@@ -11,7 +11,7 @@ from torchrl.data import LazyTensorStorage
 
 from torchrl_ext.replay_buffers import TensorDictReplayBuffer
 from torchrl_ext.storages import FastMemmapStorage, FastTensorStorage
-from torchrl_ext.storages._numpy_rows import ColumnCache, matching_arrays, numpy_columns, tensor_leaves
+from torchrl_ext.storages._numpy_rows import ColumnCache, matching_arrays, numpy_columns, leaf_items
 
 
 def batch(n: int, start: float = 0.0, nested: bool = True) -> TensorDict:
@@ -59,7 +59,7 @@ def test_matching_arrays_reads_a_flat_batch_as_the_listed_leaves_would():
     columns = stored_columns(nested=False)
     data = batch(3, 4.0, nested=False)
     direct = matching_arrays(data, columns, rows=3)
-    listed = [(columns.by_key[key][0], leaf.numpy()) for key, leaf in tensor_leaves(data)]
+    listed = [(columns.by_key[key][0], leaf.numpy()) for key, leaf in leaf_items(data)]
     assert [(id(a), b.tolist()) for a, b in direct] == [(id(a), b.tolist()) for a, b in listed]
     # a nested env-id key to skip: the flat path meets its sub-TensorDict and lists the leaves
     with_ids = data.set(("meta", "env_id"), torch.arange(3))
@@ -177,11 +177,11 @@ def test_leaves_numpy_cannot_view_are_gathered_by_torch(case):
     assert sample["obs"].requires_grad == (case == "requires_grad")
 
 
-def test_tensor_leaves_list_what_items_lists_in_the_same_order():
+def test_leaf_items_list_what_items_lists_in_the_same_order():
     """Non-tensor leaves included (TensorDict's default listing omits them), so callers can refuse them."""
     from tensordict import LazyStackedTensorDict, NonTensorData, is_leaf_nontensor
 
-    from torchrl_ext.storages._numpy_rows import tensor_leaves
+    from torchrl_ext.storages._numpy_rows import leaf_items
 
     def items(td):
         return list(td.items(include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor))
@@ -192,8 +192,8 @@ def test_tensor_leaves_list_what_items_lists_in_the_same_order():
     non_tensor.set("note", NonTensorData("x", batch_size=[2]))
     stacked = LazyStackedTensorDict.lazy_stack([plain[0], plain[1]])
     for td in (plain, non_tensor, stacked):
-        got, want = tensor_leaves(td), items(td)
+        got, want = leaf_items(td), items(td)
         assert [key for key, _ in got] == [key for key, _ in want]
         assert all(a is b or torch.equal(a, b) for (_, a), (_, b) in zip(got, want))
-    assert [key for key, _ in tensor_leaves(plain)] == ["b", ("next", "z"), ("next", "a", "deep"), "a"]
-    assert [key for key, _ in tensor_leaves(non_tensor)][-1] == "note"
+    assert [key for key, _ in leaf_items(plain)] == ["b", ("next", "z"), ("next", "a", "deep"), "a"]
+    assert [key for key, _ in leaf_items(non_tensor)][-1] == "note"

@@ -79,7 +79,7 @@ class ColumnCache:
         return columns
 
 
-def tensor_leaves(data: TensorDictBase) -> list[tuple[Any, Any]]:
+def leaf_items(data: TensorDictBase) -> list[tuple[Any, Any]]:
     """``list(data.items(include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor))``,
     in the same order: the tensor leaves, and the non-tensor ones (strings and other
     ``NonTensorData``) that ``items``' default leaves out, so that a caller can refuse them.
@@ -93,7 +93,7 @@ def tensor_leaves(data: TensorDictBase) -> list[tuple[Any, Any]]:
         >>> import torch
         >>> from tensordict import TensorDict
         >>> td = TensorDict({"a": torch.zeros(2), "next": {"b": torch.ones(2, 3)}}, [2])
-        >>> [key for key, _ in tensor_leaves(td)]
+        >>> [key for key, _ in leaf_items(td)]
         ['a', ('next', 'b')]
     """
     leaves = _plain_leaves(data, ()) if type(data) is TensorDict else None
@@ -143,7 +143,7 @@ def matching_arrays(
         pairs = _matched(data._tensordict.items(), by_key, rows, skip_key, on_nested=_NESTED)
         if pairs is not _NESTED:
             return pairs
-    leaves = tensor_leaves(data)
+    leaves = leaf_items(data)
     return _matched(chain(leaves, extra.items()) if extra else leaves, by_key, rows, skip_key)
 
 

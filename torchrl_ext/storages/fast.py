@@ -38,7 +38,7 @@ from torchrl.data.replay_buffers.writers import RoundRobinWriter
 from torchrl_ext._host import bounds
 from torchrl_ext._huge_pages import advise_huge_pages
 from torchrl_ext.storages._gathers import gather_rows
-from torchrl_ext.storages._numpy_rows import ColumnCache, Columns, matching_arrays, tensor_leaves
+from torchrl_ext.storages._numpy_rows import ColumnCache, Columns, matching_arrays, leaf_items
 
 __all__ = ["FastMemmapStorage", "FastTensorStorage", "gather_rows"]
 
@@ -96,7 +96,7 @@ class _SliceWritesIndexSelectReads:
         cache = self.__dict__.get("_numpy_columns")
         if cache is None:
             cache = self._numpy_columns = ColumnCache()
-        return cache.get(tensor_leaves(self._storage), batch_dims=1)
+        return cache.get(leaf_items(self._storage), batch_dims=1)
 
     def _numpy_pairs(self, data: Any) -> list | None:
         """``(stored, new rows)`` numpy views for a ``[N]`` batch that matches the stored
@@ -181,7 +181,7 @@ class _SliceWritesIndexSelectReads:
             _raise_layout_mismatch(expected, got)
         if isinstance(data, torch.Tensor):
             return [(self._storage, data)]
-        return [(self._storage.get(key), leaf) for key, leaf in tensor_leaves(data)]
+        return [(self._storage.get(key), leaf) for key, leaf in leaf_items(data)]
 
     def _stored_layout(self) -> dict[Any, tuple[tuple[int, ...], torch.dtype]] | None:
         # The stored TensorDict is fixed once initialised; a new one (after
@@ -267,7 +267,7 @@ def _layout(data: Any, item_dims: int) -> dict[Any, tuple[tuple[int, ...], torch
     if not isinstance(data, TensorDictBase):
         return None
     layout = {}
-    for key, leaf in tensor_leaves(data):
+    for key, leaf in leaf_items(data):
         if not isinstance(leaf, torch.Tensor):
             return None  # non-tensor leaves: TorchRL's own handling
         layout[key] = (tuple(leaf.shape[item_dims:]), leaf.dtype)
@@ -279,7 +279,7 @@ def _refuse_non_tensors(data: Any, owner: str) -> None:
     not store (its reads gather tensors only: such entries would be lost without a word)."""
     if not isinstance(data, TensorDictBase):
         return
-    keys = [key for key, leaf in tensor_leaves(data) if not isinstance(leaf, torch.Tensor)]
+    keys = [key for key, leaf in leaf_items(data) if not isinstance(leaf, torch.Tensor)]
     if keys:
         raise TypeError(
             f"data has non-tensor entries {keys}; {owner} stores tensors only. Drop them "

@@ -36,7 +36,7 @@ from torchrl_ext._huge_pages import empty_huge
 from torchrl_ext.storages._ring_reads import RingReads
 from torchrl_ext.storages._ring_sharing import RingSharing
 from torchrl_ext.storages._ring_steps import RingStepWrites
-from torchrl_ext.storages._numpy_rows import tensor_leaves
+from torchrl_ext.storages._numpy_rows import leaf_items
 from torchrl_ext.storages.fast import _layout, _raise_layout_mismatch, _refuse_non_tensors
 
 __all__ = ["EnvRingStorage", "EnvRingStorageCheckpointer"]
@@ -290,7 +290,7 @@ class EnvRingStorage(RingReads, RingStepWrites, RingSharing, Storage):
                 key: empty_huge(
                     shape + tuple(leaf.shape[batch_dims:]), dtype=leaf.dtype, device=self._device
                 ).zero_()
-                for key, leaf in tensor_leaves(data)
+                for key, leaf in leaf_items(data)
             },
             batch_size=shape,
             device=self._device,
@@ -317,7 +317,7 @@ class EnvRingStorage(RingReads, RingStepWrites, RingSharing, Storage):
             self._flat, self._layout_cache = [], None
             return
         self._flat = [
-            (key, leaf.view(-1, *leaf.shape[2:])) for key, leaf in tensor_leaves(self._storage)
+            (key, leaf.view(-1, *leaf.shape[2:])) for key, leaf in leaf_items(self._storage)
         ]
         self._layout_cache = _layout(self._storage, 2)
 

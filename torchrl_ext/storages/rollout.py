@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-from tensordict import TensorDictBase, is_leaf_nontensor
+from tensordict import TensorDictBase
 from torchrl.data.replay_buffers.checkpointers import StorageCheckpointerBase
 from torchrl.data.replay_buffers.storages import Storage
 
@@ -35,6 +35,7 @@ from torchrl_ext.io.state_files import (
     tensordict_state,
 )
 from torchrl_ext.storages._gathers import gather_coordinates
+from torchrl_ext.storages._numpy_rows import leaf_items
 
 __all__ = ["RolloutStorage"]
 
@@ -374,7 +375,7 @@ class RolloutStorage(Storage):
 def _entry_keys(data: TensorDictBase) -> set[Any]:
     """The leaf keys of ``data``, non-tensor entries included (TensorDict's default listing leaves
     them out, so a step that adds or lacks one would pass the key check)."""
-    return set(data.keys(True, True, is_leaf=is_leaf_nontensor))
+    return {key for key, _ in leaf_items(data)}
 
 
 def _next(key: Any) -> tuple:
