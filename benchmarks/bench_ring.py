@@ -212,13 +212,14 @@ def slice_sample(rb: TensorDictReplayBuffer) -> Callable[[], Any]:
 
 
 def ref_gather(leaves: list[torch.Tensor]) -> Callable[[], Any]:
-    """Physical reference: random window starts, then index_select of the 2048 steps of every field."""
+    """Physical reference: random window starts, then index_select of the 2048 steps of every field
+    from the rings' time-major rows (step p of env e at row (p % L) * E + e)."""
     offsets = torch.arange(BATCH_LENGTH)
 
     def op() -> Any:
         env = torch.randint(NUM_ENVS, (BATCH, 1))
         start = torch.randint(MAX_LENGTH - BATCH_LENGTH + 1, (BATCH, 1))
-        flat = (env * MAX_LENGTH + start + offsets).reshape(-1)
+        flat = ((start + offsets) * NUM_ENVS + env).reshape(-1)
         return [t.index_select(0, flat) for t in leaves]
     return op
 
@@ -255,21 +256,22 @@ def route_add(rbs: list[TensorDictReplayBuffer], feed: Feed) -> Callable[[], Any
 
 
 def ref_copy(dest: list[torch.Tensor], feed: Feed) -> Callable[[], Any]:
-    """Physical reference: each field's 64 rows index_copy_'d into preallocated [64 * L] tensors."""
-    env_rows = torch.arange(NUM_ENVS) * MAX_LENGTH
+    """Physical reference: each field's 64 rows index_copy_'d into preallocated [L * 64] tensors,
+    at the rows the rings keep a step of every env (one block per slot)."""
+    env_rows = torch.arange(NUM_ENVS)
 
     def op() -> None:
         slot = feed.n % MAX_LENGTH
         for d, s in zip(dest, feed()):
-            d.index_copy_(0, env_rows + slot, s)
+            d.index_copy_(0, env_rows + slot * NUM_ENVS, s)
     return op
 
 
 # ---------------------------------------------------------------- checks
 def stored_leaves(rb: EnvRingReplayBuffer) -> list[torch.Tensor]:
-    """torchrl_ext's stored tensors viewed as [64 * L, ...] (the references' sources)."""
-    stored = rb.storage._storage
-    return [stored.get(key).reshape(NUM_ENVS * MAX_LENGTH, *stored.get(key).shape[2:]) for key in FIELDS]
+    """torchrl_ext's stored memory as [L * 64, ...] rows (the references' sources), in the rings'
+    time-major order: step p of env e at row (p % L) * 64 + e."""
+    return [rb.storage.flat_leaf(key) for key in FIELDS]
 
 
 def fields_equal(got: TensorDictBase | dict, want: dict[str, torch.Tensor]) -> list[str]:
@@ -538,7 +540,7 @@ def main() -> int:
         # Where the time goes (after the checks: these pieces do not change any contents).
         st, smp, cached = ext.storage, ext._sampler, slices[SLICE_CACHED]
         index, _ = smp.sample(st, BATCH)
-        flat = (index[0] * MAX_LENGTH + index[1] % MAX_LENGTH).reshape(-1)
+        flat = st._flat_index(index[0], index[1]).reshape(-1)
         leaves = stored_leaves(ext)
         slice_index, _ = cached._sampler.sample(cached.storage, BATCH * BATCH_LENGTH)
         diagnostics[SAMPLE_KEY] = diagnose(f"sample({BATCH}) x {BATCH_LENGTH} steps", [
@@ -590,8 +592,8 @@ def main() -> int:
                  ext_extend(ext, feeds[EXT], env_ids)),
             Impl(EXT_NOIDS, "torchrl_ext EnvRingReplayBuffer.extend(td[64]) (all envs in order, no env_ids)",
                  ext_extend(ext, feeds[EXT], None)),
-            Impl(REF_COPY, "reference: index_copy_ of the 64 rows of the 4 fields into preallocated [64 x 16384] "
-                           "tensors", ref_copy(ref_dest, feeds[REF_COPY])),
+            Impl(REF_COPY, "reference: index_copy_ of the 64 rows of the 4 fields into preallocated [16384 x 64] "
+                           "tensors (the rings' time-major layout)", ref_copy(ref_dest, feeds[REF_COPY])),
         ]
         run(INSERT_KEY, f"add_batch: one step of {NUM_ENVS} envs ([64] TensorDict, {NUM_ENVS * STEP_BYTES:,} B) "
                         f"into full {NUM_ENVS} x {MAX_LENGTH:,} buffers (ring overwrite)",
@@ -610,7 +612,7 @@ def main() -> int:
         # Where the time goes (after the checks: these pieces write the ring out of sequence).
         st, writer, td = ext.storage, ext._writer, src.steps[0]
         slot = st.current_pos % MAX_LENGTH  # a stored step's (env, position) in any version of the ring
-        leaves, ref_rows = stored_leaves(ext), env_ids * MAX_LENGTH + slot
+        leaves, ref_rows = stored_leaves(ext), st._flat_index(env_ids, slot)
         values = [td[k] for k in FIELDS]
         pieces = [
             ("torchrl_ext rb.extend(td, env_ids=arange(64)), end to end", lambda: ext.extend(td, env_ids=env_ids)),

@@ -232,5 +232,23 @@ def test_checkpoint_round_trip(tmp_path):
     assert torch.equal(storage.get(index)["next", "observation"], fresh.storage.get(index)["next", "observation"])
 
 
+def test_terminal_frames_are_checkpointed_by_env_major_slot():
+    """The terminal-frame table is indexed env * L + slot, as checkpoints have always stored
+    it, whatever order the rings keep in memory."""
+    storage = DedupEnvRingStorage(2, 6)
+    rb = EnvRingReplayBuffer(storage=storage)
+    for p in range(4):
+        obs = torch.tensor([[float(p)], [10.0 + p]])
+        nxt = obs + 1
+        done = torch.tensor([[False], [p == 2]])
+        if p == 2:
+            nxt[1] = 99.0  # env 1's episode ends at position 2 (slot 2)
+        rb.extend(TensorDict({"observation": obs, "next": {"observation": nxt, "done": done}}, [2]))
+    table = storage.state_dict()["dedup"]["bookkeeping"][0]
+    assert (table >= 0).nonzero().flatten().tolist() == [1 * 6 + 2]
+    got = storage.get((torch.tensor([1, 1, 0]), torch.tensor([2, 3, 2])))["next", "observation"]
+    assert got.flatten().tolist() == [99.0, 14.0, 3.0]
+
+
 def test_plain_ring_is_not_affected():
     assert EnvRingStorage.required_lookback == 0

@@ -54,6 +54,15 @@ def test_matching_arrays_refuses_any_difference(change, nested):
     assert matching_arrays(change(batch(3, nested=nested)), stored_columns(nested=nested), rows=3) is None
 
 
+def test_matching_arrays_checks_the_row_count_asked_each_time():
+    """The columns keep the shapes for the last row count asked: a new count must not match
+    batches of the old one (or the other way round)."""
+    columns = stored_columns()
+    for rows, other in [(3, 4), (4, 3), (3, 4), (1, 2)]:
+        assert matching_arrays(batch(rows), columns, rows=rows) is not None
+        assert matching_arrays(batch(other), columns, rows=rows) is None
+
+
 def test_matching_arrays_reads_a_flat_batch_as_the_listed_leaves_would():
     """The direct path for a flat batch (and the listing it falls back to for a nested one)."""
     columns = stored_columns(nested=False)

@@ -254,3 +254,46 @@ def test_non_tensor_entries_are_refused_not_dropped(key, first):
     assert rb.storage.current_pos.tolist() == ([0, 0] if first else [1, 1])
     rb.extend(step * 3)
     assert rb.storage.get((torch.tensor([0, 1]), rb.storage.current_pos - 1))["obs"].tolist() == [3.0, 6.0]
+
+
+def test_rings_are_time_major_in_memory_and_env_major_in_checkpoints():
+    """Slot s of every env is one block (flat rows s * E .. s * E + E - 1): a step of every
+    env is a single copy per leaf. The [E, L] leaves view that memory, and checkpoints keep
+    storing them env-major, so files written before the layout changed still load."""
+    rb = filled_buffer()  # E = 3, L = 4; env 0's slots hold k = 4, 5, 2, 3
+    storage = rb.storage
+    flat, obs = storage.flat_leaf("obs"), storage._storage["obs"]
+    assert obs.shape == (3, 4, 2) and obs.data_ptr() == flat.data_ptr()
+    assert flat[[0, 3, 6, 9], 0].tolist() == [4.0, 5.0, 2.0, 3.0]  # env 0 at slots 0..3
+    assert flat[[2, 5, 8, 11], 0].tolist() == [204.0, 205.0, 202.0, 203.0]  # env 2
+    rb.extend(steps([0, 1, 2], [7.0, 8.0, 9.0]))
+    # env 1 stood at position 3 and the others at 6: its step went to slot 3, theirs to slot 2.
+    assert flat[[6, 10, 8], 0].tolist() == [7.0, 8.0, 9.0]
+
+    state = storage.state_dict()
+    leaves = dict(zip((tuple(k) if len(k) > 1 else k[0] for k in state["data"]["keys"]), state["data"]["leaves"]))
+    assert leaves["obs"].is_contiguous() and leaves["obs"].shape == (3, 4, 2)
+    assert torch.equal(leaves["obs"], obs)
+    restored = EnvRingStorage(3, 4)
+    restored.load_state_dict(state)  # env-major leaves in: time-major memory out
+    assert restored._storage["obs"].transpose(0, 1).is_contiguous()
+    everything = (torch.arange(3).repeat_interleave(4), torch.arange(4).repeat(3))
+    assert (restored.get(everything) == storage.get(everything)).all()
+
+
+def test_each_write_bumps_the_revision_once_whatever_torchrl_counts_it_with():
+    """The rings bump TorchRL's shared revision counter themselves (one lock instead of three);
+    a compilable storage's tensor counter goes through TorchRL's own bump."""
+    rb = EnvRingReplayBuffer(num_envs=2, max_length=3)
+    step = TensorDict({"obs": torch.zeros(2)}, [2])
+    storage = rb.storage
+    start = storage._mutation_revision
+    rb.extend(step)  # the general write (allocates)
+    rb.extend(step)  # the every-env write
+    rb.extend(step[:1], env_ids=torch.tensor([1]))
+    assert storage._mutation_revision == start + 3
+    storage._compilable = True
+    storage._mutation_revision_value = torch.zeros((), dtype=torch.int64)
+    rb.extend(step, env_ids=torch.tensor([1, 0]))
+    rb.clear()
+    assert storage._mutation_revision == 2

@@ -35,7 +35,7 @@ def step(value: float, num_envs: int = E, **extra) -> TensorDict:
 
 def general_only(rb: EnvRingReplayBuffer) -> EnvRingReplayBuffer:
     """The same buffer with the fast path switched off (the storage declines every step write)."""
-    rb.storage._write_step = lambda *args, **kwargs: False
+    rb.storage._write_step = lambda *args, **kwargs: None
     return rb
 
 
@@ -212,15 +212,21 @@ def test_writes_land_in_the_leaves_held_after_share_memory_load_and_pickle():
     copy = pickle.loads(pickle.dumps(other))
     copy.extend(step(4.0))
     assert (copy.storage.get((torch.arange(E), torch.full((E,), 4))) == step(4.0)).all()
-    assert (copy.storage._storage["obs"].view(-1, 2) == copy.storage.flat_leaf("obs")).all()
+    rows = copy.storage._storage["obs"].transpose(0, 1).view(-1, 2)  # time-major memory
+    assert rows.data_ptr() == copy.storage.flat_leaf("obs").data_ptr()
+    assert (rows == copy.storage.flat_leaf("obs")).all()
     assert int(other.storage.current_pos[0]) == 4  # the original did not see the copy's write
 
 
-def test_priorities_given_with_a_step_of_every_env_reach_the_sampler():
+@pytest.mark.parametrize("priority_key", ["td_error", ("td_error",), ("nested", "td_error")])
+def test_priorities_given_with_a_step_of_every_env_reach_the_sampler(priority_key):
     sampler = PrioritizedTrajectorySampler(batch_length=1)
-    rb = EnvRingReplayBuffer(num_envs=E, max_length=L, sampler=sampler)
-    rb.extend(step(0.0, td_error=torch.tensor([1.0, 2.0, 3.0])))
-    rb.extend(step(1.0, td_error=torch.tensor([4.0, 5.0, 6.0])))  # the fast path
+    rb = EnvRingReplayBuffer(num_envs=E, max_length=L, sampler=sampler, priority_key=priority_key)
+    first, second = step(0.0), step(1.0)
+    first.set(priority_key, torch.tensor([1.0, 2.0, 3.0]))
+    second.set(priority_key, torch.tensor([4.0, 5.0, 6.0]))
+    rb.extend(first)
+    rb.extend(second)  # the fast path
     sampler._sync(rb.storage)
     leaves = sampler._tree.leaves[: E * L].reshape(E, L)[:, :2]
     expected = torch.tensor([[1.0, 4.0], [2.0, 5.0], [3.0, 6.0]]) ** sampler.alpha

@@ -85,7 +85,9 @@ def tensordict_state(data: TensorDictBase | None) -> dict[str, Any]:
     return {
         "batch": list(data.batch_size),
         "keys": [list(key) if isinstance(key, tuple) else [key] for key in keys],
-        "leaves": [data.get(key).clone() for key in keys],
+        # Contiguous clones: a leaf that is a view (the rings' transposed memory) is
+        # copied once, in the order its shape says, which is how the files store it.
+        "leaves": [data.get(key).clone(memory_format=torch.contiguous_format) for key in keys],
     }
 
 

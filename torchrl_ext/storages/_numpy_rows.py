@@ -11,7 +11,7 @@ errors a bad batch deserves.
 from __future__ import annotations
 
 from itertools import chain
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import torch
@@ -24,10 +24,27 @@ from torchrl_ext._host import numpy_view
 Column = tuple[np.ndarray, tuple[int, ...], np.dtype]
 
 
-class Columns(NamedTuple):
-    """Stored columns by key."""
+class Columns:
+    """Stored columns by key, and the columns as a batch of some number of rows must match them."""
 
-    by_key: dict[Any, Column]
+    __slots__ = ("by_key", "_sized")
+
+    def __init__(self, by_key: dict[Any, Column]) -> None:
+        self.by_key = by_key
+        self._sized: tuple[int | None, dict[Any, Column]] = (None, {})
+
+    def sized(self, rows: int) -> dict[Any, Column]:
+        """:attr:`by_key` with each item shape replaced by the shape of ``rows`` items.
+
+        A batch's arrays are then checked with one shape comparison each, about half
+        the cost of comparing the row count and slicing off the item shape. The last
+        row count asked is kept: writers repeat theirs.
+        """
+        cached_rows, sized = self._sized
+        if cached_rows != rows:
+            sized = {key: (array, (rows, *shape), dtype) for key, (array, shape, dtype) in self.by_key.items()}
+            self._sized = (rows, sized)
+        return sized
 
 
 def numpy_columns(leaves: Any, batch_dims: int) -> Columns | None:
@@ -137,22 +154,22 @@ def matching_arrays(
         >>> matching_arrays(data.double(), columns, rows=3, extra={"i": torch.arange(3.0)}) is None
         True
     """
-    by_key = columns.by_key
+    sized = columns.sized(rows)
     if type(data) is TensorDict and not extra:
         # The entries of a flat batch are its leaves: no listing (a microsecond of a 17 KB write).
-        pairs = _matched(data._tensordict.items(), by_key, rows, skip_key, on_nested=_NESTED)
+        pairs = _matched(data._tensordict.items(), sized, skip_key, on_nested=_NESTED)
         if pairs is not _NESTED:
             return pairs
     leaves = leaf_items(data)
-    return _matched(chain(leaves, extra.items()) if extra else leaves, by_key, rows, skip_key)
+    return _matched(chain(leaves, extra.items()) if extra else leaves, sized, skip_key)
 
 
 _NESTED = object()  # a flat batch's entries turned out to hold a sub-TensorDict
 
 
-def _matched(items: Any, by_key: dict[Any, Column], rows: int, skip_key: Any, on_nested: Any = None) -> Any:
-    """:func:`matching_arrays` of the ``(key, value)`` entries ``items``; ``on_nested`` when one
-    of them is a TensorDict."""
+def _matched(items: Any, sized: dict[Any, Column], skip_key: Any, on_nested: Any = None) -> Any:
+    """:func:`matching_arrays` of the ``(key, value)`` entries ``items`` against the columns
+    :meth:`Columns.sized` gives; ``on_nested`` when one of the entries is a TensorDict."""
     pairs = []
     try:
         for key, value in items:
@@ -160,16 +177,16 @@ def _matched(items: Any, by_key: dict[Any, Column], rows: int, skip_key: Any, on
                 continue
             if not isinstance(value, torch.Tensor):
                 return on_nested if isinstance(value, TensorDictBase) else None  # else a non-tensor leaf
-            column = by_key.get(key)
+            column = sized.get(key)
             if column is None:
                 return None  # a key that is not stored
             # numpy() refuses tensors off the CPU, with autograd history, or with lazy
             # conjugate/negative bits.
             array = value.numpy()
-            shape, dtype = array.shape, array.dtype
-            if shape[0] != rows or shape[1:] != column[1] or (dtype is not column[2] and dtype != column[2]):
+            dtype = array.dtype
+            if array.shape != column[1] or (dtype is not column[2] and dtype != column[2]):
                 return None
             pairs.append((column[0], array))
-    except (RuntimeError, TypeError, IndexError):
+    except (RuntimeError, TypeError):
         return None
-    return pairs if len(pairs) == len(by_key) else None
+    return pairs if len(pairs) == len(sized) else None

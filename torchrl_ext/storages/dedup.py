@@ -142,9 +142,9 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
         if self.check_next:
             self._check_continuity(env, frames, next_frames, done, first)
         stored = data.exclude(self.next_key).set(self.obs_key, frames)
-        flat = self._flat_index(env, position).reshape(-1).cpu()
+        table_rows = self._table_rows(env, position).reshape(-1)
         super()._write(env, position, stored, set_cursor=set_cursor)  # checks the layout first
-        self._store_next_frames(env, flat, next_frames, done)
+        self._store_next_frames(env, table_rows, next_frames, done)
 
     def _check_continuity(self, env, frames, next_frames, done, first) -> None:
         rows = env if env.ndim == 1 else env[:, 0]
@@ -169,27 +169,32 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
                     "use EnvRingStorage."
                 )
 
-    def _store_next_frames(self, env, flat, next_frames, done) -> None:
+    def _store_next_frames(self, env, table_rows, next_frames, done) -> None:
         frame_shape = next_frames.shape[env.ndim:]
         if self._pending_next is None:
             self._pending_next = torch.zeros(self._num_envs, *frame_shape, dtype=next_frames.dtype,
                                              device=self._device)
             self._terminal = torch.zeros(0, *frame_shape, dtype=next_frames.dtype, device=self._device)
         # Overwritten slots give their terminal rows back.
-        old = self._terminal_row[flat]
+        old = self._terminal_row[table_rows]
         self._free_rows.extend(old[old >= 0].tolist())
-        self._terminal_row[flat] = -1
+        self._terminal_row[table_rows] = -1
         done_flat = done.reshape(-1)
         if bool(done_flat.any()):
             picked = done_flat.nonzero().squeeze(1)
             rows = torch.tensor(self._take_rows(picked.numel()), dtype=torch.long)
             values = next_frames.reshape(-1, *frame_shape)[picked.to(next_frames.device)]
             self._terminal.index_copy_(0, rows.to(self._device), values.to(self._device))
-            self._terminal_row[flat[picked]] = rows
+            self._terminal_row[table_rows[picked]] = rows
         rows = env if env.ndim == 1 else env[:, 0]
         newest = next_frames if env.ndim == 1 else next_frames[:, -1]
         self._pending_next[rows.to(self._device)] = newest.to(self._device)
         self._last_done[rows.cpu()] = done if env.ndim == 1 else done[:, -1]
+
+    def _table_rows(self, env: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        """Entry ``env * L + slot`` of ``(env, position)`` in the terminal-row table, env-major
+        whatever the rings' memory layout, as checkpoints store it."""
+        return torch.add(position.cpu().remainder(self._max_length), env.cpu(), alpha=self._max_length)
 
     def _take_rows(self, n: int) -> list[int]:
         if len(self._free_rows) < n:
@@ -262,7 +267,7 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
         leaf = self._frame_leaf()
         flat = self._flat_index(env, pos + 1).reshape(-1)
         out = select_rows(leaf, flat).reshape(*pos.shape, *leaf.shape[1:])
-        row = self._terminal_row[self._flat_index(env, pos).cpu()]
+        row = self._terminal_row[self._table_rows(env, pos)]
         terminal = row >= 0
         if bool(terminal.any()):
             out[terminal.to(self._device)] = self._terminal[row[terminal].to(self._device)]
@@ -285,7 +290,7 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
 
     def reset(self, env_ids: torch.Tensor | None = None) -> None:
         rows = torch.arange(self._num_envs) if env_ids is None else torch.as_tensor(env_ids).cpu().reshape(-1)
-        slots = (rows.unsqueeze(1) * self._max_length + torch.arange(self._max_length)).reshape(-1)
+        slots = self._table_rows(rows.unsqueeze(1), torch.arange(self._max_length)).reshape(-1)
         old = self._terminal_row[slots]
         self._free_rows.extend(old[old >= 0].tolist())
         self._terminal_row[slots] = -1

@@ -16,6 +16,7 @@ to and :class:`~torchrl_ext.samplers.TrajectorySampler` picks windows.
 """
 from __future__ import annotations
 
+from multiprocessing.sharedctypes import Synchronized
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +61,12 @@ class EnvRingStorage(RingReads, RingStepWrites, RingSharing, Storage):
     The leaves are allocated from the first write (any nested keys), on
     ``device``. Later writes must carry the same keys, per-step shapes and
     dtypes; a mismatch raises ``ValueError`` before anything is written.
+
+    In memory the rings are time-major: slot ``s`` of every env is one contiguous
+    block, and the ``[E, L, ...]`` leaves are transposed views of it. Envs stepped
+    together write one block per leaf (a 64-env step of 17 KB is written in half the
+    time of 64 rows a ring apart); a sampled window's steps lie ``E`` rows apart,
+    which costs a gather nothing measurable.
 
     Args:
         num_envs: number of environments ``E``.
@@ -113,7 +120,7 @@ class EnvRingStorage(RingReads, RingStepWrites, RingSharing, Storage):
         self._num_envs, self._max_length = num_envs, max_length
         self._device = torch.device(device)
         self._storage: TensorDictBase | None = None
-        self._flat: list[tuple[Any, torch.Tensor]] = []  # (key, leaf viewed as [E*L, ...])
+        self._flat: list[tuple[Any, torch.Tensor]] = []  # (key, leaf's memory as [L*E, ...] rows)
         self._layout_cache: dict | None = None
         # The counters live in numpy arrays with torch views on them (same
         # memory): samplers do tensor math on the views, while the per-write
@@ -261,12 +268,28 @@ class EnvRingStorage(RingReads, RingStepWrites, RingSharing, Storage):
         """Moves the cursors of ``env_ids`` (distinct; ``None``: every env) on by ``steps`` written steps."""
         if env_ids is None:
             self._pos_np += steps
-            if not self._is_full:
-                np.minimum(self._size_np + steps, self._max_length, out=self._size_np)
+            self._grow_every_size(steps)
             return
         ids = torch.as_tensor(env_ids, dtype=torch.long).cpu().numpy()
         self._pos_np[ids] += steps
         self._size_np[ids] = np.minimum(self._size_np[ids] + steps, self._max_length)
+
+    def _grow_every_size(self, steps: int) -> None:
+        """Every env's size after ``steps`` more written steps (the full rings keep theirs)."""
+        if not self._is_full:
+            np.minimum(self._size_np + steps, self._max_length, out=self._size_np)
+
+    def _bump_mutation_revision(self) -> None:
+        """TorchRL's revision bump, locking once: the shared counter's ``value`` takes its
+        lock again for each read and write, which doubles the cost of the one call every
+        step write makes. Any other counter (a compilable storage's tensor) takes
+        TorchRL's path."""
+        revision = self.__dict__.get("_mutation_revision_value")
+        if type(revision) is not Synchronized:
+            super()._bump_mutation_revision()
+            return
+        with revision.get_lock():
+            revision.get_obj().value += 1
 
     def shrink(self, env_ids: torch.Tensor, n: torch.Tensor | int) -> None:
         """Forgets the ``n`` oldest steps of each env in ``env_ids`` (at most what it holds)."""
@@ -284,21 +307,22 @@ class EnvRingStorage(RingReads, RingStepWrites, RingSharing, Storage):
         self._bump_mutation_revision()
 
     def _allocate(self, data: TensorDictBase, batch_dims: int) -> None:
-        shape = (self._num_envs, self._max_length)
+        shape = (self._max_length, self._num_envs)
         self._storage = TensorDict(
             {
                 key: empty_huge(
                     shape + tuple(leaf.shape[batch_dims:]), dtype=leaf.dtype, device=self._device
-                ).zero_()
+                ).zero_().transpose(0, 1)
                 for key, leaf in leaf_items(data)
             },
-            batch_size=shape,
+            batch_size=shape[::-1],
             device=self._device,
         )
         self._index_leaves()
 
     def flat_leaf(self, key: Any) -> torch.Tensor | None:
-        """The stored leaf ``key`` viewed as ``[E * L, ...]`` (rows ``env * L + slot``), or ``None``."""
+        """The stored leaf ``key``'s memory as ``[L * E, ...]`` rows (:meth:`_flat_index` gives the
+        row of a step), or ``None``."""
         for leaf_key, leaf in self._flat:
             if leaf_key == key:
                 return leaf
@@ -306,7 +330,11 @@ class EnvRingStorage(RingReads, RingStepWrites, RingSharing, Storage):
 
     def _stores_leaf(self, key: Any) -> bool:
         """Whether the nested key ``key`` names a stored leaf."""
-        return self._layout_cache is not None and unravel_key(key) in self._layout_cache
+        layout = self._layout_cache
+        if layout is None:
+            return False
+        # A string key is its own unravelled form (unravel_key costs a dict lookup's tenfold).
+        return (key if type(key) is str else unravel_key(key)) in layout
 
     def _index_leaves(self) -> None:
         """Derives the flat views, the layout and (lazily) the column views from the stored
@@ -316,9 +344,14 @@ class EnvRingStorage(RingReads, RingStepWrites, RingSharing, Storage):
         if self._storage is None:
             self._flat, self._layout_cache = [], None
             return
-        self._flat = [
-            (key, leaf.view(-1, *leaf.shape[2:])) for key, leaf in leaf_items(self._storage)
-        ]
+        flat = []
+        for key, leaf in leaf_items(self._storage):
+            memory = leaf.transpose(0, 1)
+            if not memory.is_contiguous():  # env-major leaves (a checkpoint): made time-major
+                memory = memory.contiguous()
+                self._storage.set(key, memory.transpose(0, 1))
+            flat.append((key, memory.view(-1, *memory.shape[2:])))
+        self._flat = flat
         self._layout_cache = _layout(self._storage, 2)
 
     def contains(self, item: Any) -> bool:
@@ -382,8 +415,8 @@ class EnvRingStorage(RingReads, RingStepWrites, RingSharing, Storage):
         return env, position
 
     def _flat_index(self, env: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-        """Row of ``(env, position)`` in the leaves viewed as ``[E * L, ...]``."""
-        flat = torch.add(position.remainder(self._max_length), env, alpha=self._max_length)
+        """Row ``slot * E + env`` of ``(env, position)`` in the time-major leaf rows (:attr:`_flat`)."""
+        flat = torch.add(env, position.remainder(self._max_length), alpha=self._num_envs)
         return flat if flat.device == self._device else flat.to(self._device)
 
     def _counter_views(self) -> None:

@@ -129,14 +129,15 @@ class EnvRingWriter(Writer):
     def _write_every_env(self, storage: EnvRingStorage, data: TensorDictBase, env_ids: Any) -> torch.Tensor | None:
         """One step of every env in env order while all envs stand at one position.
 
-        Envs stepped together (ALF's usual ``add_batch``) write one slot column:
+        Envs stepped together (ALF's usual ``add_batch``) write one slot, a block per leaf:
         the storage copies each leaf once, and the returned coordinates come from
         a template instead of index arithmetic. ``None``, with nothing written,
         for any other batch: :meth:`write` then takes the general path, which
         also raises the errors of a bad batch.
         """
-        num_envs = storage.num_envs
-        if data.batch_dims != 1 or data.shape[0] != num_envs:
+        num_envs = storage._num_envs
+        batch_size = data.batch_size
+        if len(batch_size) != 1 or batch_size[0] != num_envs:
             return None
         skip_key = None
         if env_ids is None:
@@ -151,12 +152,9 @@ class EnvRingWriter(Writer):
             and torch.equal(env_ids, every_env)  # torch.equal also compares the lengths
         ):
             return None
-        position = storage._common_position()
+        position = storage._write_step(data, skip_key)
         if position is None:
             return None
-        if not storage._write_step(position, data, skip_key):
-            return None
-        storage.advance(None, 1)
         self._write_count += num_envs
         index = index_template.copy()
         index[:, 1] = position
