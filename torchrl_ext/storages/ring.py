@@ -66,7 +66,7 @@ class EnvRingStorage(RingReads, RingStepWrites, RingSharing, Storage):
     block, and the ``[E, L, ...]`` leaves are transposed views of it. Envs stepped
     together write one block per leaf (a 64-env step of 17 KB is written in half the
     time of 64 rows a ring apart); a sampled window's steps lie ``E`` rows apart,
-    which costs a gather nothing measurable.
+    which made a sample of 256 windows of 8 steps about 3% slower.
 
     Args:
         num_envs: number of environments ``E``.
@@ -348,7 +348,7 @@ class EnvRingStorage(RingReads, RingStepWrites, RingSharing, Storage):
         for key, leaf in leaf_items(self._storage):
             memory = leaf.transpose(0, 1)
             if not memory.is_contiguous():  # env-major leaves (a checkpoint): made time-major
-                memory = memory.contiguous()
+                memory = empty_huge(memory.shape, dtype=memory.dtype, device=memory.device).copy_(memory)
                 self._storage.set(key, memory.transpose(0, 1))
             flat.append((key, memory.view(-1, *memory.shape[2:])))
         self._flat = flat
