@@ -250,5 +250,26 @@ def test_terminal_frames_are_checkpointed_by_env_major_slot():
     assert got.flatten().tolist() == [99.0, 14.0, 3.0]
 
 
+@pytest.mark.parametrize("num_stack", [1, 3])
+def test_reads_are_the_same_in_both_memory_layouts(num_stack):
+    """Dedup rings are env-major by default (a stack's frames are adjacent rows); a time-major
+    one holds and reads the same steps."""
+    assert DedupEnvRingStorage(2, 6).time_major is False
+    rng = random.Random(7)
+    streams = Streams(2, num_stack, 0, "reset", rng)
+    storages = [DedupEnvRingStorage(2, 6, num_stack=num_stack, time_major=tm) for tm in (False, True)]
+    buffers = [EnvRingReplayBuffer(storage=storage) for storage in storages]
+    for _ in range(15):
+        td, ids = to_td([0, 1], [[streams.step(0)], [streams.step(1)]], blocks=False)
+        for rb in buffers:
+            rb.extend(td, env_ids=ids)
+    readable = storages[0].current_pos - storages[0].current_size + num_stack - 1
+    env = torch.tensor([0, 1]).repeat_interleave(15 - int(readable.max()))
+    pos = torch.cat([torch.arange(int(readable[e]), int(readable[e]) + 15 - int(readable.max())) for e in (0, 1)])
+    want, got = storages[0].get((env, pos)), storages[1].get((env, pos))
+    for key in want.keys(True, True):
+        assert torch.equal(want[key], got[key]), key
+
+
 def test_plain_ring_is_not_affected():
     assert EnvRingStorage.required_lookback == 0

@@ -256,29 +256,51 @@ def test_non_tensor_entries_are_refused_not_dropped(key, first):
     assert rb.storage.get((torch.tensor([0, 1]), rb.storage.current_pos - 1))["obs"].tolist() == [3.0, 6.0]
 
 
-def test_rings_are_time_major_in_memory_and_env_major_in_checkpoints():
-    """Slot s of every env is one block (flat rows s * E .. s * E + E - 1): a step of every
-    env is a single copy per leaf. The [E, L] leaves view that memory, and checkpoints keep
-    storing them env-major, so files written before the layout changed still load."""
-    rb = filled_buffer()  # E = 3, L = 4; env 0's slots hold k = 4, 5, 2, 3
+def filled_with(time_major: bool) -> EnvRingReplayBuffer:
+    """filled_buffer's steps (E = 3, L = 4) in a storage of the given memory layout."""
+    rb = EnvRingReplayBuffer(storage=EnvRingStorage(3, 4, time_major=time_major))
+    for k in range(6):
+        envs = [0, 2] if k % 2 else [0, 1, 2]
+        rb.extend(steps(envs, [100 * e + k for e in envs]))
+    return rb
+
+
+@pytest.mark.parametrize("time_major", [True, False])
+def test_memory_layout_and_env_major_checkpoints(time_major):
+    """Time-major, slot s of every env is one block (rows s * E .. s * E + E - 1): a step of
+    every env is a single copy per leaf. Env-major, each env's ring is one block (rows
+    e * L .. e * L + L - 1). The [E, L] leaves view that memory, and checkpoints store
+    them env-major in both layouts, so either loads the other's files."""
+    rb = filled_with(time_major)  # env 0's slots hold k = 4, 5, 2, 3; env 2's 204, 205, 202, 203
     storage = rb.storage
+    assert storage.time_major is time_major
     flat, obs = storage.flat_leaf("obs"), storage._storage["obs"]
     assert obs.shape == (3, 4, 2) and obs.data_ptr() == flat.data_ptr()
-    assert flat[[0, 3, 6, 9], 0].tolist() == [4.0, 5.0, 2.0, 3.0]  # env 0 at slots 0..3
-    assert flat[[2, 5, 8, 11], 0].tolist() == [204.0, 205.0, 202.0, 203.0]  # env 2
+    row = (lambda e, s: s * 3 + e) if time_major else (lambda e, s: e * 4 + s)
+    assert flat[[row(0, s) for s in range(4)], 0].tolist() == [4.0, 5.0, 2.0, 3.0]
+    assert flat[[row(2, s) for s in range(4)], 0].tolist() == [204.0, 205.0, 202.0, 203.0]
     rb.extend(steps([0, 1, 2], [7.0, 8.0, 9.0]))
     # env 1 stood at position 3 and the others at 6: its step went to slot 3, theirs to slot 2.
-    assert flat[[6, 10, 8], 0].tolist() == [7.0, 8.0, 9.0]
+    assert flat[[row(0, 2), row(1, 3), row(2, 2)], 0].tolist() == [7.0, 8.0, 9.0]
 
     state = storage.state_dict()
     leaves = dict(zip((tuple(k) if len(k) > 1 else k[0] for k in state["data"]["keys"]), state["data"]["leaves"]))
     assert leaves["obs"].is_contiguous() and leaves["obs"].shape == (3, 4, 2)
     assert torch.equal(leaves["obs"], obs)
-    restored = EnvRingStorage(3, 4)
-    restored.load_state_dict(state)  # env-major leaves in: time-major memory out
-    assert restored._storage["obs"].transpose(0, 1).is_contiguous()
     everything = (torch.arange(3).repeat_interleave(4), torch.arange(4).repeat(3))
-    assert (restored.get(everything) == storage.get(everything)).all()
+    for other_layout in (True, False):
+        restored = EnvRingStorage(3, 4, time_major=other_layout)
+        restored.load_state_dict(state)  # env-major leaves in: the storage's own layout out
+        memory = restored._storage["obs"].transpose(0, 1) if other_layout else restored._storage["obs"]
+        assert memory.is_contiguous()
+        assert (restored.get(everything) == storage.get(everything)).all()
+
+
+def test_time_major_must_be_a_bool():
+    with pytest.raises(TypeError, match=r"time_major must be a bool .*got time_major=1"):
+        EnvRingStorage(2, 3, time_major=1)
+    assert EnvRingStorage(2, 3).time_major is True
+    assert EnvRingStorage(2, 3, time_major=False).time_major is False
 
 
 def test_each_write_bumps_the_revision_once_whatever_torchrl_counts_it_with():

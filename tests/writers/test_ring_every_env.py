@@ -82,11 +82,12 @@ operations = st.lists(
 )
 
 
-@settings(max_examples=60, deadline=None)
+@pytest.mark.parametrize("time_major", [True, False])
+@settings(max_examples=40, deadline=None)
 @given(ops=operations)
-def test_fast_path_leaves_the_state_the_general_write_leaves(ops):
-    fast, slow = EnvRingReplayBuffer(num_envs=E, max_length=L), general_only(
-        EnvRingReplayBuffer(num_envs=E, max_length=L))
+def test_fast_path_leaves_the_state_the_general_write_leaves(time_major, ops):
+    fast = EnvRingReplayBuffer(storage=EnvRingStorage(E, L, time_major=time_major))
+    slow = general_only(EnvRingReplayBuffer(storage=EnvRingStorage(E, L, time_major=time_major)))
     for i, op in enumerate(ops):
         value = 10.0 * i
         results = []
@@ -115,9 +116,10 @@ def test_fast_path_leaves_the_state_the_general_write_leaves(ops):
         assert (fast.storage.get((env, pos)) == slow.storage.get((env, pos))).all()
 
 
+@pytest.mark.parametrize("time_major", [True, False])
 @pytest.mark.parametrize("how", ["implicit", "env_ids", "entry"])
-def test_every_env_in_order_at_one_position_takes_the_fast_path(spy, how):
-    rb = EnvRingReplayBuffer(num_envs=E, max_length=L)
+def test_every_env_in_order_at_one_position_takes_the_fast_path(spy, how, time_major):
+    rb = EnvRingReplayBuffer(storage=EnvRingStorage(E, L, time_major=time_major))
     rb.extend(step(0.0))  # the first write allocates through the general path
     assert spy == [1]
     for t in range(1, 6):  # wraps around the rings

@@ -31,6 +31,7 @@ class EnvRingStorageConfig(Validated, StorageConfig):
     max_length: int = 1024
     device: str = "cpu"
     checkpointer: Any = None
+    time_major: Optional[bool] = None  # None: the storage class's default layout
     _target_: str = "torchrl_ext.storages.EnvRingStorage"
 
 
@@ -40,6 +41,7 @@ class EpisodicEnvRingStorageConfig(RecordedReturns, Validated, StorageConfig):
     max_length: int = 1024
     device: str = "cpu"
     step_type_key: Any = "step_type"
+    time_major: Optional[bool] = None
     _target_: str = "torchrl_ext.storages.EpisodicEnvRingStorage"
 
 
@@ -55,6 +57,7 @@ class DedupEnvRingStorageConfig(RecordedReturns, Validated, StorageConfig):
     padding: str = "reset"
     done_key: Any = ("next", "done")
     check_next: bool = True
+    time_major: Optional[bool] = None
     _target_: str = "torchrl_ext.storages.DedupEnvRingStorage"
 
 

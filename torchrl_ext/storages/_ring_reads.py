@@ -82,7 +82,7 @@ class RingReads:
         return assemble(entries, shape, self._device, extra)
 
     def _read_columns(self) -> Columns | None:
-        """Numpy views of the flat ``[L * E, ...]`` leaf rows, or ``None`` where numpy cannot
+        """Numpy views of the flat ``[E * L, ...]`` leaf rows, or ``None`` where numpy cannot
         view one (not on the CPU, bfloat16, autograd history).
 
         A sample gathers a few hundred rows per leaf: numpy's ``take`` costs about half

@@ -1,9 +1,9 @@
 """Writing one step of every env at once into :class:`~torchrl_ext.storages.EnvRingStorage`.
 
 A mixin, not a storage. When every env stands at the same position (envs
-stepped together, ALF's usual case), a ``[num_envs]`` step lands in one slot,
-which the time-major rings keep as one contiguous block per leaf: a single copy
-each, with no per-env index arithmetic. For the 64 envs of an ALF ``add_batch``
+stepped together, ALF's usual case), a ``[num_envs]`` step lands in one slot:
+a single copy per leaf (one contiguous block in time-major rings), with no
+per-env index arithmetic. For the 64 envs of an ALF ``add_batch``
 (17 KB) the calls around the copies, not the bytes, are what costs, so this path
 runs on numpy views of the CPU leaves (see :mod:`torchrl_ext.storages._numpy_rows`).
 """
@@ -14,14 +14,14 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
-from torchrl_ext.storages._numpy_rows import Columns, matching_arrays, numpy_columns
+from torchrl_ext.storages._numpy_rows import Columns, leaf_items, matching_arrays, numpy_columns
 
 
 class RingStepWrites:
     """``_write_step``: the slot write behind ``EnvRingWriter``'s every-env fast path."""
 
     def _step_columns(self) -> Columns | None:
-        """Numpy views of the time-major ``[L, E, ...]`` leaf memory, by key.
+        """Numpy views of the leaves as ``[L, E, ...]`` (slot first, whatever the layout), by key.
 
         ``None`` when this path does not apply: nothing stored yet, leaves numpy
         cannot view (not on the CPU, bfloat16), or a subclass whose ``_write`` does
@@ -38,8 +38,7 @@ class RingStepWrites:
 
             if type(self)._write is not EnvRingStorage._write:
                 return None
-            leaves = [(key, flat.view(self._max_length, self._num_envs, *flat.shape[1:]))
-                      for key, flat in self._flat]
+            leaves = [(key, leaf.transpose(0, 1)) for key, leaf in leaf_items(self._storage)]
             columns = numpy_columns(leaves, batch_dims=2)
             if columns is None:
                 return None
@@ -72,7 +71,7 @@ class RingStepWrites:
             return None
         slot = position % self._max_length
         for stored, array in pairs:
-            stored[slot] = array  # one contiguous block per leaf
+            stored[slot] = array  # one block per leaf in time-major rings
         self._last_cursor = slot  # expanded to flat rows when read (see _last_cursor)
         self._bump_mutation_revision()
         self._pos_np.fill(position + 1)  # every env stood at position; a fill costs a fifth of += 1
@@ -87,7 +86,7 @@ class RingStepWrites:
         as much as a step's copies, and is rarely needed."""
         cursor = self.__dict__.get("_last_cursor_value")
         if isinstance(cursor, int):
-            cursor = self._last_cursor_value = torch.arange(self._num_envs) + cursor * self._num_envs
+            cursor = self._last_cursor_value = self._flat_index(torch.arange(self._num_envs), torch.tensor(cursor))
         return cursor
 
     @_last_cursor.setter

@@ -53,6 +53,9 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
             cannot be deduplicated); a mismatch raises before anything is written.
         record_episodic_return, gamma, reward_clip, default_return,
         discount_key, reward_key, device: see :class:`EpisodicEnvRingStorage`.
+        time_major: see :class:`EnvRingStorage`; env-major by default here, so that
+            the frames of a stack are adjacent rows (a gather of 5-frame stacks of
+            84x84 frames took 1.45x as long time-major).
 
     Shape contract:
         Writes ``[N]`` or ``[N, T]`` steps with ``obs`` ``[..., *stack_shape]``;
@@ -76,6 +79,8 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
         >>> storage._storage["pixels"].shape  # one frame per step
         torch.Size([1, 8, 1, 3])
     """
+
+    time_major = False  # a stack's frames are consecutive steps of one env: adjacent rows
 
     def __init__(
         self,

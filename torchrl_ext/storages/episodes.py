@@ -91,8 +91,9 @@ class EpisodicEnvRingStorage(EnvRingStorage):
         discount_key: Any = "discount",
         reward_key: Any = "reward",
         device: torch.device | str = "cpu",
+        time_major: bool | None = None,
     ) -> None:
-        super().__init__(num_envs, max_length, device=device)
+        super().__init__(num_envs, max_length, device=device, time_major=time_major)
         if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0 <= gamma <= 1:
             raise ValueError(f"gamma must be a number in [0, 1], got gamma={gamma!r}.")
         if reward_clip is not None and (len(reward_clip) != 2 or reward_clip[0] > reward_clip[1]):
