@@ -54,8 +54,8 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
         record_episodic_return, gamma, reward_clip, default_return,
         discount_key, reward_key, device: see :class:`EpisodicEnvRingStorage`.
         time_major: see :class:`EnvRingStorage`; env-major by default here, so that
-            the frames of a stack are adjacent rows (a gather of 5-frame stacks of
-            84x84 frames took 1.45x as long time-major).
+            the frames of a stack are adjacent rows (the gather of 5-frame stacks of
+            84x84 frames alone took 1.45x as long time-major).
 
     Shape contract:
         Writes ``[N]`` or ``[N, T]`` steps with ``obs`` ``[..., *stack_shape]``;

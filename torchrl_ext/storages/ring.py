@@ -67,8 +67,8 @@ class EnvRingStorage(RingReads, RingStepWrites, RingSharing, Storage):
     transposed views of it), env-major keeps each env's ring contiguous. Envs stepped
     together write one block per leaf time-major (a 64-env step of 17 KB of vectors is
     written in half the time of 64 rows a ring apart); consecutive steps of one env
-    are adjacent env-major (a 256-window sample of 8 small steps was 3% faster, a
-    gather of 5-frame stacks of 84x84 frames 1.45x faster). Checkpoints store the
+    are adjacent env-major (a 256-window sample of 8 small steps was 3% faster, the
+    gather of 5-frame stacks of 84x84 frames alone 1.45x faster). Checkpoints store the
     leaves env-major either way and load into either layout.
 
     Args:
