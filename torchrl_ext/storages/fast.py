@@ -269,7 +269,7 @@ def _layout(data: Any, item_dims: int) -> dict[Any, tuple[tuple[int, ...], torch
     layout = {}
     for key, leaf in leaf_items(data):
         if not isinstance(leaf, torch.Tensor):
-            return None  # non-tensor leaves: TorchRL's own handling
+            return None  # a non-tensor leaf: the callers refuse the batch (_refuse_non_tensors)
         layout[key] = (tuple(leaf.shape[item_dims:]), leaf.dtype)
     return layout
 
