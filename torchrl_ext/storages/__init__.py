@@ -1,6 +1,7 @@
 """Storages: they hold the data and gather it by index; they never decide order."""
 from torchrl_ext.storages.dedup import DedupEnvRingStorage
 from torchrl_ext.storages.episodes import EpisodicEnvRingStorage
+from torchrl_ext.storages._output_memory import OutputRecycler, output_recycler
 from torchrl_ext.storages.fast import FastMemmapStorage, FastTensorStorage, gather_rows
 from torchrl_ext.storages.rollout import RolloutStorage
 from torchrl_ext.storages.ring import EnvRingStorage, EnvRingStorageCheckpointer
@@ -12,6 +13,8 @@ __all__ = [
     "EpisodicEnvRingStorage",
     "FastMemmapStorage",
     "FastTensorStorage",
+    "OutputRecycler",
     "RolloutStorage",
     "gather_rows",
+    "output_recycler",
 ]

@@ -6,6 +6,7 @@ unchecked TensorDict construction.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -14,8 +15,9 @@ from tensordict import TensorDict, TensorDictBase
 
 from torchrl_ext._host import NUMPY_DTYPES
 from torchrl_ext.storages._numpy_rows import Columns
+from torchrl_ext.storages._output_memory import output_recycler
 
-__all__ = ["assemble", "gather_coordinates", "gather_rows", "select_rows", "take", "take_rows"]
+__all__ = ["assemble", "gather_coordinates", "gather_rows", "new_output", "select_rows", "take", "take_rows"]
 
 # TensorDict's constructor re-checks every entry's batch dims and device (about 40 us for a
 # dozen leaves); the gathers below build entries that satisfy both by construction, so they
@@ -97,44 +99,69 @@ def gather_rows(
     return assemble(entries, index.shape, device, extra)
 
 
-# glibc serves allocations above 32 MiB (its largest mmap threshold) with fresh mmaps,
-# whose every 4 KiB page faults on first write: a 115 MB gather of frames spent three
-# quarters of its time in page faults. numpy asks for transparent huge pages on such
-# arrays (madvise), 512x fewer faults where the kernel grants them (as here); smaller
-# outputs come from the reused heap and stay with torch's allocator.
-_HUGE_OUTPUT_BYTES = 32 << 20
+def new_output(shape: tuple[int, ...], dtype: torch.dtype, device: Any = None) -> torch.Tensor:
+    """``torch.empty(shape, dtype=dtype, device=device)`` for a read's output; on the CPU,
+    outputs of a megabyte or more are :data:`~torchrl_ext.storages.output_recycler`'s
+    numpy arrays (memory kept from one sample to the next, huge pages from 4 MiB), so
+    they are not resizable in place.
+
+    Examples:
+        >>> new_output((2, 3), torch.float32).shape
+        torch.Size([2, 3])
+    """
+    device = torch.device("cpu") if device is None else torch.device(device)
+    numpy_dtype = NUMPY_DTYPES.get(dtype)
+    if numpy_dtype is None or device.type != "cpu" or not output_recycler.recycles(
+            math.prod(shape) * dtype.itemsize):
+        return torch.empty(shape, dtype=dtype, device=device)
+    return torch.from_numpy(output_recycler.empty(tuple(shape), numpy_dtype))
 
 
 def select_rows(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``tensor.index_select(0, index)``; outputs of 32 MiB or more on the CPU are
-    allocated by numpy (huge pages), so they are not resizable in place.
+    """``tensor.index_select(0, index)``, into :func:`new_output` when that is recycled memory.
 
     Examples:
         >>> import torch
         >>> select_rows(torch.arange(6).reshape(3, 2), torch.tensor([2, 0])).tolist()
         [[4, 5], [0, 1]]
     """
-    # The row stride sizes the output (exactly for contiguous rows): one cheap test first.
-    if index.numel() * tensor.stride(0) * tensor.element_size() < _HUGE_OUTPUT_BYTES:
+    # The row stride sizes the output (exactly for contiguous rows): one cheap test first,
+    # as most reads are small.
+    if index.numel() * tensor.stride(0) * tensor.element_size() < output_recycler.min_bytes:
         return tensor.index_select(0, index)
-    dtype = NUMPY_DTYPES.get(tensor.dtype)
-    if dtype is None or not tensor.is_cpu:
+    shape = (index.numel(), *tensor.shape[1:])
+    if not tensor.is_cpu or not output_recycler.recycles(math.prod(shape) * tensor.element_size()):
         return tensor.index_select(0, index)
-    out = torch.from_numpy(np.empty((index.numel(), *tensor.shape[1:]), dtype=dtype))
-    return torch.index_select(tensor, 0, index, out=out)
+    return torch.index_select(tensor, 0, index, out=new_output(shape, tensor.dtype))
 
 
 def take(array: np.ndarray, rows: np.ndarray) -> torch.Tensor:
-    """``array[rows]`` (rows along the first dim) as a new tensor, through numpy's ``take``."""
-    return torch.from_numpy(array.take(rows, axis=0))
+    """``array[rows]`` (rows along the first dim) as a new tensor, through numpy's ``take``;
+    outputs of a megabyte or more are gathered into recycled memory (see :func:`select_rows`).
+
+    Raises:
+        IndexError: a row outside ``[-len(array), len(array))``.
+    """
+    if rows.size * array.strides[0] < output_recycler.min_bytes:  # cheap first test, as in select_rows
+        return torch.from_numpy(array.take(rows, axis=0))
+    shape = (rows.size, *array.shape[1:])
+    if not output_recycler.recycles(math.prod(shape) * array.itemsize):
+        return torch.from_numpy(array.take(rows, axis=0))
+    high = array.shape[0]
+    if rows.size and (rows.min() < -high or rows.max() >= high):
+        raise IndexError(f"row index out of range for {high} rows (got rows in "
+                         f"[{rows.min()}, {rows.max()}]).")
+    # Checked above, so "wrap" only maps negative rows as "raise" would, and lets numpy
+    # gather straight into ``out`` ("raise" gathers into a buffer and copies it over).
+    return torch.from_numpy(array.take(rows, axis=0, out=output_recycler.empty(shape, array.dtype),
+                                       mode="wrap"))
 
 
 def take_rows(columns: Columns, rows: torch.Tensor) -> dict[Any, torch.Tensor]:
     """``{key: stored[rows]}`` for every column, through numpy's ``take`` (CPU ``rows``).
 
     On a sample's few hundred rows numpy's ``take`` costs about half a torch
-    ``index_select``; its outputs come from numpy's allocator (huge-page advised
-    when large), like :func:`select_rows`' large outputs.
+    ``index_select``; large outputs are recycled as in :func:`select_rows`.
 
     Examples:
         >>> import torch

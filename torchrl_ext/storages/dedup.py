@@ -31,7 +31,7 @@ from tensordict import TensorDictBase
 
 from torchrl_ext._keys import nested_key
 from torchrl_ext.storages.episodes import EpisodicEnvRingStorage
-from torchrl_ext.storages._gathers import select_rows
+from torchrl_ext.storages._gathers import new_output, select_rows
 
 __all__ = ["DedupEnvRingStorage"]
 
@@ -258,7 +258,8 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
         if self.padding == "zero":
             frames = frames * (wanted >= begin.unsqueeze(-1)).to(self._device).reshape(
                 *q.shape, *(1,) * (leaf.dim() - 1)).to(frames.dtype)
-        stack = torch.cat([frames, newest.unsqueeze(pos.dim())], pos.dim())
+        stack = torch.cat([frames, newest.unsqueeze(pos.dim())], pos.dim(),
+                          out=new_output((*pos.shape, self.num_stack, *leaf.shape[1:]), leaf.dtype, leaf.device))
         return stack.movedim(pos.dim(), pos.dim() + self.stack_dim % (leaf.dim()))
 
     def _frame_leaf(self) -> torch.Tensor:
