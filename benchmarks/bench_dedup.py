@@ -613,8 +613,6 @@ def diagnose_sample(dedup: EnvRingReplayBuffer, plain: EnvRingReplayBuffer, reps
     (env, pos), _ = dedup._sampler.sample(st, BATCH)
     ec, pc = env.cpu(), pos.cpu()
     begin = st._begin(ec, pc)
-    newest = st._frame_leaf().index_select(0, st._flat_index(ec, pc).reshape(-1)).reshape(*pc.shape, H, W)
-    older = NUM_STACK - 1
     leaf = st._frame_leaf()
     frames_flat = torch.randint(leaf.shape[0], (2 * NUM_STACK * env.numel(),))
     parent = type(st).__mro__[1]  # EpisodicEnvRingStorage: the stored one-frame leaves and the other fields
@@ -623,11 +621,9 @@ def diagnose_sample(dedup: EnvRingReplayBuffer, plain: EnvRingReplayBuffer, reps
         ("  TrajectorySampler.sample (index only)", lambda: dedup._sampler.sample(st, BATCH)),
         ("  DedupEnvRingStorage._gather (fixed index)", lambda: st._gather(env, pos)),
         ("    stored fields (one frame per step) via the parent's _gather", lambda: parent._gather(st, env, pos)),
-        ("    _stack: observation (3 older frames gathered, cat with the newest)",
-         lambda: st._stack(ec, pc, begin, older, newest)),
-        ("    _next_frame: newest frame of next observation (+ terminal / pending tables)",
-         lambda: st._next_frame(ec, pc)),
-        ("    _stack: next observation", lambda: st._stack(ec, pc, begin, older, newest, shift=1)),
+        ("    _stack: observation (its 4 frames in one gather)", lambda: st._stack(ec, pc, begin)),
+        ("    _stack: next observation (4 frames in one gather, the newest patched from the side tables)",
+         lambda: st._stack(ec, pc, begin, shift=1)),
         ("plain rb.sample(256), end to end", lambda: plain.sample(BATCH)),
         ("  EnvRingStorage._gather (fixed index)", lambda: pst._gather(env, pos)),
         ("reference: index_select of the 2,048 frames of obs + next obs, one new tensor",

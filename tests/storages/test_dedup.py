@@ -89,7 +89,7 @@ def test_reads_equal_the_full_stream(num_stack, stack_dim, padding, seed, num_en
         num_envs, max_length, num_stack=num_stack, stack_dim=stack_dim, padding=padding))
     for _ in range(30):
         u = rng.random()
-        envs = sorted(rng.sample(range(num_envs), rng.randint(1, num_envs)))
+        envs = rng.sample(range(num_envs), rng.randint(1, num_envs))  # any order
         if u < 0.55:
             td, ids = to_td(envs, [[streams.step(e)] for e in envs], blocks=False)
         elif u < 0.8:
@@ -207,6 +207,37 @@ def test_bad_arguments_and_shapes():
     with pytest.raises(ValueError, match=r"needs \('next', 'done'\) in every written batch"):
         rb.extend(good_shape)
     assert len(rb) == 0
+
+
+@pytest.mark.parametrize("check_next", [True, False])
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (lambda nxt: nxt.to(torch.float64), r"has shape \[2, 2, 2, 2\] and dtype torch.float64, but 'observation' has shape \[2, 2, 2, 2\] and dtype torch.float32"),
+        (lambda nxt: nxt[..., :1], r"has shape \[2, 2, 2, 1\] and dtype torch.float32, but 'observation' has shape \[2, 2, 2, 2\]"),
+    ],
+    ids=["dtype", "shape"],
+)
+def test_a_next_observation_unlike_the_observation_is_refused_before_any_write(check_next, change, match):
+    """The next frame is kept in place of the following observation, so it must look the same."""
+    rng = random.Random(5)
+    streams = Streams(2, 2, 0, "reset", rng)
+    rb = EnvRingReplayBuffer(storage=DedupEnvRingStorage(2, 6, num_stack=2, check_next=check_next))
+    for _ in range(3):
+        td, ids = to_td([0, 1], [[streams.step(0, p_done=0.0)], [streams.step(1, p_done=0.0)]], blocks=False)
+        rb.extend(td, env_ids=ids)
+    td, ids = to_td([0, 1], [[streams.step(0, p_done=0.0)], [streams.step(1, p_done=0.0)]], blocks=False)
+    td["next", "observation"] = change(td["next", "observation"])
+    before = rb.storage.state_dict()
+    with pytest.raises(ValueError, match=r"\('next', 'observation'\) " + match):
+        rb.extend(td, env_ids=ids)
+    after = rb.storage.state_dict()
+    assert len(before["data"]["leaves"]) == len(after["data"]["leaves"]) > 0
+    assert all(torch.equal(a, b) for a, b in zip(before["data"]["leaves"], after["data"]["leaves"]))
+    assert all(torch.equal(a, b) for a, b in zip(before["episodes"], after["episodes"]))
+    assert all(torch.equal(a, b) for a, b in zip(before["dedup"]["bookkeeping"], after["dedup"]["bookkeeping"]))
+    assert all(torch.equal(a, b) for a, b in zip(before["dedup"]["tables"], after["dedup"]["tables"]))
+    assert rb.storage.current_pos.tolist() == [3, 3]
 
 
 def test_checkpoint_round_trip(tmp_path):

@@ -82,12 +82,19 @@ operations = st.lists(
 )
 
 
+def ring(kind: str, time_major: bool) -> EnvRingStorage:
+    if kind == "episodic":  # its step path runs its own _write (the episode index)
+        return EpisodicEnvRingStorage(E, L, step_type_key="flag", time_major=time_major)
+    return EnvRingStorage(E, L, time_major=time_major)
+
+
+@pytest.mark.parametrize("kind", ["ring", "episodic"])
 @pytest.mark.parametrize("time_major", [True, False])
 @settings(max_examples=40, deadline=None)
 @given(ops=operations)
-def test_fast_path_leaves_the_state_the_general_write_leaves(time_major, ops):
-    fast = EnvRingReplayBuffer(storage=EnvRingStorage(E, L, time_major=time_major))
-    slow = general_only(EnvRingReplayBuffer(storage=EnvRingStorage(E, L, time_major=time_major)))
+def test_fast_path_leaves_the_state_the_general_write_leaves(kind, time_major, ops):
+    fast = EnvRingReplayBuffer(storage=ring(kind, time_major))
+    slow = general_only(EnvRingReplayBuffer(storage=ring(kind, time_major)))
     for i, op in enumerate(ops):
         value = 10.0 * i
         results = []
@@ -110,6 +117,9 @@ def test_fast_path_leaves_the_state_the_general_write_leaves(time_major, ops):
         if results:
             assert torch.equal(results[0], results[1]), op
         assert_same(fast, slow)
+        if kind == "episodic":
+            episodes = [rb.storage.state_dict()["episodes"] for rb in (fast, slow)]
+            assert all(torch.equal(a, b) for a, b in zip(*episodes)), op
     # The fast buffer reads back what was written, through the storage's own reads.
     env, pos = torch.arange(E), fast.storage.current_pos - 1
     if bool((fast.storage.current_size > 0).all()):
@@ -245,3 +255,23 @@ def test_steps_after_a_write_with_autograd_history_are_stored():
     index = rb.extend(TensorDict({"obs": torch.full((2, 1), 2.0)}, [2]))
     assert index.tolist() == [[0, 2], [1, 2]]
     assert rb.storage._storage["obs"][:, :3, 0].tolist() == [[0.0, 1.0, 2.0], [0.0, 1.0, 2.0]]
+
+
+def test_an_episodic_storage_writes_a_step_of_every_env_itself():
+    """Its step path runs its _write (episode index included) without the writer's general path."""
+    storage = EpisodicEnvRingStorage(E, L, step_type_key="flag")
+    rb = EnvRingReplayBuffer(storage=storage)
+    assert storage._write_step(step(0.0)) is None  # nothing stored yet: the general path allocates
+    rb.extend(step(0.0))
+    assert storage._write_step(step(1.0)) == 1
+    assert storage.current_pos.tolist() == [2] * E
+    assert (storage.get((torch.arange(E), torch.ones(E, dtype=torch.long))) == step(1.0)).all()
+    rb.extend(step(2.0, num_envs=1), env_ids=torch.tensor([0]))
+    assert storage._write_step(step(3.0)) is None  # the envs stand apart
+    rb.extend(step(4.0, num_envs=2), env_ids=torch.tensor([1, 2]))  # back at one position
+    before, episodes = snapshot(rb), storage.state_dict()["episodes"]
+    with pytest.raises(ValueError, match=r"key 'obs': stored dtype is torch.float32"):
+        storage._write_step(step(5.0).set("obs", torch.zeros(E, 2, dtype=torch.float64)))
+    after = snapshot(rb)
+    assert same_data(after[0], before[0]) and after[1:] == before[1:] and after[1] == [3] * E
+    assert all(torch.equal(a, b) for a, b in zip(episodes, storage.state_dict()["episodes"]))

@@ -26,9 +26,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import TensorDictBase
 
+from torchrl_ext._host import NUMPY_DTYPES
 from torchrl_ext._keys import nested_key
 from torchrl_ext.storages.episodes import EpisodicEnvRingStorage
 from torchrl_ext.storages._gathers import new_output, select_rows
@@ -127,8 +129,10 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
         return obs.select(dim, -1)
 
     def _first_flags(self, data: TensorDictBase, env: torch.Tensor) -> torch.Tensor:
+        return self._first_after(self._done(data, env), env)
+
+    def _first_after(self, done: torch.Tensor, env: torch.Tensor) -> torch.Tensor:
         # A step begins an episode when the previous step of its env was done.
-        done = self._done(data, env)
         if env.ndim == 1:
             return self._last_done[env.cpu()]
         return torch.cat([self._last_done[env[:, 0].cpu()].unsqueeze(1), done[:, :-1]], 1)
@@ -140,15 +144,24 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
         self, env: torch.Tensor, position: torch.Tensor, data: TensorDictBase, *, set_cursor: bool
     ) -> None:
         batch_dims = env.ndim
-        frames = self._frames(self._field(data, self.obs_key), batch_dims)
-        next_frames = self._frames(self._field(data, self.next_key), batch_dims)
+        obs, next_obs = self._field(data, self.obs_key), self._field(data, self.next_key)
+        if next_obs.shape != obs.shape or next_obs.dtype != obs.dtype:
+            # Checked before anything is written: the next frame is stored in obs's place.
+            raise ValueError(
+                f"{self.next_key!r} has shape {list(next_obs.shape)} and dtype {next_obs.dtype}, but "
+                f"{self.obs_key!r} has shape {list(obs.shape)} and dtype {obs.dtype}; the next "
+                "observation is stored as the following step's observation, so write both with "
+                "the same shape and dtype."
+            )
+        frames = self._frames(obs, batch_dims)
+        next_frames = self._frames(next_obs, batch_dims)
         done = self._done(data, env)
-        first = self._first_flags(data, env)
+        first = self._first_after(done, env)
         if self.check_next:
             self._check_continuity(env, frames, next_frames, done, first)
         stored = data.exclude(self.next_key).set(self.obs_key, frames)
         table_rows = self._table_rows(env, position).reshape(-1)
-        super()._write(env, position, stored, set_cursor=set_cursor)  # checks the layout first
+        super()._write(env, position, stored, set_cursor=set_cursor, first=first)  # checks the layout first
         self._store_next_frames(env, table_rows, next_frames, done)
 
     def _check_continuity(self, env, frames, next_frames, done, first) -> None:
@@ -156,17 +169,21 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
         pairs = []
         if self._pending_next is not None:
             # The newest stored step's next frame must be this step's frame.
-            cont = (~first.reshape(env.shape[0], -1)[:, 0]) & (self._current_pos[rows.cpu()] > 0)
-            if bool(cont.any()):
-                head = frames if env.ndim == 1 else frames[:, 0]
-                pairs.append((self._pending_next[rows[cont]], head[cont.to(head.device)]))
+            rows_np = rows.cpu().numpy()
+            cont = ~first.reshape(env.shape[0], -1)[:, 0].numpy() & (self._pos_np[rows_np] > 0)
+            head = frames if env.ndim == 1 else frames[:, 0]
+            if cont.all() and _is_every_env(rows_np, self._num_envs):  # envs stepped together
+                pairs.append((self._pending_next, head))
+            elif cont.any():
+                keep = torch.from_numpy(cont)
+                pairs.append((self._pending_next[rows[keep]], head[keep.to(head.device)]))
         if env.ndim == 2 and env.shape[1] > 1:
             cont = ~done[:, :-1]
             if bool(cont.any()):
                 pairs.append((next_frames[:, :-1][cont.to(frames.device)],
                               frames[:, 1:][cont.to(frames.device)]))
         for expected, got in pairs:
-            if not torch.equal(expected.to(got.device), got):
+            if not _equal(expected, got):
                 raise ValueError(
                     f"('next', {self.obs_key!r}) of a step differs from {self.obs_key!r} of the "
                     "following step of the same env, so the stream cannot be deduplicated; write "
@@ -181,9 +198,12 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
                                              device=self._device)
             self._terminal = torch.zeros(0, *frame_shape, dtype=next_frames.dtype, device=self._device)
         # Overwritten slots give their terminal rows back.
-        old = self._terminal_row[table_rows]
-        self._free_rows.extend(old[old >= 0].tolist())
-        self._terminal_row[table_rows] = -1
+        terminal_row, table = self._terminal_row.numpy(), table_rows.numpy()
+        old = terminal_row[table]
+        freed = old[old >= 0]
+        if freed.size:
+            self._free_rows.extend(freed.tolist())
+        terminal_row[table] = -1
         done_flat = done.reshape(-1)
         if bool(done_flat.any()):
             picked = done_flat.nonzero().squeeze(1)
@@ -193,13 +213,17 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
             self._terminal_row[table_rows[picked]] = rows
         rows = env if env.ndim == 1 else env[:, 0]
         newest = next_frames if env.ndim == 1 else next_frames[:, -1]
-        self._pending_next[rows.to(self._device)] = newest.to(self._device)
+        if _is_every_env(rows.cpu().numpy(), self._num_envs):
+            self._pending_next.copy_(newest)
+        else:
+            self._pending_next[rows.to(self._device)] = newest.to(self._device)
         self._last_done[rows.cpu()] = done if env.ndim == 1 else done[:, -1]
 
     def _table_rows(self, env: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         """Entry ``env * L + slot`` of ``(env, position)`` in the terminal-row table, env-major
         whatever the rings' memory layout, as checkpoints store it."""
-        return torch.add(position.cpu().remainder(self._max_length), env.cpu(), alpha=self._max_length)
+        env, position = env.cpu().numpy(), position.cpu().numpy()
+        return torch.from_numpy(position % self._max_length + env * self._max_length)
 
     def _take_rows(self, n: int) -> list[int]:
         if len(self._free_rows) < n:
@@ -231,36 +255,40 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
     def _gather(
         self, env: torch.Tensor, position: torch.Tensor, extra: dict[Any, torch.Tensor] | None = None
     ) -> TensorDictBase:
-        out = super()._gather(env, position, extra)
+        out = super()._gather(env, position, extra)  # obs: the newest frame of each stack
         env_c, pos_c = env.cpu(), position.cpu()
         begin = self._begin(env_c, pos_c)
-        obs = self._stack(env_c, pos_c, begin, self.num_stack - 1, out.get(self.obs_key))
-        newest_next = self._next_frame(env_c, pos_c)
-        next_obs = self._stack(env_c, pos_c, begin, self.num_stack - 1, newest_next, shift=1)
-        out.set(self.obs_key, obs)
-        out.set(self.next_key, next_obs)
+        if self.num_stack > 1:
+            out.set(self.obs_key, self._stack(env_c, pos_c, begin))
+        out.set(self.next_key, self._stack(env_c, pos_c, begin, shift=1))
         return out
 
     def _begin(self, env: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         slot = pos % self._max_length
         return torch.where(self._is_first[env, slot], pos, self._indexed[env, slot])
 
-    def _stack(self, env, pos, begin, older: int, newest: torch.Tensor, shift: int = 0) -> torch.Tensor:
-        """``older`` frames before ``pos + shift`` (clamped to the episode) + ``newest``, stacked."""
-        if self.num_stack == 1:
-            return newest
-        offsets = torch.arange(-older, 0) + shift  # e.g. -3, -2, -1 (+1 for next)
+    def _stack(self, env: torch.Tensor, pos: torch.Tensor, begin: torch.Tensor, shift: int = 0) -> torch.Tensor:
+        """The ``num_stack`` frames ending at ``pos + shift``, stacked along ``stack_dim``.
+
+        Older frames are clamped to the episode's first (``begin``) and, with
+        ``padding="zero"``, zeroed there. All frames come from one gather into the
+        output; with ``shift=1`` the newest is the next frame, which the side tables
+        hold at episode ends and for each env's newest step.
+        """
+        offsets = torch.arange(1 - self.num_stack, 1) + shift  # e.g. -3..0, or -2..1 for next
         wanted = pos.unsqueeze(-1) + offsets
-        q = torch.maximum(wanted, begin.unsqueeze(-1))
+        q = torch.maximum(wanted, begin.unsqueeze(-1))  # the newest, pos + shift >= begin, stays
         leaf = self._frame_leaf()
         flat = self._flat_index(env.unsqueeze(-1).expand_as(q), q).reshape(-1)
         frames = select_rows(leaf, flat).reshape(*q.shape, *leaf.shape[1:])
-        if self.padding == "zero":
-            frames = frames * (wanted >= begin.unsqueeze(-1)).to(self._device).reshape(
-                *q.shape, *(1,) * (leaf.dim() - 1)).to(frames.dtype)
-        stack = torch.cat([frames, newest.unsqueeze(pos.dim())], pos.dim(),
-                          out=new_output((*pos.shape, self.num_stack, *leaf.shape[1:]), leaf.dtype, leaf.device))
-        return stack.movedim(pos.dim(), pos.dim() + self.stack_dim % (leaf.dim()))
+        if shift:
+            self._patch_next_frames(frames.select(pos.dim(), -1), env, pos)
+        if self.padding == "zero" and self.num_stack > 1:
+            keep = (wanted >= begin.unsqueeze(-1)).to(self._device)
+            frames.mul_(keep.reshape(*q.shape, *(1,) * (leaf.dim() - 1)).to(frames.dtype))
+        if self.num_stack == 1:
+            return frames.squeeze(pos.dim())
+        return frames.movedim(pos.dim(), pos.dim() + self.stack_dim % leaf.dim())
 
     def _frame_leaf(self) -> torch.Tensor:
         leaf = self.flat_leaf(self.obs_key)
@@ -268,19 +296,16 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
             raise RuntimeError("the observation leaf is missing")
         return leaf
 
-    def _next_frame(self, env: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """Newest frame of ``("next", obs)`` at each ``(env, pos)``."""
-        leaf = self._frame_leaf()
-        flat = self._flat_index(env, pos + 1).reshape(-1)
-        out = select_rows(leaf, flat).reshape(*pos.shape, *leaf.shape[1:])
+    def _patch_next_frames(self, newest: torch.Tensor, env: torch.Tensor, pos: torch.Tensor) -> None:
+        """Writes into ``newest`` (gathered from row ``pos + 1``) the next frames kept aside:
+        the terminal table's at episode ends, the pending one at each env's newest step."""
         row = self._terminal_row[self._table_rows(env, pos)]
         terminal = row >= 0
         if bool(terminal.any()):
-            out[terminal.to(self._device)] = self._terminal[row[terminal].to(self._device)]
-        newest = (pos == self._current_pos[env] - 1) & ~terminal
-        if bool(newest.any()):
-            out[newest.to(self._device)] = self._pending_next[env[newest].to(self._device)]
-        return out
+            newest[terminal.to(self._device)] = self._terminal[row[terminal].to(self._device)]
+        latest = (pos == self._current_pos[env] - 1) & ~terminal
+        if bool(latest.any()):
+            newest[latest.to(self._device)] = self._pending_next[env[latest].to(self._device)]
 
     # ------------------------------------------------------------------
     def share_memory_(self, example: TensorDictBase | None = None) -> DedupEnvRingStorage:
@@ -326,3 +351,17 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
         self._terminal_row.copy_(row)
         self._last_done.copy_(last_done)
         self._free_rows = free.tolist()
+
+
+def _is_every_env(rows: np.ndarray, num_envs: int) -> bool:
+    """Whether ``rows`` is ``0, 1, ..., num_envs - 1`` in order (envs stepped together)."""
+    return rows.size == num_envs and bool((rows == np.arange(num_envs)).all())
+
+
+def _equal(expected: torch.Tensor, got: torch.Tensor) -> bool:
+    """``torch.equal`` after moving ``expected`` to ``got``'s device; through numpy on the
+    CPU, where it costs a quarter (5.5 against 19 us for 8 strided 84x84 frames)."""
+    expected = expected.to(got.device)
+    if got.is_cpu and got.dtype in NUMPY_DTYPES and expected.dtype == got.dtype:
+        return bool(np.array_equal(expected.numpy(), got.numpy()))
+    return torch.equal(expected, got)
