@@ -57,7 +57,8 @@ from _harness import write_results
 from _harness import (selected, proc_status, mem_available, BgLoad, Check, apply_quick, bg_note, environment_line, environment_meta, loadavg,
                       make_parser, report_checks, target_row, quiet_before_case, run_interleaved, utc_now)
 from torchrl_ext.replay_buffers import TensorDictReplayBuffer as ExtTensorDictReplayBuffer
-from torchrl_ext.storages import FastTensorStorage
+from torchrl_ext.storages import FastTensorStorage, output_recycler
+from torchrl_ext.storages._gathers import new_output
 
 try:
     import cpprb
@@ -384,6 +385,16 @@ def minflt() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
+def without_recycling(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` with torchrl_ext's output recycling off (every output allocated afresh)."""
+    limit = output_recycler.max_free_bytes
+    output_recycler.max_free_bytes = 0
+    try:
+        return fn(*args)
+    finally:
+        output_recycler.max_free_bytes = limit
+
+
 def diagnose(p: Peers, batch_size: int, budget_s: float) -> list[dict[str, Any]]:
     """Time and minor page faults per call of the pieces of the sample path (not interleaved)."""
     ext, src = p.ext, stored_leaves(p.ext, p.schema)
@@ -393,8 +404,12 @@ def diagnose(p: Peers, batch_size: int, budget_s: float) -> list[dict[str, Any]]
         ("torchrl_ext rb.sample(B), end to end", torch_sample(ext, batch_size)),
         ("  RandomSampler.sample (torch.randint)", lambda: ext._sampler.sample(ext.storage, batch_size)),
         ("  FastTensorStorage.get(index) (aminmax + gather_rows)", lambda: ext.storage.get(fixed_index)),
+        ("  the same get with output_recycler off (fresh outputs)", lambda: without_recycling(ext.storage.get, fixed_index)),
         ("  index_select of the 6 stored fields (incl. index), new outputs",
          lambda: [t.index_select(0, fixed_index) for _, t in leaf_items(ext.storage._storage)]),
+        ("  index_select of the 6 stored fields into recycled outputs (new_output)",
+         lambda: [torch.index_select(t, 0, fixed_index, out=new_output((batch_size, *t.shape[1:]), t.dtype))
+                  for _, t in leaf_items(ext.storage._storage)]),
         ("index_select of the 5 schema fields, new outputs", lambda: [t.index_select(0, fixed_index) for t in src]),
         ("index_select of the 5 schema fields, out= (preallocated)",
          lambda: [torch.index_select(t, 0, fixed_index, out=o) for t, o in zip(src, outs)]),

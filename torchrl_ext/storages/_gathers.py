@@ -102,8 +102,7 @@ def gather_rows(
 def new_output(shape: tuple[int, ...], dtype: torch.dtype, device: Any = None) -> torch.Tensor:
     """``torch.empty(shape, dtype=dtype, device=device)`` for a read's output; on the CPU,
     outputs of a megabyte or more are :data:`~torchrl_ext.storages.output_recycler`'s
-    numpy arrays (memory kept from one sample to the next, huge pages from 4 MiB), so
-    they are not resizable in place.
+    arrays (memory kept from one sample to the next), so they are not resizable in place.
 
     Examples:
         >>> new_output((2, 3), torch.float32).shape
@@ -127,12 +126,9 @@ def select_rows(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """
     # The row stride sizes the output (exactly for contiguous rows): one cheap test first,
     # as most reads are small.
-    if index.numel() * tensor.stride(0) * tensor.element_size() < output_recycler.min_bytes:
+    if index.numel() * tensor.stride(0) * tensor.element_size() < output_recycler.min_bytes or not tensor.is_cpu:
         return tensor.index_select(0, index)
-    shape = (index.numel(), *tensor.shape[1:])
-    if not tensor.is_cpu or not output_recycler.recycles(math.prod(shape) * tensor.element_size()):
-        return tensor.index_select(0, index)
-    return torch.index_select(tensor, 0, index, out=new_output(shape, tensor.dtype))
+    return torch.index_select(tensor, 0, index, out=new_output((index.numel(), *tensor.shape[1:]), tensor.dtype))
 
 
 def take(array: np.ndarray, rows: np.ndarray) -> torch.Tensor:
@@ -145,8 +141,6 @@ def take(array: np.ndarray, rows: np.ndarray) -> torch.Tensor:
     if rows.size * array.strides[0] < output_recycler.min_bytes:  # cheap first test, as in select_rows
         return torch.from_numpy(array.take(rows, axis=0))
     shape = (rows.size, *array.shape[1:])
-    if not output_recycler.recycles(math.prod(shape) * array.itemsize):
-        return torch.from_numpy(array.take(rows, axis=0))
     high = array.shape[0]
     if rows.size and (rows.min() < -high or rows.max() >= high):
         raise IndexError(f"row index out of range for {high} rows (got rows in "
