@@ -11,7 +11,7 @@ from tensordict import TensorDict
 
 from torchrl_ext.replay_buffers import EnvRingReplayBuffer
 from torchrl_ext.samplers import TrajectorySampler
-from torchrl_ext.storages import DedupEnvRingStorage, EnvRingStorage
+from torchrl_ext.storages import DedupEnvRingStorage, EnvRingStorage, EpisodicEnvRingStorage
 
 
 class Streams:
@@ -304,3 +304,29 @@ def test_reads_are_the_same_in_both_memory_layouts(num_stack):
 
 def test_plain_ring_is_not_affected():
     assert EnvRingStorage.required_lookback == 0
+
+
+@pytest.mark.parametrize("obs_key", ["observation", ("agents", "pixels")])
+def test_reads_gather_the_stored_frames_of_stacked_observations_only_once(obs_key, monkeypatch):
+    """The parent's gather leaves out the one-frame obs leaf, which the stacks read themselves."""
+    storage = DedupEnvRingStorage(2, 8, obs_key=obs_key, num_stack=2)
+    rb = EnvRingReplayBuffer(storage=storage)
+    next_key = ("next", obs_key) if isinstance(obs_key, str) else ("next", *obs_key)
+    for t in range(3):
+        frame = lambda s: torch.full((2, 3), float(s))  # noqa: E731
+        td = TensorDict({"next": {"done": torch.zeros(2, 1, dtype=torch.bool)}}, [2])
+        td.set(obs_key, torch.stack([frame(max(t - 1, 0)), frame(t)], 1))
+        td.set(next_key, torch.stack([frame(t), frame(t + 1)], 1))
+        rb.extend(td)
+    parent_keys = []  # what the parent gathered, before the stacks are added
+    parent_gather = EpisodicEnvRingStorage._gather
+
+    def recorded(self, *args, **kwargs):
+        out = parent_gather(self, *args, **kwargs)
+        parent_keys.append(list(out.keys(True, True)))
+        return out
+    monkeypatch.setattr(EpisodicEnvRingStorage, "_gather", recorded)
+    got = storage.get((torch.tensor([0, 1]), torch.tensor([1, 2])))
+    assert parent_keys == [[("next", "done")]]
+    assert got[obs_key][:, :, 0].tolist() == [[0.0, 1.0], [1.0, 2.0]]
+    assert got[next_key][:, :, 0].tolist() == [[1.0, 2.0], [2.0, 3.0]]

@@ -151,8 +151,9 @@ def take(array: np.ndarray, rows: np.ndarray) -> torch.Tensor:
                                        mode="wrap"))
 
 
-def take_rows(columns: Columns, rows: torch.Tensor) -> dict[Any, torch.Tensor]:
-    """``{key: stored[rows]}`` for every column, through numpy's ``take`` (CPU ``rows``).
+def take_rows(columns: Columns, rows: torch.Tensor, skip: Any = ()) -> dict[Any, torch.Tensor]:
+    """``{key: stored[rows]}`` for every column but those in ``skip``, through numpy's
+    ``take`` (CPU ``rows``).
 
     On a sample's few hundred rows numpy's ``take`` costs about half a torch
     ``index_select``; large outputs are recycled as in :func:`select_rows`.
@@ -165,7 +166,7 @@ def take_rows(columns: Columns, rows: torch.Tensor) -> dict[Any, torch.Tensor]:
         [[4, 5], [0, 1]]
     """
     index = rows.numpy()
-    return {key: take(array, index) for key, (array, _, _) in columns.by_key.items()}
+    return {key: take(array, index) for key, (array, _, _) in columns.by_key.items() if key not in skip}
 
 
 def gather_coordinates(

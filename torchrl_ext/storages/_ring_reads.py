@@ -100,16 +100,18 @@ class RingReads:
         """Hook for :meth:`get`: subclasses refuse steps they cannot rebuild whole."""
 
     def _gather(
-        self, env: torch.Tensor, position: torch.Tensor, extra: dict[Any, torch.Tensor] | None = None
+        self, env: torch.Tensor, position: torch.Tensor, extra: dict[Any, torch.Tensor] | None = None,
+        skip: Any = (),
     ) -> TensorDictBase:
-        """:meth:`get` for coordinates known to be valid, plus ``extra`` entries of the same batch shape."""
+        """:meth:`get` for coordinates known to be valid, plus ``extra`` entries of the same batch
+        shape, without the stored leaves in ``skip`` (ones a subclass rebuilds itself)."""
         flat = self._flat_index(env, position)
         shape, rows = flat.shape, flat.reshape(-1)
         columns = self._read_columns() if flat.is_cpu else None
         if columns is not None:
-            entries = take_rows(columns, rows)
+            entries = take_rows(columns, rows, skip)
         else:
-            entries = {key: select_rows(leaf, rows) for key, leaf in self._flat}
+            entries = {key: select_rows(leaf, rows) for key, leaf in self._flat if key not in skip}
         if len(shape) != 1:  # else the rows already have the batch shape
             entries = {key: value.reshape(*shape, *value.shape[1:]) for key, value in entries.items()}
         return assemble(entries, shape, self._device, extra)

@@ -255,7 +255,8 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
     def _gather(
         self, env: torch.Tensor, position: torch.Tensor, extra: dict[Any, torch.Tensor] | None = None
     ) -> TensorDictBase:
-        out = super()._gather(env, position, extra)  # obs: the newest frame of each stack
+        # The stored obs leaf holds each stack's newest frame: only read as is without stacking.
+        out = super()._gather(env, position, extra, skip=(self.obs_key,) if self.num_stack > 1 else ())
         env_c, pos_c = env.cpu(), position.cpu()
         begin = self._begin(env_c, pos_c)
         if self.num_stack > 1:

@@ -287,12 +287,13 @@ class EpisodicEnvRingStorage(EnvRingStorage):
 
     # ------------------------------------------------------------------
     def _gather(
-        self, env: torch.Tensor, position: torch.Tensor, extra: dict[Any, torch.Tensor] | None = None
+        self, env: torch.Tensor, position: torch.Tensor, extra: dict[Any, torch.Tensor] | None = None,
+        skip: Any = (),
     ) -> TensorDictBase:
         if self.record_episodic_return:
             returns = self._returns[env.cpu(), (position % self._max_length).cpu()]
             extra = {**(extra or {}), RETURN_KEY: returns.to(self._device)}
-        return super()._gather(env, position, extra)
+        return super()._gather(env, position, extra, skip)
 
     def get_episode_begin_position(self, positions: Any, env_ids: Any) -> torch.Tensor:
         """First position of the episode of each ``(env, position)`` (maybe no longer stored)."""
