@@ -2,6 +2,7 @@
 reads it, within the cap on free bytes, and every storage's samples stay intact while kept."""
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import signal
@@ -100,13 +101,24 @@ def test_bad_settings_are_refused_and_the_old_one_kept(name, value, error, match
         OutputRecycler(**{name: value})
 
 
+@contextlib.contextmanager
+def recycling_small_outputs():
+    """The storages' recycler, recycling outputs of 64 B or more (the tests' samples), from
+    and back to an empty pool and its own setting."""
+    output_recycler.clear()
+    old = output_recycler.min_bytes
+    output_recycler.min_bytes = 64
+    try:
+        yield output_recycler
+    finally:
+        output_recycler.min_bytes = old
+        output_recycler.clear()
+
+
 @pytest.fixture
-def recycle_small(monkeypatch):
-    """The storages' recycler, recycling outputs of 64 B or more (the tests' samples)."""
-    output_recycler.clear()
-    monkeypatch.setattr(output_recycler, "min_bytes", 64)
-    yield output_recycler
-    output_recycler.clear()
+def recycle_small():
+    with recycling_small_outputs() as recycler:
+        yield recycler
 
 
 def test_take_and_select_rows_gather_into_recycled_memory(recycle_small):
@@ -199,10 +211,7 @@ SAMPLERS = {
 @given(ops=st.lists(st.one_of(st.just("sample"), st.integers(0, 5)), min_size=1, max_size=30))
 def test_kept_samples_stay_intact_while_later_samples_reuse_freed_memory(source, ops):
     """Samples are kept or dropped in any order; every kept one still holds its rows."""
-    output_recycler.clear()
-    old = output_recycler.min_bytes
-    output_recycler.min_bytes = 64
-    try:
+    with recycling_small_outputs():  # not the fixture: hypothesis reruns the body per example
         sample = SAMPLERS[source](64)
         kept: list = []
         for op in ops:
@@ -213,9 +222,6 @@ def test_kept_samples_stay_intact_while_later_samples_reuse_freed_memory(source,
             for td, obs, next_obs in kept:
                 assert torch.equal(td["obs"], obs)
                 assert torch.equal(td["next", "obs"], next_obs)
-    finally:
-        output_recycler.min_bytes = old
-        output_recycler.clear()
 
 
 @pytest.mark.parametrize("source", list(SAMPLERS))

@@ -157,14 +157,17 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
         next_frames = self._frames(next_obs, batch_dims)
         done = self._done(data, env)
         first = self._first_after(done, env)
+        # One step of each env in env order (envs stepped together): its env rows are the
+        # side tables' rows as they stand, so neither needs gathering or scattering.
+        every_env = _is_every_env((env if env.ndim == 1 else env[:, 0]).cpu().numpy(), self._num_envs)
         if self.check_next:
-            self._check_continuity(env, frames, next_frames, done, first)
+            self._check_continuity(env, frames, next_frames, done, first, every_env)
         stored = data.exclude(self.next_key).set(self.obs_key, frames)
         table_rows = self._table_rows(env, position).reshape(-1)
         super()._write(env, position, stored, set_cursor=set_cursor, first=first)  # checks the layout first
-        self._store_next_frames(env, table_rows, next_frames, done)
+        self._store_next_frames(env, table_rows, next_frames, done, every_env)
 
-    def _check_continuity(self, env, frames, next_frames, done, first) -> None:
+    def _check_continuity(self, env, frames, next_frames, done, first, every_env: bool) -> None:
         rows = env if env.ndim == 1 else env[:, 0]
         pairs = []
         if self._pending_next is not None:
@@ -172,7 +175,7 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
             rows_np = rows.cpu().numpy()
             cont = ~first.reshape(env.shape[0], -1)[:, 0].numpy() & (self._pos_np[rows_np] > 0)
             head = frames if env.ndim == 1 else frames[:, 0]
-            if cont.all() and _is_every_env(rows_np, self._num_envs):  # envs stepped together
+            if every_env and cont.all():
                 pairs.append((self._pending_next, head))
             elif cont.any():
                 keep = torch.from_numpy(cont)
@@ -191,7 +194,7 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
                     "use EnvRingStorage."
                 )
 
-    def _store_next_frames(self, env, table_rows, next_frames, done) -> None:
+    def _store_next_frames(self, env, table_rows, next_frames, done, every_env: bool) -> None:
         frame_shape = next_frames.shape[env.ndim:]
         if self._pending_next is None:
             self._pending_next = torch.zeros(self._num_envs, *frame_shape, dtype=next_frames.dtype,
@@ -213,7 +216,7 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
             self._terminal_row[table_rows[picked]] = rows
         rows = env if env.ndim == 1 else env[:, 0]
         newest = next_frames if env.ndim == 1 else next_frames[:, -1]
-        if _is_every_env(rows.cpu().numpy(), self._num_envs):
+        if every_env:
             self._pending_next.copy_(newest)
         else:
             self._pending_next[rows.to(self._device)] = newest.to(self._device)
