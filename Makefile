@@ -15,7 +15,7 @@ TORCH_SPEC := torch>=2.14,<2.15
 
 .PHONY: demo test test-nightly bench bench-quick clean
 
-$(VENV)/.installed-%: pyproject.toml
+$(VENV)/.installed-%: pyproject.toml setup.py torchrl_ext/_stream.c
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install "$(TORCH_SPEC)"
 	$(VENV)/bin/python -m pip install -e ".[$(subst +,$(comma),$*)]"
@@ -29,7 +29,7 @@ demo: $(VENV)/.installed-examples
 test: $(VENV)/.installed-test+examples+ray
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
-$(NIGHTLY_VENV)/.installed: pyproject.toml .ci/requirements.py
+$(NIGHTLY_VENV)/.installed: pyproject.toml setup.py torchrl_ext/_stream.c .ci/requirements.py
 	$(PYTHON) -m venv $(NIGHTLY_VENV)
 	$(NIGHTLY_VENV)/bin/python -m pip install "$(TORCH_SPEC)" torchrl-nightly tensordict-nightly
 	$(NIGHTLY_VENV)/bin/python -m pip install --no-deps -e .

@@ -57,7 +57,7 @@ from _harness import write_results
 from _harness import (selected, proc_status, mem_available, BgLoad, Check, apply_quick, bg_note, environment_line, environment_meta, loadavg,
                       make_parser, report_checks, target_row, quiet_before_case, run_interleaved, utc_now)
 from torchrl_ext.replay_buffers import TensorDictReplayBuffer as ExtTensorDictReplayBuffer
-from torchrl_ext.storages import FastTensorStorage, output_recycler
+from torchrl_ext.storages import FastTensorStorage, output_recycler, streaming_writes
 from torchrl_ext.storages._gathers import new_output
 
 try:
@@ -81,6 +81,7 @@ GiB = 2**30
 # Implementation keys (used in the tables, the targets and the JSON file).
 TRL, EXT, CPPRB, SB3 = "torchrl", "torchrl_ext", "cpprb", "sb3"
 REF_COPY, REF_NEW, REF_OUT = "ref slice copy", "ref index_select new", "ref index_select out="
+EXT_MEMMOVE = "torchrl_ext memmove writes"  # info row: the same extend with streaming writes off
 # (case key, implementation, baseline, minimum ratio baseline time / implementation time; None = info)
 TARGETS = [
     ("img_insert", EXT, CPPRB, 1.0),
@@ -234,6 +235,17 @@ def copy_insert(dest: list[torch.Tensor], feed: Feed) -> Callable[[], Any]:
         start = (feed.n * CHUNK) % rows
         for d, s in zip(dest, feed()):
             d[start:start + CHUNK].copy_(s)
+    return op
+
+
+def memmove_writes(insert: Callable[[], Any]) -> Callable[[], Any]:
+    """``insert`` with torchrl_ext's streaming writes turned off for the call (info row: what they gain)."""
+    def op() -> Any:
+        streaming_writes.enabled = False
+        try:
+            return insert()
+        finally:
+            streaming_writes.enabled = True
     return op
 
 
@@ -463,6 +475,9 @@ def insert_case(p: Peers) -> tuple[str, str, list[Impl]]:
     filled = {name: (p.ref_dest[0].shape[0] if name == REF_COPY else p.schema.capacity) for name in p.inserts}
     impls = [Impl(name, labels[name], op, fill_s=p.fill_s[name], fill_items=filled[name])
              for name, op in p.inserts.items()]
+    if streaming_writes.available:
+        impls.insert(2, Impl(EXT_MEMMOVE, "torchrl_ext, the same extend with `streaming_writes.enabled = False` "
+                                          "(numpy's memmove copies; info)", memmove_writes(p.inserts[EXT])))
     title = (f"{p.schema.name} insert: {CHUNK:,} transitions per call into a FULL {p.schema.capacity:,} buffer "
              f"(ring overwrite), {p.schema.row_bytes:,} B/transition")
     return f"{p.schema.name}_insert", title, impls

@@ -42,7 +42,8 @@ COMPONENT_GROUPS = {
 }
 #: Public names that are not components built from a config.
 NOT_COMPONENTS = {"gather_rows", "EnvRingStorageCheckpointer", "OnPolicyKeys", "VeloraReplayBuffer",
-                  "load_velora_replay_buffer", "OutputRecycler", "output_recycler"}
+                  "load_velora_replay_buffer", "OutputRecycler", "output_recycler",
+                  "StreamingWrites", "streaming_writes"}
 
 
 def build_all(payload: bytes) -> dict[str, str]:

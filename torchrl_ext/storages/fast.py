@@ -39,6 +39,7 @@ from torchrl_ext._host import bounds
 from torchrl_ext._huge_pages import advise_huge_pages
 from torchrl_ext.storages._gathers import gather_rows
 from torchrl_ext.storages._numpy_rows import ColumnCache, Columns, matching_arrays, leaf_items
+from torchrl_ext.storages._streaming import streaming_writes
 
 __all__ = ["FastMemmapStorage", "FastTensorStorage", "gather_rows"]
 
@@ -120,7 +121,7 @@ class _SliceWritesIndexSelectReads:
         # the copy for small items), then do TorchRL's bookkeeping.
         for destination, source in leaves:  # torch tensors, or numpy views of them
             for start, stop, first, last in ranges:
-                destination[start:stop] = source[first:last]
+                streaming_writes.copy(destination[start:stop], source[first:last])
         if set_cursor:
             # What TorchRL's set records for a ring range (_set_last_cursor(cursor), then
             # _get_new_len), from the ranges instead of a dozen tensor ops on the cursor.
