@@ -241,11 +241,11 @@ def copy_insert(dest: list[torch.Tensor], feed: Feed) -> Callable[[], Any]:
 def memmove_writes(insert: Callable[[], Any]) -> Callable[[], Any]:
     """``insert`` with torchrl_ext's streaming writes turned off for the call (info row: what they gain)."""
     def op() -> Any:
-        streaming_writes.enabled = False
+        enabled, streaming_writes.enabled = streaming_writes.enabled, False
         try:
             return insert()
         finally:
-            streaming_writes.enabled = True
+            streaming_writes.enabled = enabled
     return op
 
 

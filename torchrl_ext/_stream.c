@@ -88,14 +88,16 @@ stream_copy(PyObject *module, PyObject *args)
     const char *s = (const char *)src.buf;
     size_t n = (size_t)dst.len;
     int overlap = n && d < s + n && s < d + n;
-    Py_BEGIN_ALLOW_THREADS
-    if (overlap) {
-        memmove(d, s, n);
+    if (n) {
+        Py_BEGIN_ALLOW_THREADS
+        if (overlap) {
+            memmove(d, s, n);
+        }
+        else {
+            stream_bytes(d, s, n);
+        }
+        Py_END_ALLOW_THREADS
     }
-    else {
-        stream_bytes(d, s, n);
-    }
-    Py_END_ALLOW_THREADS
     PyBuffer_Release(&src);
     PyBuffer_Release(&dst);
     Py_RETURN_NONE;

@@ -9,7 +9,8 @@ lazy initialisation, nested keys, ``device=``, memmap files, shared memory and
 checkpointing, and change only those two paths:
 
 * ``set`` recognises a ring range (whatever writer produced it) and copies it
-  as one slice, or two on wrap-around; any other cursor goes to TorchRL;
+  as one slice, or two on wrap-around (slices of megabytes with streaming stores,
+  see :mod:`torchrl_ext.storages._streaming`); any other cursor goes to TorchRL;
 * ``get`` gathers a 1-D index within the filled part with one
   ``index_select`` per stored tensor; other indices (ints, slices, negative
   indices, ...) go to TorchRL.
