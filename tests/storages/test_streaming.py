@@ -138,14 +138,14 @@ def test_fallback_keeps_numpy_assignment_errors(stream_calls):
 
 
 def test_bad_settings_name_the_argument_and_the_fix():
-    with pytest.raises(TypeError, match="min_bytes must be an int, got float"):
+    with pytest.raises(TypeError, match="min_bytes must be an int number of bytes, got min_bytes=1.5"):
         StreamingWrites(min_bytes=1.5)
-    with pytest.raises(ValueError, match="min_bytes must be at least 1, got 0; set enabled = False"):
+    with pytest.raises(ValueError, match="min_bytes must be >= 1, got min_bytes=0; set enabled = False to turn"):
         StreamingWrites(min_bytes=0)
     with pytest.raises(TypeError, match="enabled must be a bool, got int"):
         StreamingWrites(enabled=1)
     writes = StreamingWrites()
-    with pytest.raises(ValueError, match="at least 1"):
+    with pytest.raises(ValueError, match=r"min_bytes must be >= 1, got min_bytes=-5"):
         writes.min_bytes = -5
     assert writes.min_bytes == 4 << 20 and writes.enabled is True
 

@@ -145,11 +145,12 @@ class OutputRecycler:
         self._lock = threading.Lock()
 
 
-def _byte_count(value: Any, name: str, *, low: int) -> int:
+def _byte_count(value: Any, name: str, *, low: int, fix: str = "") -> int:
+    """``value`` as an int number of bytes of at least ``low``; ``fix`` ends the ValueError."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an int number of bytes, got {name}={value!r}.")
     if value < low:
-        raise ValueError(f"{name} must be >= {low}, got {name}={value}.")
+        raise ValueError(f"{name} must be >= {low}, got {name}={value}{fix}.")
     return int(value)
 
 

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from torchrl_ext.storages._output_memory import _byte_count
+
 try:
     from torchrl_ext import _stream
 except ImportError:  # installed without a C compiler: numpy copies everywhere
@@ -62,12 +64,7 @@ class StreamingWrites:
 
     @min_bytes.setter
     def min_bytes(self, value: int) -> None:
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise TypeError(f"min_bytes must be an int, got {type(value).__name__} ({value!r}).")
-        if value < 1:
-            raise ValueError(f"min_bytes must be at least 1, got {value}; set enabled = False to "
-                             "turn streaming off.")
-        self._min_bytes = int(value)
+        self._min_bytes = _byte_count(value, "min_bytes", low=1, fix="; set enabled = False to turn streaming off")
 
     @property
     def enabled(self) -> bool:
