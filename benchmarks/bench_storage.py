@@ -82,6 +82,7 @@ GiB = 2**30
 TRL, EXT, CPPRB, SB3 = "torchrl", "torchrl_ext", "cpprb", "sb3"
 REF_COPY, REF_NEW, REF_OUT = "ref slice copy", "ref index_select new", "ref index_select out="
 EXT_MEMMOVE = "torchrl_ext memmove writes"  # info row: the same extend with streaming writes off
+EXT_REGULAR = "torchrl_ext regular-store outputs"  # info row: the same sample without streaming gathers
 # (case key, implementation, baseline, minimum ratio baseline time / implementation time; None = info)
 TARGETS = [
     ("img_insert", EXT, CPPRB, 1.0),
@@ -238,15 +239,19 @@ def copy_insert(dest: list[torch.Tensor], feed: Feed) -> Callable[[], Any]:
     return op
 
 
-def memmove_writes(insert: Callable[[], Any]) -> Callable[[], Any]:
-    """``insert`` with torchrl_ext's streaming writes turned off for the call (info row: what they gain)."""
-    def op() -> Any:
-        enabled, streaming_writes.enabled = streaming_writes.enabled, False
+def with_streaming(op: Callable[[], Any], **settings: bool) -> Callable[[], Any]:
+    """``op`` with torchrl_ext's ``streaming_writes`` settings changed for the call (the info
+    rows: what streaming gains); the previous settings come back after it."""
+    def call() -> Any:
+        saved = {name: getattr(streaming_writes, name) for name in settings}
+        for name, value in settings.items():
+            setattr(streaming_writes, name, value)
         try:
-            return insert()
+            return op()
         finally:
-            streaming_writes.enabled = enabled
-    return op
+            for name, value in saved.items():
+                setattr(streaming_writes, name, value)
+    return call
 
 
 def new_peer(name: str, schema: Schema, inputs: Inputs) -> tuple[Any, Feed, Callable[[], Any]]:
@@ -477,7 +482,7 @@ def insert_case(p: Peers) -> tuple[str, str, list[Impl]]:
              for name, op in p.inserts.items()]
     if streaming_writes.available:
         impls.insert(2, Impl(EXT_MEMMOVE, "torchrl_ext, the same extend with `streaming_writes.enabled = False` "
-                                          "(numpy's memmove copies; info)", memmove_writes(p.inserts[EXT])))
+                                          "(numpy's memmove copies; info)", with_streaming(p.inserts[EXT], enabled=False)))
     title = (f"{p.schema.name} insert: {CHUNK:,} transitions per call into a FULL {p.schema.capacity:,} buffer "
              f"(ring overwrite), {p.schema.row_bytes:,} B/transition")
     return f"{p.schema.name}_insert", title, impls
@@ -491,6 +496,9 @@ def sample_case(p: Peers, batch_size: int) -> tuple[str, str, list[Impl]]:
         Impl(EXT, "torchrl_ext TensorDictReplayBuffer(FastTensorStorage): rb.sample(B)",
              torch_sample(p.ext, batch_size)),
     ]
+    if streaming_writes.available:
+        impls.append(Impl(EXT_REGULAR, "torchrl_ext, the same sample with `streaming_writes.sample_outputs = False` "
+                          "(info)", with_streaming(torch_sample(p.ext, batch_size), sample_outputs=False)))
     if p.cpprb is not None:
         impls.append(Impl(CPPRB, "cpprb ReplayBuffer: rb.sample(B)", cpprb_sample(p.cpprb, batch_size)))
     impls += [

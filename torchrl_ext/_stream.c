@@ -1,4 +1,5 @@
-/* Non-temporal ("streaming") copies for large writes into replay-buffer storage.
+/* Non-temporal ("streaming") copies for large writes into replay-buffer storage
+ * and into large sample outputs.
  *
  * A storage write copies a batch into memory that will not be read again soon
  * (the ring's next slots). Regular stores first read every destination line
@@ -12,6 +13,10 @@
  * copy(dst, src) copies the bytes of buffer src into buffer dst (both
  * C-contiguous, same length) with streaming stores on x86-64, memcpy
  * elsewhere, and memmove when the two overlap.
+ *
+ * gather(dst, src, rows) copies rows of src (along its first dim) into dst,
+ * dst[i] = src[rows[i]], the same way: a sample of megabytes gathered from a
+ * large storage, whose output lines are not in cache either.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -25,6 +30,7 @@
 #define STREAMING 0
 #endif
 
+/* Copies n bytes; the streaming stores are not fenced (see stream_fence). */
 static void
 stream_bytes(char *dst, const char *src, size_t n)
 {
@@ -52,13 +58,35 @@ stream_bytes(char *dst, const char *src, size_t n)
         src += 64;
         dst += 64;
     }
-    /* Streaming stores are weakly ordered: fence them before anything else
-     * (another thread, this thread's next write) can see the buffer. */
-    _mm_sfence();
     memcpy(dst, src, n % 64);
 #else
     memcpy(dst, src, n);
 #endif
+}
+
+/* Streaming stores are weakly ordered: fence them before another thread can be
+ * told the buffer is written (before the GIL is taken back). */
+static void
+stream_fence(void)
+{
+#if STREAMING
+    _mm_sfence();
+#endif
+}
+
+/* A writable C-contiguous dst and a C-contiguous src (with its shape), or -1
+ * with the error set and neither held. */
+static int
+get_buffers(PyObject *dst_obj, Py_buffer *dst, PyObject *src_obj, Py_buffer *src)
+{
+    if (PyObject_GetBuffer(dst_obj, dst, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        return -1;
+    }
+    if (PyObject_GetBuffer(src_obj, src, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(dst);
+        return -1;
+    }
+    return 0;
 }
 
 static PyObject *
@@ -69,11 +97,7 @@ stream_copy(PyObject *module, PyObject *args)
     if (!PyArg_ParseTuple(args, "OO:copy", &dst_obj, &src_obj)) {
         return NULL;
     }
-    if (PyObject_GetBuffer(dst_obj, &dst, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
-        return NULL;
-    }
-    if (PyObject_GetBuffer(src_obj, &src, PyBUF_C_CONTIGUOUS) < 0) {
-        PyBuffer_Release(&dst);
+    if (get_buffers(dst_obj, &dst, src_obj, &src) < 0) {
         return NULL;
     }
     if (dst.len != src.len) {
@@ -95,6 +119,7 @@ stream_copy(PyObject *module, PyObject *args)
         }
         else {
             stream_bytes(d, s, n);
+            stream_fence();
         }
         Py_END_ALLOW_THREADS
     }
@@ -103,16 +128,102 @@ stream_copy(PyObject *module, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* Whether a buffer's items are native 64-bit integers (numpy int64 is "l" on
+ * LP64 systems and "q" on Windows). */
+static int
+is_int64(const Py_buffer *view)
+{
+    const char *format = view->format ? view->format : "B";
+    if (*format == '@' || *format == '=' || *format == '<') {
+        format++;
+    }
+    return view->itemsize == 8 && (strcmp(format, "q") == 0 || strcmp(format, "l") == 0);
+}
+
+static PyObject *
+stream_gather(PyObject *module, PyObject *args)
+{
+    PyObject *dst_obj, *src_obj, *rows_obj;
+    Py_buffer dst, src, rows;
+    if (!PyArg_ParseTuple(args, "OOO:gather", &dst_obj, &src_obj, &rows_obj)) {
+        return NULL;
+    }
+    if (get_buffers(dst_obj, &dst, src_obj, &src) < 0) {
+        return NULL;
+    }
+    if (PyObject_GetBuffer(rows_obj, &rows, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyBuffer_Release(&src);
+        PyBuffer_Release(&dst);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    if (src.ndim < 1) {
+        PyErr_SetString(PyExc_ValueError, "gather: src has no first dim to gather rows from; pass an array");
+        goto done;
+    }
+    if (!is_int64(&rows)) {
+        PyErr_Format(PyExc_TypeError, "gather: rows must be int64, got format '%s' of %zd bytes; "
+                     "pass rows.astype(np.int64)", rows.format ? rows.format : "B", rows.itemsize);
+        goto done;
+    }
+    Py_ssize_t high = src.shape[0];
+    size_t row_bytes = (size_t)src.itemsize;
+    for (int dim = 1; dim < src.ndim; dim++) {
+        row_bytes *= (size_t)src.shape[dim];
+    }
+    const int64_t *picked = (const int64_t *)rows.buf;
+    size_t count = (size_t)(rows.len / 8);
+    if ((size_t)dst.len != count * row_bytes) {
+        PyErr_Format(PyExc_ValueError, "gather: dst has %zd bytes, not %zu rows of %zu bytes; "
+                     "pass an output of len(rows) rows shaped as src's", dst.len, count, row_bytes);
+        goto done;
+    }
+    char *d = (char *)dst.buf;
+    const char *s = (const char *)src.buf;
+    if (dst.len && src.len && d < s + src.len && s < d + dst.len) {
+        PyErr_SetString(PyExc_ValueError, "gather: dst overlaps src; gather into a separate output");
+        goto done;
+    }
+    /* Every row is checked before any is copied: a bad index leaves dst as it was. */
+    for (size_t i = 0; i < count; i++) {
+        if (picked[i] < -(int64_t)high || picked[i] >= (int64_t)high) {
+            PyErr_Format(PyExc_IndexError, "gather: row %lld is out of range for %zd rows",
+                         (long long)picked[i], high);
+            goto done;
+        }
+    }
+    if (count && row_bytes) {
+        Py_BEGIN_ALLOW_THREADS
+        for (size_t i = 0; i < count; i++) {
+            int64_t row = picked[i] < 0 ? picked[i] + (int64_t)high : picked[i];
+            stream_bytes(d + i * row_bytes, s + (size_t)row * row_bytes, row_bytes);
+        }
+        stream_fence();
+        Py_END_ALLOW_THREADS
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyBuffer_Release(&rows);
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    return result;
+}
+
 static PyMethodDef stream_methods[] = {
     {"copy", stream_copy, METH_VARARGS,
      "copy(dst, src): the bytes of src into dst (C-contiguous buffers of the same size) with "
      "streaming stores where the CPU has them; overlapping buffers are copied as memmove does."},
+    {"gather", stream_gather, METH_VARARGS,
+     "gather(dst, src, rows): dst[i] = src[rows[i]] along src's first dim (C-contiguous buffers, "
+     "int64 rows, negative rows counted from the end) with streaming stores where the CPU has them; "
+     "rows are all checked before any is copied."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef stream_module = {
     PyModuleDef_HEAD_INIT, "_stream",
-    "Streaming (non-temporal) copies for large storage writes.", -1, stream_methods,
+    "Streaming (non-temporal) copies for large storage writes and sample outputs.", -1, stream_methods,
 };
 
 PyMODINIT_FUNC

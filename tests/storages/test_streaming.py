@@ -188,3 +188,162 @@ def test_writes_with_streaming_off_store_the_same(stream_calls):
     assert stream_calls  # the first buffer streamed
     torch.testing.assert_close(buffers[0].storage._storage.to_dict(), buffers[1].storage._storage.to_dict(),
                                rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------- gathers into sample outputs
+
+@needs_helper
+@settings(max_examples=300, deadline=None)
+@given(n_src=st.integers(1, 12), row=st.integers(0, 300), n_rows=st.integers(0, 20),
+       dst_offset=st.integers(0, 63), src_offset=st.integers(0, 63), seed=st.integers(0, 2**31 - 1))
+def test_gathers_exactly_the_rows_at_any_alignment_and_row_length(n_src, row, n_rows, dst_offset, src_offset, seed):
+    rng = np.random.default_rng(seed)
+    source_memory = rng.integers(0, 256, n_src * row + 64, dtype=np.uint8)
+    source = source_memory[src_offset:src_offset + n_src * row].reshape(n_src, row)
+    rows = rng.integers(-n_src, n_src, n_rows)  # negative rows count from the end
+    memory = rng.integers(0, 256, n_rows * row + 128, dtype=np.uint8)
+    expected = memory.copy()
+    expected[dst_offset:dst_offset + n_rows * row] = source[rows].reshape(-1)
+    _stream.gather(memory[dst_offset:dst_offset + n_rows * row].reshape(n_rows, row), source, rows)
+    np.testing.assert_array_equal(memory, expected)  # guard bytes on both sides untouched
+
+
+@needs_helper
+def test_gathers_megabyte_rows_of_any_dtype_and_shape():
+    rng = np.random.default_rng(1)
+    source = rng.standard_normal((50, 7, 3001)).astype(np.float32)  # rows of 84 KB, not a multiple of 64 B
+    rows = rng.integers(0, 50, 40)
+    destination = np.empty((40, 7, 3001), np.float32)
+    _stream.gather(destination, source, rows)
+    np.testing.assert_array_equal(destination, source[rows])
+
+
+@needs_helper
+def test_the_c_gather_refuses_what_it_cannot_gather_and_leaves_dst_as_it_was():
+    source = np.arange(60, dtype=np.float32).reshape(6, 10)
+    destination = np.full((3, 10), -1.0, np.float32)
+    for rows, error, match in [
+        (np.array([0, 6, 1]), IndexError, "gather: row 6 is out of range for 6 rows"),
+        (np.array([0, -7, 1]), IndexError, "gather: row -7 is out of range for 6 rows"),
+        (np.array([0, 1, 2], np.int32), TypeError, "rows must be int64, got format 'i' of 4 bytes; pass rows.astype"),
+        (np.array([0.0, 1.0, 2.0]), TypeError, "rows must be int64, got format 'd'"),
+        (np.array([0, 1]), ValueError, "dst has 120 bytes, not 2 rows of 40 bytes; pass an output of len"),
+    ]:
+        with pytest.raises(error, match=match):
+            _stream.gather(destination, source, rows)
+    with pytest.raises(ValueError, match="dst overlaps src; gather into a separate output"):
+        _stream.gather(source[3:], source, np.array([0, 1, 2]))
+    with pytest.raises(ValueError, match="src has no first dim"):
+        _stream.gather(np.empty(0, np.uint8), np.uint8(3), np.empty(0, np.int64))
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        _stream.gather(destination, source[:, ::2], np.array([0, 1, 2]))
+    with pytest.raises(ValueError, match="read-only"):
+        _stream.gather(np.frombuffer(bytes(120), np.float32).reshape(3, 10), source, np.array([0, 1, 2]))
+    assert (destination == -1.0).all()
+    empty = np.empty((0, 10), np.float32)
+    _stream.gather(empty, source[:0], np.empty(0, np.int64))  # no rows from no rows: nothing to do
+    with pytest.raises(IndexError, match="row 0 is out of range for 0 rows"):
+        _stream.gather(destination[:1], source[:0], np.array([0]))
+
+
+@pytest.fixture
+def gather_calls(monkeypatch):
+    """Records the output sizes of the gathers the C helper makes (and still makes them)."""
+    calls = []
+
+    class Recording:
+        STREAMING = _stream.STREAMING
+        copy = staticmethod(_stream.copy)
+
+        @staticmethod
+        def gather(destination, source, rows):
+            calls.append(destination.nbytes)
+            _stream.gather(destination, source, rows)
+
+    monkeypatch.setattr(_streaming, "_stream", Recording)
+    return calls
+
+
+@needs_helper
+def test_only_large_outputs_of_long_contiguous_rows_stream(gather_calls, monkeypatch):
+    monkeypatch.setattr(StreamingWrites, "MIN_ROW_BYTES", 64)
+    writes = StreamingWrites(min_output_bytes=1024)
+    source = np.arange(20 * 32, dtype=np.float32).reshape(20, 32)  # rows of 128 B
+    rows = np.array([19, 0, -1, 5, 5, 7, 2, 3])  # 8 rows: 1 KiB out
+    for out_rows, src, index, streams in [
+        (rows, source, rows, True),
+        (rows[:7], source, rows[:7], False),  # below min_output_bytes
+        (np.resize(rows, 32), source[:, :8].copy(), np.resize(rows, 32), False),  # 1 KiB of 32-B rows
+        (rows, np.asfortranarray(source), rows, False),  # not contiguous
+        (rows, source, rows.astype(np.int32), False),  # int32 rows
+        (rows, source, np.repeat(rows, 2)[::2], False),  # strided rows
+    ]:
+        destination = np.zeros((len(out_rows), *src.shape[1:]), np.float32)
+        before = len(gather_calls)
+        writes.gather(destination, src, index)
+        np.testing.assert_array_equal(destination, np.asarray(src)[np.asarray(index)])
+        assert (len(gather_calls) > before) == streams
+    destination = np.zeros((8, 32), np.float32)
+    for setting in ("sample_outputs", "enabled"):
+        writes = StreamingWrites(min_output_bytes=1024, **{setting: False})
+        writes.gather(destination, source, rows)
+        np.testing.assert_array_equal(destination, source[rows])
+    assert gather_calls == [1024]
+
+
+@needs_helper
+@pytest.mark.parametrize("min_output_bytes", [1, 1 << 30])  # streamed, and numpy's take
+def test_gathers_refuse_rows_out_of_range_before_writing(min_output_bytes, monkeypatch):
+    monkeypatch.setattr(StreamingWrites, "MIN_ROW_BYTES", 1)
+    writes = StreamingWrites(min_output_bytes=min_output_bytes)
+    destination = np.full((3, 4), 7, np.int64)
+    for rows in (np.array([0, 5, 1]), np.array([-6, 0, 1])):
+        with pytest.raises(IndexError, match="out of range for 5 rows"):
+            writes.gather(destination, np.zeros((5, 4), np.int64), rows)
+    assert (destination == 7).all()
+
+
+def test_bad_output_settings_name_the_argument_and_the_fix():
+    with pytest.raises(TypeError, match="min_output_bytes must be an int number of bytes, got min_output_bytes='8M'"):
+        StreamingWrites(min_output_bytes="8M")
+    with pytest.raises(ValueError, match="min_output_bytes must be >= 1, got min_output_bytes=0; set sample_outputs = False"):
+        StreamingWrites(min_output_bytes=0)
+    with pytest.raises(TypeError, match="sample_outputs must be a bool, got str"):
+        StreamingWrites(sample_outputs="yes")
+    writes = StreamingWrites()
+    with pytest.raises(TypeError, match="sample_outputs must be a bool, got NoneType"):
+        writes.sample_outputs = None
+    assert writes.sample_outputs is True and writes.min_output_bytes == 16 << 20
+
+
+@pytest.fixture
+def streamed_outputs(monkeypatch, gather_calls):
+    """Every sample output, of any size and row length, gathered by the C helper."""
+    from torchrl_ext.storages import output_recycler
+
+    monkeypatch.setattr(StreamingWrites, "MIN_ROW_BYTES", 1)
+    monkeypatch.setattr(output_recycler, "min_bytes", 1)  # the gathers' own first size test
+    monkeypatch.setattr(streaming_writes, "min_output_bytes", 1)
+    return gather_calls
+
+
+@needs_helper
+def test_streamed_samples_equal_torchrls(streamed_outputs):
+    from tests.storages import test_fast, test_ring_reads
+
+    test_fast.test_same_contents_and_samples_as_torchrls_storage()  # hypothesis: against LazyTensorStorage
+    test_fast.test_gathers_equal_tensordicts_own_indexing()
+    assert streamed_outputs
+    streamed_outputs.clear()
+    test_ring_reads.test_chain_and_window_reads_equal_the_stored_rows("float32")  # numpy take path
+    test_ring_reads.test_samples_equal_the_stored_rows_at_their_index("nstep")
+    assert streamed_outputs
+
+
+@needs_helper
+@pytest.mark.parametrize("num_stack, stack_dim, padding", [(4, 0, "reset"), (3, -1, "zero")])
+def test_streamed_frame_stacks_equal_the_plain_storage(streamed_outputs, num_stack, stack_dim, padding):
+    from tests.storages import test_dedup
+
+    test_dedup.test_reads_equal_the_full_stream(num_stack, stack_dim, padding)  # hypothesis: dedup == plain
+    assert streamed_outputs

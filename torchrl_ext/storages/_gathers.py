@@ -13,9 +13,10 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from torchrl_ext._host import NUMPY_DTYPES
+from torchrl_ext._host import NUMPY_DTYPES, numpy_view
 from torchrl_ext.storages._numpy_rows import Columns
 from torchrl_ext.storages._output_memory import output_recycler
+from torchrl_ext.storages._streaming import streaming_writes
 
 __all__ = ["assemble", "gather_coordinates", "gather_rows", "new_output", "select_rows", "take", "take_rows"]
 
@@ -117,7 +118,9 @@ def new_output(shape: tuple[int, ...], dtype: torch.dtype, device: Any = None) -
 
 
 def select_rows(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``tensor.index_select(0, index)``, into :func:`new_output` when that is recycled memory.
+    """``tensor.index_select(0, index)``, into :func:`new_output` when that is recycled memory,
+    with streaming stores from ``streaming_writes.min_output_bytes`` (see :func:`take`). ``index``
+    must be within ``[0, len(tensor))``.
 
     Examples:
         >>> import torch
@@ -128,27 +131,27 @@ def select_rows(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     # as most reads are small.
     if index.numel() * tensor.stride(0) * tensor.element_size() < output_recycler.min_bytes or not tensor.is_cpu:
         return tensor.index_select(0, index)
-    return torch.index_select(tensor, 0, index, out=new_output((index.numel(), *tensor.shape[1:]), tensor.dtype))
+    output = new_output((index.numel(), *tensor.shape[1:]), tensor.dtype)
+    source = numpy_view(tensor)
+    if source is None or index.dtype != torch.long or not index.is_cpu:
+        return torch.index_select(tensor, 0, index, out=output)
+    streaming_writes.gather(output.numpy(), source, index.numpy())  # streams when large enough
+    return output
 
 
 def take(array: np.ndarray, rows: np.ndarray) -> torch.Tensor:
     """``array[rows]`` (rows along the first dim) as a new tensor, through numpy's ``take``;
-    outputs of a megabyte or more are gathered into recycled memory (see :func:`select_rows`).
+    outputs of a megabyte or more are gathered into recycled memory (see :func:`select_rows`),
+    those of ``streaming_writes.min_output_bytes`` or more with streaming stores.
 
     Raises:
         IndexError: a row outside ``[-len(array), len(array))``.
     """
     if rows.size * array.strides[0] < output_recycler.min_bytes:  # cheap first test, as in select_rows
         return torch.from_numpy(array.take(rows, axis=0))
-    shape = (rows.size, *array.shape[1:])
-    high = array.shape[0]
-    if rows.size and (rows.min() < -high or rows.max() >= high):
-        raise IndexError(f"row index out of range for {high} rows (got rows in "
-                         f"[{rows.min()}, {rows.max()}]).")
-    # Checked above, so "wrap" only maps negative rows as "raise" would, and lets numpy
-    # gather straight into ``out`` ("raise" gathers into a buffer and copies it over).
-    return torch.from_numpy(array.take(rows, axis=0, out=output_recycler.empty(shape, array.dtype),
-                                       mode="wrap"))
+    output = output_recycler.empty((rows.size, *array.shape[1:]), array.dtype)
+    streaming_writes.gather(output, array, rows)
+    return torch.from_numpy(output)
 
 
 def take_rows(columns: Columns, rows: torch.Tensor, skip: Any = ()) -> dict[Any, torch.Tensor]:
