@@ -328,11 +328,24 @@ def streamed_outputs(monkeypatch, gather_calls):
 
 
 @needs_helper
-def test_streamed_samples_equal_torchrls(streamed_outputs):
+def test_streamed_samples_equal_torchrls(streamed_outputs, tmp_path):
+    from torchrl.data import LazyMemmapStorage
+
     from tests.storages import test_fast, test_ring_reads
 
     test_fast.test_same_contents_and_samples_as_torchrls_storage()  # hypothesis: against LazyTensorStorage
     test_fast.test_gathers_equal_tensordicts_own_indexing()
+    assert streamed_outputs
+    streamed_outputs.clear()
+    ours = TensorDictReplayBuffer(storage=FastMemmapStorage(40, scratch_dir=tmp_path / "ours"), batch_size=64)
+    theirs = TorchRLBuffer(storage=LazyMemmapStorage(40, scratch_dir=tmp_path / "theirs"))
+    for start in range(0, 100, 25):
+        ours.extend(_frames(start, 25))
+        theirs.extend(_frames(start, 25))
+    sample = ours.sample()
+    expected = theirs.storage.get(sample["index"])
+    for key in expected.keys(include_nested=True, leaves_only=True):
+        assert torch.equal(sample[key], expected[key]), key
     assert streamed_outputs
     streamed_outputs.clear()
     test_ring_reads.test_chain_and_window_reads_equal_the_stored_rows("float32")  # numpy take path
