@@ -132,13 +132,12 @@ class StreamingWrites:
         else:
             destination[...] = source
 
-
     def gather(self, destination: np.ndarray, source: np.ndarray, rows: np.ndarray) -> None:
         """``destination[...] = source[rows]``, rows along ``source``'s first dim (negative
         ones counted from the end): with streaming stores when :attr:`sample_outputs` is on,
-        ``destination`` has ``min_output_bytes`` or more, rows of :attr:`MIN_ROW_BYTES` or more, and
-        the arrays are C-contiguous with ``destination`` shaped ``(len(rows), *source.shape[1:])``
-        and int64 ``rows``; otherwise with numpy's ``take``.
+        ``destination`` has ``min_output_bytes`` or more in rows of :attr:`MIN_ROW_BYTES` or
+        more, and the arrays are C-contiguous with ``destination`` shaped
+        ``(len(rows), *source.shape[1:])`` and int64 ``rows``; otherwise with numpy's ``take``.
 
         Raises:
             IndexError: a row outside ``[-len(source), len(source))`` (``destination`` is
