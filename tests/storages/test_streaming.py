@@ -92,20 +92,31 @@ def streaming_from(min_bytes: int, enabled: bool = True):
 
 
 @pytest.fixture
-def stream_calls(monkeypatch):
-    """Records the sizes of the copies the C helper makes (and still makes them)."""
-    calls = []
+def recorded(monkeypatch):
+    """The output sizes of the copies and gathers the C helper makes (it still makes them)."""
+    calls = {"copy": [], "gather": []}
 
     class Recording:
         STREAMING = _stream.STREAMING
 
         @staticmethod
         def copy(destination, source):
-            calls.append(destination.nbytes)
+            calls["copy"].append(destination.nbytes)
             _stream.copy(destination, source)
+
+        @staticmethod
+        def gather(destination, source, rows):
+            calls["gather"].append(destination.nbytes)
+            _stream.gather(destination, source, rows)
 
     monkeypatch.setattr(_streaming, "_stream", Recording)
     return calls
+
+
+@pytest.fixture
+def stream_calls(recorded):
+    """Records the sizes of the copies the C helper makes (and still makes them)."""
+    return recorded["copy"]
 
 
 @needs_helper
@@ -247,21 +258,9 @@ def test_the_c_gather_refuses_what_it_cannot_gather_and_leaves_dst_as_it_was():
 
 
 @pytest.fixture
-def gather_calls(monkeypatch):
+def gather_calls(recorded):
     """Records the output sizes of the gathers the C helper makes (and still makes them)."""
-    calls = []
-
-    class Recording:
-        STREAMING = _stream.STREAMING
-        copy = staticmethod(_stream.copy)
-
-        @staticmethod
-        def gather(destination, source, rows):
-            calls.append(destination.nbytes)
-            _stream.gather(destination, source, rows)
-
-    monkeypatch.setattr(_streaming, "_stream", Recording)
-    return calls
+    return recorded["gather"]
 
 
 @needs_helper

@@ -123,11 +123,7 @@ class StreamingWrites:
         """``destination[...] = source``: with streaming stores when both are C-contiguous
         numpy arrays of the same shape and dtype, of ``min_bytes`` or more; otherwise
         numpy's or torch's assignment (broadcasting and casting as they do)."""
-        if (self._enabled and _stream is not None and type(destination) is np.ndarray
-                and type(source) is np.ndarray and destination.nbytes >= self._min_bytes
-                and destination.shape == source.shape and destination.dtype == source.dtype
-                and destination.flags.c_contiguous and source.flags.c_contiguous
-                and destination.flags.writeable):
+        if self._streams(destination, source, self._min_bytes) and destination.shape == source.shape:
             _stream.copy(destination, source)
         else:
             destination[...] = source
@@ -143,13 +139,10 @@ class StreamingWrites:
             IndexError: a row outside ``[-len(source), len(source))`` (``destination`` is
                 then left as it was).
         """
-        if (self._enabled and self._sample_outputs and _stream is not None and type(destination) is np.ndarray
-                and type(source) is np.ndarray and destination.nbytes >= self._min_output_bytes
-                and source.dtype == destination.dtype and rows.dtype == np.int64 and rows.ndim == 1
+        if (self._sample_outputs and self._streams(destination, source, self._min_output_bytes)
+                and rows.dtype == np.int64 and rows.ndim == 1 and rows.flags.c_contiguous
                 and destination.shape == (rows.size, *source.shape[1:])
-                and destination.nbytes >= rows.size * self.MIN_ROW_BYTES
-                and destination.flags.c_contiguous and source.flags.c_contiguous and rows.flags.c_contiguous
-                and destination.flags.writeable):
+                and destination.nbytes >= rows.size * self.MIN_ROW_BYTES):
             _stream.gather(destination, source, rows)  # checks every row before copying any
             return
         high = source.shape[0]
@@ -159,6 +152,15 @@ class StreamingWrites:
         # Checked above, so "wrap" only maps negative rows as "raise" would, and lets numpy
         # gather straight into ``destination`` ("raise" gathers into a buffer and copies it over).
         source.take(rows, axis=0, out=destination, mode="wrap")
+
+    def _streams(self, destination: Any, source: Any, min_bytes: int) -> bool:
+        """Whether the C helper can write ``destination`` from ``source``: streaming on, both
+        C-contiguous numpy arrays of one dtype, ``destination`` writable and of ``min_bytes``
+        or more (each method adds its own shape conditions)."""
+        return (self._enabled and _stream is not None and type(destination) is np.ndarray
+                and type(source) is np.ndarray and destination.nbytes >= min_bytes
+                and destination.dtype == source.dtype and destination.flags.c_contiguous
+                and source.flags.c_contiguous and destination.flags.writeable)
 
 
 def _flag(value: Any, name: str) -> bool:
