@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["NUMPY_DTYPES", "bounds", "last", "numpy_view", "smallest"]
+__all__ = ["NUMPY_DTYPES", "TORCH_DTYPES", "bounds", "last", "numpy_view", "smallest"]
 
 #: torch dtypes whose CPU tensors numpy views without a copy (bfloat16 has no numpy twin).
 NUMPY_DTYPES = {
@@ -20,6 +20,8 @@ NUMPY_DTYPES = {
     torch.int32: np.int32, torch.int64: np.int64, torch.float16: np.float16,
     torch.float32: np.float32, torch.float64: np.float64,
 }
+#: The reverse map, keyed by ``np.dtype``.
+TORCH_DTYPES = {np.dtype(numpy_dtype): dtype for dtype, numpy_dtype in NUMPY_DTYPES.items()}
 
 
 def numpy_view(values: torch.Tensor) -> np.ndarray | None:

@@ -13,7 +13,8 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from torchrl_ext._host import NUMPY_DTYPES, numpy_view
+from torchrl_ext._host import NUMPY_DTYPES, TORCH_DTYPES, numpy_view
+from torchrl_ext.storages import _output_memory
 from torchrl_ext.storages._numpy_rows import Columns
 from torchrl_ext.storages._output_memory import output_recycler
 from torchrl_ext.storages._streaming import streaming_writes
@@ -69,6 +70,7 @@ def gather_rows(
     index: torch.Tensor,
     extra: dict[Any, torch.Tensor] | None = None,
     leaves: list[tuple[Any, torch.Tensor]] | None = None,
+    pinned: bool = False,
 ) -> TensorDict:
     """``stored[index]`` for a 1-D index, one ``index_select`` per leaf, plus ``extra`` entries.
 
@@ -78,6 +80,8 @@ def gather_rows(
         extra: entries of shape ``[len(index), ...]`` added to the result.
         leaves: ``stored``'s ``(key, tensor)`` leaves, if the caller keeps them
             (listing them costs microseconds per call).
+        pinned: gather CPU leaves into page-locked host memory (needs an accelerator;
+            ``extra`` entries are added as they are).
 
     Returns:
         A TensorDict of batch size ``[len(index)]`` on ``stored``'s device.
@@ -96,20 +100,25 @@ def gather_rows(
         index = index.to(device)
     if leaves is None:
         leaves = stored.items(include_nested=True, leaves_only=True)
-    entries = {key: select_rows(tensor, index) for key, tensor in leaves}
+    entries = {key: select_rows(tensor, index, pinned=pinned) for key, tensor in leaves}
     return assemble(entries, index.shape, device, extra)
 
 
-def new_output(shape: tuple[int, ...], dtype: torch.dtype, device: Any = None) -> torch.Tensor:
+def new_output(shape: tuple[int, ...], dtype: torch.dtype, device: Any = None, *,
+               pinned: bool = False) -> torch.Tensor:
     """``torch.empty(shape, dtype=dtype, device=device)`` for a read's output; on the CPU,
     outputs of a megabyte or more are :data:`~torchrl_ext.storages.output_recycler`'s
     arrays (memory kept from one sample to the next), so they are not resizable in place.
+    With ``pinned``, CPU outputs of any size are page-locked instead (torch's caching host
+    allocator keeps those blocks).
 
     Examples:
         >>> new_output((2, 3), torch.float32).shape
         torch.Size([2, 3])
     """
     device = torch.device("cpu") if device is None else torch.device(device)
+    if pinned and device.type == "cpu":
+        return _output_memory.pinned_empty(tuple(shape), dtype)
     numpy_dtype = NUMPY_DTYPES.get(dtype)
     if numpy_dtype is None or device.type != "cpu" or not output_recycler.recycles(
             math.prod(shape) * dtype.itemsize):
@@ -117,10 +126,11 @@ def new_output(shape: tuple[int, ...], dtype: torch.dtype, device: Any = None) -
     return torch.from_numpy(output_recycler.empty(tuple(shape), numpy_dtype))
 
 
-def select_rows(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``tensor.index_select(0, index)``, into :func:`new_output` when that is recycled memory,
-    with streaming stores from ``streaming_writes.min_output_bytes`` (see :func:`take`). ``index``
-    must be within ``[0, len(tensor))``.
+def select_rows(tensor: torch.Tensor, index: torch.Tensor, *, pinned: bool = False) -> torch.Tensor:
+    """``tensor.index_select(0, index)``, into :func:`new_output` when that is recycled or
+    (``pinned``, CPU tensors) page-locked memory, with streaming stores from
+    ``streaming_writes.min_output_bytes`` (see :func:`take`). ``index`` must be within
+    ``[0, len(tensor))``.
 
     Examples:
         >>> import torch
@@ -129,9 +139,10 @@ def select_rows(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """
     # The row stride sizes the output (exactly for contiguous rows): one cheap test first,
     # as most reads are small.
-    if index.numel() * tensor.stride(0) * tensor.element_size() < output_recycler.min_bytes or not tensor.is_cpu:
+    if not (pinned or index.numel() * tensor.stride(0) * tensor.element_size() >= output_recycler.min_bytes) \
+            or not tensor.is_cpu:
         return tensor.index_select(0, index)
-    output = new_output((index.numel(), *tensor.shape[1:]), tensor.dtype)
+    output = new_output((index.numel(), *tensor.shape[1:]), tensor.dtype, pinned=pinned)
     source = numpy_view(tensor)
     if source is None or index.dtype != torch.long or not index.is_cpu:
         return torch.index_select(tensor, 0, index, out=output)
@@ -139,14 +150,19 @@ def select_rows(tensor: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return output
 
 
-def take(array: np.ndarray, rows: np.ndarray) -> torch.Tensor:
+def take(array: np.ndarray, rows: np.ndarray, *, pinned: bool = False) -> torch.Tensor:
     """``array[rows]`` (rows along the first dim) as a new tensor, through numpy's ``take``;
     outputs of a megabyte or more are gathered into recycled memory (see :func:`select_rows`),
-    those of ``streaming_writes.min_output_bytes`` or more with streaming stores.
+    those of ``streaming_writes.min_output_bytes`` or more with streaming stores. With
+    ``pinned`` (and a dtype torch shares with numpy), outputs of any size are page-locked.
 
     Raises:
         IndexError: a row outside ``[-len(array), len(array))``.
     """
+    if pinned and array.dtype in TORCH_DTYPES:
+        output = _output_memory.pinned_empty((rows.size, *array.shape[1:]), TORCH_DTYPES[array.dtype])
+        streaming_writes.gather(output.numpy(), array, rows)
+        return output
     if rows.size * array.strides[0] < output_recycler.min_bytes:  # cheap first test, as in select_rows
         return torch.from_numpy(array.take(rows, axis=0))
     output = output_recycler.empty((rows.size, *array.shape[1:]), array.dtype)
@@ -154,7 +170,8 @@ def take(array: np.ndarray, rows: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(output)
 
 
-def take_rows(columns: Columns, rows: torch.Tensor, skip: Any = ()) -> dict[Any, torch.Tensor]:
+def take_rows(columns: Columns, rows: torch.Tensor, skip: Any = (), *,
+              pinned: bool = False) -> dict[Any, torch.Tensor]:
     """``{key: stored[rows]}`` for every column but those in ``skip``, through numpy's
     ``take`` (CPU ``rows``).
 
@@ -169,7 +186,8 @@ def take_rows(columns: Columns, rows: torch.Tensor, skip: Any = ()) -> dict[Any,
         [[4, 5], [0, 1]]
     """
     index = rows.numpy()
-    return {key: take(array, index) for key, (array, _, _) in columns.by_key.items() if key not in skip}
+    return {key: take(array, index, pinned=pinned) for key, (array, _, _) in columns.by_key.items()
+            if key not in skip}
 
 
 def gather_coordinates(
@@ -177,6 +195,7 @@ def gather_coordinates(
     index: tuple[torch.Tensor, ...],
     extra: dict[Any, torch.Tensor] | None = None,
     leaves: Any = None,
+    pinned: bool = False,
 ) -> TensorDict:
     """``stored[index]`` for one integer tensor per leading dim: one ``index_select``
     of flat rows per leaf (TensorDict's advanced indexing costs several times more).
@@ -187,6 +206,7 @@ def gather_coordinates(
         index: coordinates, broadcastable to the result's batch shape.
         extra: entries of the result's batch shape added to it.
         leaves: ``stored``'s ``(key, tensor)`` leaves, if the caller keeps them.
+        pinned: gather CPU leaves into page-locked host memory (see :func:`gather_rows`).
 
     Examples:
         >>> import torch
@@ -206,10 +226,10 @@ def gather_coordinates(
     if leaves is None:
         leaves = stored.items(include_nested=True, leaves_only=True)
     if len(shape) == 1:  # the usual sampler output: the gathered rows already have the batch shape
-        entries = {key: select_rows(leaf.flatten(0, ndim - 1), flat) for key, leaf in leaves}
+        entries = {key: select_rows(leaf.flatten(0, ndim - 1), flat, pinned=pinned) for key, leaf in leaves}
     else:
         entries = {
-            key: select_rows(leaf.flatten(0, ndim - 1), flat).reshape(*shape, *leaf.shape[ndim:])
+            key: select_rows(leaf.flatten(0, ndim - 1), flat, pinned=pinned).reshape(*shape, *leaf.shape[ndim:])
             for key, leaf in leaves
         }
     return assemble(entries, shape, device, extra)

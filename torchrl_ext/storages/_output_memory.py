@@ -9,6 +9,11 @@ sample(256) of 84x84x4 frames and next frames (14.5 MB) took 3.5 ms into fresh a
 in place. The recycler hands out numpy arrays and takes a block back only once its array is
 gone, which is when the last tensor or view reading it is: an output is never written again
 while anything can still read it.
+
+Outputs that will be copied to an accelerator can instead come from page-locked (pinned)
+host memory (:class:`PinnedOutputs`): TorchRL's ``ReplayBuffer(pin_memory=True)`` calls
+``pin_memory()`` on every sample, which copies each leaf once more unless it is pinned
+already.
 """
 from __future__ import annotations
 
@@ -21,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["OutputRecycler", "output_recycler"]
+__all__ = ["OutputRecycler", "PinnedOutputs", "can_pin_memory", "output_recycler", "pinned_empty"]
 
 
 class OutputRecycler:
@@ -143,6 +148,66 @@ class OutputRecycler:
     def _after_fork(self) -> None:
         # A fork taken while another thread held the lock would leave it held forever.
         self._lock = threading.Lock()
+
+
+def can_pin_memory() -> bool:
+    """Whether this process can page-lock host memory (it takes an accelerator: CUDA, ...)."""
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is not None:
+        return bool(accelerator.is_available())
+    return torch.cuda.is_available()
+
+
+def pinned_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """``torch.empty(shape, dtype=dtype, pin_memory=True)``. Torch's caching host allocator
+    keeps freed pinned blocks for the next request, so samples do not page-lock afresh."""
+    return torch.empty(shape, dtype=dtype, pin_memory=True)
+
+
+class PinnedOutputs:
+    """Mixin for storages whose reads can gather into page-locked (pinned) host memory.
+
+    With :attr:`pin_outputs` on, a read of a CPU storage returns leaves in pinned memory, so
+    ``pin_memory()`` on the sample (which TorchRL's ``ReplayBuffer(pin_memory=True)`` calls
+    on every sample) finds them pinned and copies nothing, and
+    ``sample.to("cuda", non_blocking=True)`` can overlap the transfer with compute.
+    Attaching the storage to a buffer built with ``pin_memory=True`` turns it on when an
+    accelerator is present (without one, page-locking is impossible and TorchRL's own
+    ``pin_memory()`` call fails as it always has).
+
+    Examples:
+        >>> from torchrl.data import TensorDictReplayBuffer
+        >>> from torchrl_ext.storages import FastTensorStorage
+        >>> storage = FastTensorStorage(100)
+        >>> rb = TensorDictReplayBuffer(storage=storage, pin_memory=True)
+        >>> storage.pin_outputs == can_pin_memory()  # on wherever memory can be page-locked
+        True
+    """
+
+    _pin_outputs = False
+
+    @property
+    def pin_outputs(self) -> bool:
+        """Whether reads gather into pinned host memory (see the class docstring)."""
+        return self._pin_outputs
+
+    @pin_outputs.setter
+    def pin_outputs(self, value: bool) -> None:
+        if not isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"pin_outputs must be a bool, got {type(value).__name__} ({value!r}).")
+        if value and not can_pin_memory():
+            raise ValueError(
+                "pin_outputs=True needs an accelerator to page-lock host memory, and "
+                "torch.accelerator.is_available() is False here; leave pin_outputs=False on a "
+                "CPU-only machine."
+            )
+        self._pin_outputs = bool(value)
+
+    def attach(self, buffer: Any) -> None:
+        super().attach(buffer)  # type: ignore[misc]
+        # TorchRL keeps the buffer's pin_memory argument as _pin_memory (set before it attaches).
+        if getattr(buffer, "_pin_memory", False) and can_pin_memory():
+            self._pin_outputs = True
 
 
 def _byte_count(value: Any, name: str, *, low: int, fix: str = "") -> int:

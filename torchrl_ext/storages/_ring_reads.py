@@ -77,7 +77,8 @@ class RingReads:
         for key, source in sources:
             if key in extra:
                 continue
-            value = pick(source, after if isinstance(key, tuple) and key[0] == "next" else root)
+            value = pick(source, after if isinstance(key, tuple) and key[0] == "next" else root,
+                         pinned=self._pin_outputs)
             entries[key] = value if flat_batch else value.reshape(*shape, *source.shape[1:])
         return assemble(entries, shape, self._device, extra)
 
@@ -109,9 +110,10 @@ class RingReads:
         shape, rows = flat.shape, flat.reshape(-1)
         columns = self._read_columns() if flat.is_cpu else None
         if columns is not None:
-            entries = take_rows(columns, rows, skip)
+            entries = take_rows(columns, rows, skip, pinned=self._pin_outputs)
         else:
-            entries = {key: select_rows(leaf, rows) for key, leaf in self._flat if key not in skip}
+            entries = {key: select_rows(leaf, rows, pinned=self._pin_outputs) for key, leaf in self._flat
+                       if key not in skip}
         if len(shape) != 1:  # else the rows already have the batch shape
             entries = {key: value.reshape(*shape, *value.shape[1:]) for key, value in entries.items()}
         return assemble(entries, shape, self._device, extra)

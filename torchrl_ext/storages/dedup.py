@@ -33,7 +33,7 @@ from tensordict import TensorDictBase
 from torchrl_ext._host import NUMPY_DTYPES
 from torchrl_ext._keys import nested_key
 from torchrl_ext.storages.episodes import EpisodicEnvRingStorage
-from torchrl_ext.storages._gathers import new_output, select_rows
+from torchrl_ext.storages._gathers import select_rows
 
 __all__ = ["DedupEnvRingStorage"]
 
@@ -284,7 +284,7 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
         q = torch.maximum(wanted, begin.unsqueeze(-1))  # the newest, pos + shift >= begin, stays
         leaf = self._frame_leaf()
         flat = self._flat_index(env.unsqueeze(-1).expand_as(q), q).reshape(-1)
-        frames = select_rows(leaf, flat).reshape(*q.shape, *leaf.shape[1:])
+        frames = select_rows(leaf, flat, pinned=self._pin_outputs).reshape(*q.shape, *leaf.shape[1:])
         if shift:
             self._patch_next_frames(frames.select(pos.dim(), -1), env, pos)
         if self.padding == "zero" and self.num_stack > 1:

@@ -40,13 +40,15 @@ from torchrl_ext._host import bounds
 from torchrl_ext._huge_pages import advise_huge_pages
 from torchrl_ext.storages._gathers import gather_rows
 from torchrl_ext.storages._numpy_rows import ColumnCache, Columns, matching_arrays, leaf_items
+from torchrl_ext.storages._output_memory import PinnedOutputs
 from torchrl_ext.storages._streaming import streaming_writes
 
 __all__ = ["FastMemmapStorage", "FastTensorStorage", "gather_rows"]
 
 
-class _SliceWritesIndexSelectReads:
-    """Mixin over a TorchRL ``TensorStorage``: the two fast paths described above."""
+class _SliceWritesIndexSelectReads(PinnedOutputs):
+    """Mixin over a TorchRL ``TensorStorage``: the two fast paths described above, gathering
+    into pinned memory for buffers that pin their samples (:class:`PinnedOutputs`)."""
 
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
         leaves = self._checked_leaves(cursor, data) if self.ndim == 1 else None
@@ -232,7 +234,7 @@ class _SliceWritesIndexSelectReads:
             low, high = bounds(index)
             size = len(self)
             if 0 <= low and high < size:
-                return gather_rows(stored, index)
+                return gather_rows(stored, index, pinned=self._pin_outputs)
             if low < -size or high >= size:
                 bad = high if high >= size else low
                 raise IndexError(

@@ -38,6 +38,7 @@ from torchrl_ext.storages._ring_reads import RingReads
 from torchrl_ext.storages._ring_sharing import RingSharing
 from torchrl_ext.storages._ring_steps import RingStepWrites
 from torchrl_ext.storages._numpy_rows import leaf_items
+from torchrl_ext.storages._output_memory import PinnedOutputs
 from torchrl_ext.storages.fast import _layout, _raise_layout_mismatch, _refuse_non_tensors
 
 __all__ = ["EnvRingStorage", "EnvRingStorageCheckpointer"]
@@ -55,7 +56,7 @@ class EnvRingStorageCheckpointer(StorageCheckpointerBase):
         storage.load_state_dict(load_state(path, tensors_file=_TENSORS, metadata_file=_METADATA))
 
 
-class EnvRingStorage(RingReads, RingStepWrites, RingSharing, Storage):
+class EnvRingStorage(PinnedOutputs, RingReads, RingStepWrites, RingSharing, Storage):
     """One ring of ``max_length`` steps per environment, TensorDict leaves ``[E, L, ...]``.
 
     The leaves are allocated from the first write (any nested keys), on

@@ -36,6 +36,7 @@ from torchrl_ext.io.state_files import (
 )
 from torchrl_ext.storages._gathers import gather_coordinates
 from torchrl_ext.storages._numpy_rows import leaf_items
+from torchrl_ext.storages._output_memory import PinnedOutputs
 
 __all__ = ["RolloutStorage"]
 
@@ -50,7 +51,7 @@ class _RolloutCheckpointer(StorageCheckpointerBase):
         storage.load_state_dict(load_state(path, tensors_file=_TENSORS, metadata_file=_METADATA))
 
 
-class RolloutStorage(Storage):
+class RolloutStorage(PinnedOutputs, Storage):
     """``[T + 1, N]`` rollout, filled by :meth:`insert`, sampled as ``[T, N]``.
 
     Args:
@@ -330,7 +331,7 @@ class RolloutStorage(Storage):
         ):
             # Coordinates from a sampler: flat rows, 3-5x faster than
             # TensorDict's advanced indexing here.
-            return gather_coordinates(self._storage, index)
+            return gather_coordinates(self._storage, index, pinned=self._pin_outputs)
         return self._storage[: self._num_steps][index]
 
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
