@@ -9,7 +9,7 @@ from tensordict import TensorDict
 from torchrl.data import RandomSampler, ReplayBuffer, TensorDictReplayBuffer
 
 from torchrl_ext.replay_buffers import EnvRingReplayBuffer
-from torchrl_ext.storages import EnvRingStorage
+from torchrl_ext.storages import EnvRingStorage, _ring_steps
 from torchrl_ext.writers import EnvRingWriter
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -319,3 +319,39 @@ def test_each_write_bumps_the_revision_once_whatever_torchrl_counts_it_with():
     rb.extend(step, env_ids=torch.tensor([1, 0]))
     rb.clear()
     assert storage._mutation_revision == 2
+
+
+@pytest.mark.skipif(_ring_steps.write_row is None, reason="torchrl_ext._stream not built (no C compiler at install)")
+@pytest.mark.parametrize("time_major", [True, False])
+def test_every_env_steps_store_the_same_from_addresses_numpy_views_or_the_general_write(time_major, monkeypatch):
+    """A step of every env is copied from the batch's tensor addresses (the C helper, when a
+    slot is one block per leaf), through numpy views, or by the general write (envs given out
+    of order): all three store the same, a batch the address path refuses included."""
+    real, rows_written = _ring_steps.write_row, []
+
+    def recording(row, arrays, addresses):
+        rows_written.append(row)
+        return real(row, arrays, addresses)
+
+    order = torch.tensor([2, 0, 1])
+    results = {}
+    for path in ("addresses", "numpy", "general"):
+        monkeypatch.setattr(_ring_steps, "write_row", recording if path == "addresses" else None)
+        rb = EnvRingReplayBuffer(storage=EnvRingStorage(3, 4, time_major=time_major))
+        for k in range(10):  # wraps twice
+            data = steps([0, 1, 2], [k, 10 + k, 20 + k]).exclude("env_id")
+            if k == 6:  # a non-contiguous leaf: the address path refuses it, numpy views take it
+                data.set("obs", data["obs"].t().contiguous().t())
+            if path == "general":
+                rb.extend(data[order], env_ids=order)
+            else:
+                rb.extend(data)
+        results[path] = rb.storage
+    want = results["general"]
+    for path in ("addresses", "numpy"):
+        got = results[path]
+        assert got.current_pos.tolist() == want.current_pos.tolist() == [10, 10, 10]
+        for key, leaf in want._storage.items(True, True):
+            assert torch.equal(got._storage[key], leaf), (path, key)
+    # Time-major, every step but the first (which allocates) and the refused one took the addresses.
+    assert rows_written == ([k % 4 for k in range(1, 10) if k != 6] if time_major else [])
