@@ -139,8 +139,8 @@ def select_rows(tensor: torch.Tensor, index: torch.Tensor, *, pinned: bool = Fal
     """
     # The row stride sizes the output (exactly for contiguous rows): one cheap test first,
     # as most reads are small.
-    if not (pinned or index.numel() * tensor.stride(0) * tensor.element_size() >= output_recycler.min_bytes) \
-            or not tensor.is_cpu:
+    small = not pinned and index.numel() * tensor.stride(0) * tensor.element_size() < output_recycler.min_bytes
+    if small or not tensor.is_cpu:
         return tensor.index_select(0, index)
     output = new_output((index.numel(), *tensor.shape[1:]), tensor.dtype, pinned=pinned)
     source = numpy_view(tensor)
