@@ -16,7 +16,8 @@
  *
  * gather(dst, src, rows) copies rows of src (along its first dim) into dst,
  * dst[i] = src[rows[i]], the same way: a sample of megabytes gathered from a
- * large storage, whose output lines are not in cache either.
+ * large storage, whose output lines are not in cache either. It copies eight
+ * rows at a time, interleaved (see stream_rows).
  *
  * write_row(row, destinations, addresses) is the other end of the scale: one
  * step of every env (a few kilobytes per leaf) written into row `row` of each
@@ -69,6 +70,56 @@ stream_bytes(char *dst, const char *src, size_t n)
 #else
     memcpy(dst, src, n);
 #endif
+}
+
+/* Rows gathered together, and the bytes of each copied in turn. Copying one
+ * row at a time, a core keeps one stream of reads in flight and waits at
+ * every row start; eight rows interleaved by 128 bytes keep eight. Measured
+ * on this project's machine, 256 random 28 KB rows from a 2.8 GB array:
+ * 0.70 ms against 0.95 ms with memcpy row by row and 0.99-1.07 ms streamed
+ * row by row (four rows: 0.77 ms; sixteen: 0.80 ms). */
+#define GATHER_GROUP 8
+#define GATHER_CHUNK 128
+
+/* Copies `group` rows of n bytes, from[q] to to[q], interleaved as above
+ * (streaming stores, not fenced); row by row where a destination is not
+ * 16-byte aligned. */
+static void
+stream_rows(char *const *to, const char *const *from, size_t group, size_t n)
+{
+#if STREAMING
+    int aligned = 1;
+    for (size_t q = 0; q < group; q++) {
+        aligned &= ((uintptr_t)to[q] & 15) == 0;
+    }
+    if (aligned) {
+        size_t body = n & ~(size_t)63;
+        for (size_t start = 0; start < body; start += GATHER_CHUNK) {
+            size_t stop = start + GATHER_CHUNK < body ? start + GATHER_CHUNK : body;
+            for (size_t q = 0; q < group; q++) {
+                for (size_t at = start; at < stop; at += 64) {
+                    const char *src = from[q] + at;
+                    char *dst = to[q] + at;
+                    __m128i a = _mm_loadu_si128((const __m128i *)src);
+                    __m128i b = _mm_loadu_si128((const __m128i *)(src + 16));
+                    __m128i c = _mm_loadu_si128((const __m128i *)(src + 32));
+                    __m128i d = _mm_loadu_si128((const __m128i *)(src + 48));
+                    _mm_stream_si128((__m128i *)dst, a);
+                    _mm_stream_si128((__m128i *)(dst + 16), b);
+                    _mm_stream_si128((__m128i *)(dst + 32), c);
+                    _mm_stream_si128((__m128i *)(dst + 48), d);
+                }
+            }
+        }
+        for (size_t q = 0; q < group; q++) {
+            memcpy(to[q] + body, from[q] + body, n - body);
+        }
+        return;
+    }
+#endif
+    for (size_t q = 0; q < group; q++) {
+        stream_bytes(to[q], from[q], n);
+    }
 }
 
 /* Streaming stores are weakly ordered: fence them before another thread can be
@@ -201,9 +252,17 @@ stream_gather(PyObject *module, PyObject *args)
     }
     if (count && row_bytes) {
         Py_BEGIN_ALLOW_THREADS
-        for (size_t i = 0; i < count; i++) {
-            int64_t row = picked[i] < 0 ? picked[i] + (int64_t)high : picked[i];
-            stream_bytes(d + i * row_bytes, s + (size_t)row * row_bytes, row_bytes);
+        for (size_t first = 0; first < count; first += GATHER_GROUP) {
+            size_t group = count - first < GATHER_GROUP ? count - first : GATHER_GROUP;
+            char *to[GATHER_GROUP];
+            const char *from[GATHER_GROUP];
+            for (size_t q = 0; q < group; q++) {
+                int64_t row = picked[first + q];
+                row = row < 0 ? row + (int64_t)high : row;
+                to[q] = d + (first + q) * row_bytes;
+                from[q] = s + (size_t)row * row_bytes;
+            }
+            stream_rows(to, from, group, row_bytes);
         }
         stream_fence();
         Py_END_ALLOW_THREADS

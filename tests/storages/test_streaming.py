@@ -312,7 +312,7 @@ def test_bad_output_settings_name_the_argument_and_the_fix():
     writes = StreamingWrites()
     with pytest.raises(TypeError, match="sample_outputs must be a bool, got NoneType"):
         writes.sample_outputs = None
-    assert writes.sample_outputs is True and writes.min_output_bytes == 16 << 20
+    assert writes.sample_outputs is True and writes.min_output_bytes == 1 << 20
 
 
 @pytest.fixture

@@ -9,14 +9,15 @@ there, copies into a 2.8 GB storage: 1.2-1.5x faster from 8 MB up (1.5x with the
 out of cache too, as in a 1,000-frame extend), 1.1x at 2-4 MB; but 0.9x into a destination
 already in cache, which a write of megabytes into a large storage rarely is.
 
-A large sample's outputs are in the same case once they outgrow the cache, if their rows
-are long. Measured there (32 MiB L3), samples of 84x84x4 frames and next frames from a
-100,000-transition buffer: 8-9% faster with streaming stores at batch 1024 and 4096 (two
-outputs of 28 and 110 MiB), about even at batch 512 (two of 14 MiB), 5% slower at batch 256
-(two of 7 MiB), where regular stores find part of the previous sample's recycled output
-still in cache. Gathers of 64 MiB: rows of 16 KiB or more 5-11% faster, shorter rows from
-35% slower to 13% faster. Hence the outputs' own thresholds (``min_output_bytes``,
-:attr:`StreamingWrites.MIN_ROW_BYTES`); see benchmarks/README.md.
+A large sample's outputs are gathered the same way when their rows are long, eight rows at
+a time interleaved by 128 bytes (the helper's ``gather``): one row at a time, a core keeps
+one stream of reads in flight and stalls at every row start. Measured there (32 MiB L3),
+samples of 84x84x4 frames and next frames from a 100,000-transition buffer, against
+regular stores in the same process: 1.22x faster at batch 64 (two outputs of 1.7 MiB),
+1.31x at 256, 1.66x at 1024 and 1.72x at 4096. Streaming row by row had been 5% slower
+at batch 256 and 8-9% faster from 1024 on. Rows shorter than 16 KiB were not measured
+with the interleaved gather (row by row they streamed 0.65-1.13x as fast), hence
+:attr:`StreamingWrites.MIN_ROW_BYTES`; see benchmarks/README.md.
 
 The copies come from the C helper ``torchrl_ext._stream``, built at install when a C
 compiler is present; without it (or on CPUs without streaming stores) :attr:`StreamingWrites.available`
@@ -53,8 +54,8 @@ class StreamingWrites:
         enabled: whether large copies and gathers stream, when :attr:`available`.
         sample_outputs: whether :meth:`gather` streams too (when ``enabled``).
         min_output_bytes: smallest output :meth:`gather` writes with streaming stores
-            (about half the last-level cache: smaller outputs of a sample may still be
-            in cache from the previous one).
+            (smaller outputs are not recycled either; see
+            :data:`~torchrl_ext.storages.output_recycler`).
 
     Examples:
         >>> import numpy as np
@@ -75,7 +76,7 @@ class StreamingWrites:
     MIN_ROW_BYTES = 16384
 
     def __init__(self, *, min_bytes: int = 4 << 20, enabled: bool = True, sample_outputs: bool = True,
-                 min_output_bytes: int = 16 << 20) -> None:
+                 min_output_bytes: int = 1 << 20) -> None:
         self.min_bytes = min_bytes
         self.enabled = enabled
         self.sample_outputs = sample_outputs
