@@ -38,6 +38,22 @@
 #define STREAMING 0
 #endif
 
+#if STREAMING
+/* One 64-byte line with streaming stores; dst 16-byte aligned. */
+static inline void
+stream_line(char *dst, const char *src)
+{
+        __m128i a = _mm_loadu_si128((const __m128i *)src);
+        __m128i b = _mm_loadu_si128((const __m128i *)(src + 16));
+        __m128i c = _mm_loadu_si128((const __m128i *)(src + 32));
+        __m128i d = _mm_loadu_si128((const __m128i *)(src + 48));
+        _mm_stream_si128((__m128i *)dst, a);
+        _mm_stream_si128((__m128i *)(dst + 16), b);
+        _mm_stream_si128((__m128i *)(dst + 32), c);
+        _mm_stream_si128((__m128i *)(dst + 48), d);
+}
+#endif
+
 /* Copies n bytes; the streaming stores are not fenced (see stream_fence). */
 static void
 stream_bytes(char *dst, const char *src, size_t n)
@@ -55,14 +71,7 @@ stream_bytes(char *dst, const char *src, size_t n)
     src += head;
     n -= head;
     for (size_t blocks = n / 64; blocks; blocks--) {
-        __m128i a = _mm_loadu_si128((const __m128i *)src);
-        __m128i b = _mm_loadu_si128((const __m128i *)(src + 16));
-        __m128i c = _mm_loadu_si128((const __m128i *)(src + 32));
-        __m128i d = _mm_loadu_si128((const __m128i *)(src + 48));
-        _mm_stream_si128((__m128i *)dst, a);
-        _mm_stream_si128((__m128i *)(dst + 16), b);
-        _mm_stream_si128((__m128i *)(dst + 32), c);
-        _mm_stream_si128((__m128i *)(dst + 48), d);
+        stream_line(dst, src);
         src += 64;
         dst += 64;
     }
@@ -98,16 +107,7 @@ stream_rows(char *const *to, const char *const *from, size_t group, size_t n)
             size_t stop = start + GATHER_CHUNK < body ? start + GATHER_CHUNK : body;
             for (size_t q = 0; q < group; q++) {
                 for (size_t at = start; at < stop; at += 64) {
-                    const char *src = from[q] + at;
-                    char *dst = to[q] + at;
-                    __m128i a = _mm_loadu_si128((const __m128i *)src);
-                    __m128i b = _mm_loadu_si128((const __m128i *)(src + 16));
-                    __m128i c = _mm_loadu_si128((const __m128i *)(src + 32));
-                    __m128i d = _mm_loadu_si128((const __m128i *)(src + 48));
-                    _mm_stream_si128((__m128i *)dst, a);
-                    _mm_stream_si128((__m128i *)(dst + 16), b);
-                    _mm_stream_si128((__m128i *)(dst + 32), c);
-                    _mm_stream_si128((__m128i *)(dst + 48), d);
+                    stream_line(to[q] + at, from[q] + at);
                 }
             }
         }

@@ -159,8 +159,9 @@ def take(array: np.ndarray, rows: np.ndarray, *, pinned: bool = False) -> torch.
     Raises:
         IndexError: a row outside ``[-len(array), len(array))``.
     """
-    if pinned and array.dtype in TORCH_DTYPES:
-        output = _output_memory.pinned_empty((rows.size, *array.shape[1:]), TORCH_DTYPES[array.dtype])
+    torch_dtype = TORCH_DTYPES.get(array.dtype) if pinned else None
+    if torch_dtype is not None:
+        output = _output_memory.pinned_empty((rows.size, *array.shape[1:]), torch_dtype)
         streaming_writes.gather(output.numpy(), array, rows)
         return output
     if rows.size * array.strides[0] < output_recycler.min_bytes:  # cheap first test, as in select_rows

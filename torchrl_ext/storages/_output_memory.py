@@ -193,21 +193,27 @@ class PinnedOutputs:
 
     @pin_outputs.setter
     def pin_outputs(self, value: bool) -> None:
-        if not isinstance(value, (bool, np.bool_)):
-            raise TypeError(f"pin_outputs must be a bool, got {type(value).__name__} ({value!r}).")
+        value = _flag(value, "pin_outputs")
         if value and not can_pin_memory():
             raise ValueError(
                 "pin_outputs=True needs an accelerator to page-lock host memory, and "
                 "torch.accelerator.is_available() is False here; leave pin_outputs=False on a "
                 "CPU-only machine."
             )
-        self._pin_outputs = bool(value)
+        self._pin_outputs = value
 
     def attach(self, buffer: Any) -> None:
         super().attach(buffer)  # type: ignore[misc]
         # TorchRL keeps the buffer's pin_memory argument as _pin_memory (set before it attaches).
         if getattr(buffer, "_pin_memory", False) and can_pin_memory():
             self._pin_outputs = True
+
+
+def _flag(value: Any, name: str) -> bool:
+    """``value`` as a bool; ``TypeError`` naming ``name`` for anything but a bool."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} ({value!r}).")
+    return bool(value)
 
 
 def _byte_count(value: Any, name: str, *, low: int, fix: str = "") -> int:

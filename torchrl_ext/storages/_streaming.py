@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from torchrl_ext.storages._output_memory import _byte_count
+from torchrl_ext.storages._output_memory import _byte_count, _flag
 
 try:
     from torchrl_ext import _stream
@@ -162,12 +162,6 @@ class StreamingWrites:
                 and type(source) is np.ndarray and destination.nbytes >= min_bytes
                 and destination.dtype == source.dtype and destination.flags.c_contiguous
                 and source.flags.c_contiguous and destination.flags.writeable)
-
-
-def _flag(value: Any, name: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__} ({value!r}).")
-    return bool(value)
 
 
 #: The storages' process-wide instance.
