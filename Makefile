@@ -1,19 +1,26 @@
 # The two commands of the README, each doing all set-up on a fresh machine:
 #   make demo   create the venv, install torchrl_ext with the examples extra, train PPO on CartPole
 #   make test   create the venv, install the test extras, run the whole test suite
-# `make test-nightly` runs the same suite against torchrl-nightly + tensordict-nightly
-# (called by .ci/run). Override the venv locations with VENV=... / NIGHTLY_VENV=...
+# `make test-nightly` runs the same suite against torchrl-nightly + tensordict-nightly, and
+# `make test-soak` reruns the model-based hypothesis machines with SOAK examples each (both
+# called by .ci/run). Override the venv locations with VENV=... / NIGHTLY_VENV=...
 
 PYTHON ?= python3
 VENV ?= .venv
 NIGHTLY_VENV ?= .venv-nightly
 PYTEST_ARGS ?=
 DEMO_ARGS ?=
+# pytest-xdist workers: one per core, at most 4 (each worker imports torch and, for some
+# tests, starts Ray). PYTEST_WORKERS=0 runs in one process.
+PYTEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0))))" 2>/dev/null || echo 2)
+# Examples per model-based machine in `make test-soak` (the suite itself runs 25).
+SOAK ?= 200
+PYTEST := -m pytest -n $(PYTEST_WORKERS) --durations=15
 
 # torch is pinned here as well so pip never resolves a CUDA build of another release.
 TORCH_SPEC := torch>=2.14,<2.15
 
-.PHONY: demo test test-nightly bench bench-quick clean
+.PHONY: demo test test-soak test-nightly bench bench-quick clean
 
 $(VENV)/.installed-%: pyproject.toml setup.py torchrl_ext/_stream.c
 	$(PYTHON) -m venv $(VENV)
@@ -27,7 +34,10 @@ demo: $(VENV)/.installed-examples
 	$(VENV)/bin/python examples/ppo_cartpole/train.py $(DEMO_ARGS)
 
 test: $(VENV)/.installed-test+examples+ray
-	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+	$(VENV)/bin/python $(PYTEST) $(PYTEST_ARGS)
+
+test-soak: $(VENV)/.installed-test+examples+ray
+	TORCHRL_EXT_SOAK=$(SOAK) $(VENV)/bin/python $(PYTEST) -m soak $(PYTEST_ARGS)
 
 $(NIGHTLY_VENV)/.installed: pyproject.toml setup.py torchrl_ext/_stream.c .ci/requirements.py
 	$(PYTHON) -m venv $(NIGHTLY_VENV)
@@ -38,7 +48,7 @@ $(NIGHTLY_VENV)/.installed: pyproject.toml setup.py torchrl_ext/_stream.c .ci/re
 	touch $@
 
 test-nightly: $(NIGHTLY_VENV)/.installed
-	TORCHRL_EXT_NIGHTLY=1 $(NIGHTLY_VENV)/bin/python -m pytest $(PYTEST_ARGS)
+	TORCHRL_EXT_NIGHTLY=1 $(NIGHTLY_VENV)/bin/python $(PYTEST) $(PYTEST_ARGS)
 
 # `make bench` runs the whole benchmark suite (benchmarks/suite.py: every script, then
 # benchmarks/RESULTS.md and the plots in docs/img/); `make bench-quick` is CI's regression check

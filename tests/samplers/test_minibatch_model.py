@@ -31,6 +31,8 @@ from torchrl_ext.replay_buffers import TensorDictReplayBuffer
 from torchrl_ext.samplers import ChunkedRecurrentMinibatchSampler, NaiveRecurrentMinibatchSampler
 from torchrl_ext.storages import RolloutStorage
 
+pytestmark = pytest.mark.soak  # `make test-soak` reruns it with TORCHRL_EXT_SOAK examples
+
 
 class MinibatchModel:
     """Action uid of each filled ``(t, thread)`` and the expected units of an epoch."""

@@ -26,6 +26,8 @@ from torchrl_ext.replay_buffers import PrioritizedReplayBuffer, TensorDictReplay
 from torchrl_ext.samplers import PrioritizedSampler
 from torchrl_ext.storages import FastTensorStorage
 
+pytestmark = pytest.mark.soak  # `make test-soak` reruns it with TORCHRL_EXT_SOAK examples
+
 PRIORITIES = st.one_of(st.just(0.0), st.sampled_from([0.5, 1.0, 2.0, 7.5]),
                        st.floats(0.0, 20.0, allow_nan=False, width=32))
 

@@ -30,6 +30,8 @@ from torchrl_ext.replay_buffers import TensorDictReplayBuffer
 from torchrl_ext.samplers import PrioritizedNStepSampler
 from torchrl_ext.storages import FastTensorStorage
 
+pytestmark = pytest.mark.soak  # `make test-soak` reruns it with TORCHRL_EXT_SOAK examples
+
 GAMMA = 0.8
 
 

@@ -32,6 +32,8 @@ from tests.storages import test_ring_model as ring
 from torchrl_ext.replay_buffers import EnvRingReplayBuffer
 from torchrl_ext.samplers import NStepSampler, PrioritizedTrajectorySampler, TrajectorySampler
 
+pytestmark = pytest.mark.soak  # `make test-soak` reruns it with TORCHRL_EXT_SOAK examples
+
 GAMMA = 0.8
 
 

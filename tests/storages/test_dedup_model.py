@@ -31,6 +31,8 @@ from tests.storages.test_ring_model import subsets
 from torchrl_ext.replay_buffers import EnvRingReplayBuffer
 from torchrl_ext.storages import DedupEnvRingStorage
 
+pytestmark = pytest.mark.soak  # `make test-soak` reruns it with TORCHRL_EXT_SOAK examples
+
 FRAME_SHAPE = (2, 3)
 ZERO = 0  # frame id of a zero padding frame (real frames are numbered from 1)
 

@@ -12,7 +12,7 @@ are recorded when a step with discount 0 arrives).
 """
 from __future__ import annotations
 
-
+import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
@@ -20,6 +20,8 @@ from tests._hypothesis import FileRoundTrip, machine_settings
 from tests.storages import test_episodes as episodes
 from torchrl_ext.replay_buffers import EnvRingReplayBuffer
 from torchrl_ext.storages import EpisodicEnvRingStorage
+
+pytestmark = pytest.mark.soak  # `make test-soak` reruns it with TORCHRL_EXT_SOAK examples
 
 FIRST, MID, LAST = episodes.FIRST, episodes.MID, episodes.LAST
 GAMMA, DEFAULT = 0.9, -50.0

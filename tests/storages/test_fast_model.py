@@ -21,6 +21,8 @@ from tests._hypothesis import FileRoundTrip, machine_settings
 from torchrl_ext.replay_buffers import TensorDictReplayBuffer
 from torchrl_ext.storages import FastTensorStorage
 
+pytestmark = pytest.mark.soak  # `make test-soak` reruns it with TORCHRL_EXT_SOAK examples
+
 
 class RoundRobinModel:
     """Rows of a round-robin ring in plain Python; a row is a list of uids (one per env)."""

@@ -23,6 +23,8 @@ from torchrl_ext.replay_buffers import TensorDictReplayBuffer
 from torchrl_ext.samplers import DistinctUniformSampler
 from torchrl_ext.storages import FastMemmapStorage
 
+pytestmark = pytest.mark.soak  # `make test-soak` reruns it with TORCHRL_EXT_SOAK examples
+
 
 class MemmapDistinctMachine(fast.FastStorageMachine):
     """The fast-storage machine on ``FastMemmapStorage`` sampled by ``DistinctUniformSampler``."""

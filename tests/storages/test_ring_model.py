@@ -10,7 +10,7 @@ Q10 (``remove_up_to`` on an env subset works), Q18 (``gather_all`` on an
 empty buffer gives 0 steps), and envs without a valid window are skipped.
 A focused property test checks the recent-data split on full rings, where
 the state machine rarely reaches it, and plain tests replay ALF's own
-vectors (``shared/vectors/alf_ring_buffer.json``).
+vectors (``tests/data/vectors/alf_ring_buffer.json``).
 """
 from __future__ import annotations
 
@@ -29,6 +29,8 @@ from tests._hypothesis import machine_settings
 from tests._vectors import vectors_path
 from torchrl_ext.replay_buffers import EnvRingReplayBuffer
 from torchrl_ext.samplers import TrajectorySampler
+
+pytestmark = pytest.mark.soak  # `make test-soak` reruns it with TORCHRL_EXT_SOAK examples
 
 
 # --------------------------------------------------------------------------- reference model

@@ -23,6 +23,8 @@ from torchrl_ext.replay_buffers import TensorDictReplayBuffer
 from torchrl_ext.samplers import FeedForwardMinibatchSampler
 from torchrl_ext.storages import RolloutStorage
 
+pytestmark = pytest.mark.soak  # `make test-soak` reruns it with TORCHRL_EXT_SOAK examples
+
 
 class RolloutModel:
     """Per-slot ``obs`` (carried), ``action`` and ``reward`` of each env (0 = never written)."""

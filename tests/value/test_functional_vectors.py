@@ -1,8 +1,8 @@
 """``torchrl_ext.value.functional`` against vectors produced by the original libraries.
 
 Each test feeds our estimators with inputs translated from an original library's
-conventions and compares with what that library computed (``shared/vectors``; the
-semantics are in ``shared/reference``). The translation is the point of these tests:
+conventions and compares with what that library computed (``tests/data/vectors``, whose
+README says what each file holds). The translation is the point of these tests:
 
 * HARL (``OnPolicyCriticBuffer{EP,FP}.compute_returns``): ``masks[t+1] == 0`` means
   "the env finished during step ``t``" and ``bad_masks[t+1] == 0`` "that was a

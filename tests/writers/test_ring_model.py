@@ -21,6 +21,8 @@ from tests._hypothesis import machine_settings
 from tests.storages import test_ring_model as ring
 from torchrl_ext.replay_buffers import EnvRingReplayBuffer
 
+pytestmark = pytest.mark.soak  # `make test-soak` reruns it with TORCHRL_EXT_SOAK examples
+
 
 class EnvRingWriterMachine(ring.EnvRingMachine):
     """The storage machine plus the writer's own rules and a write counter in the model."""
