@@ -35,9 +35,19 @@ from torchrl_ext.config_files import instantiate_from_config
 from torchrl_ext.io import SafetensorsCheckpointer
 from torchrl_ext.io.checkpoint_pair import CheckpointPair, write_pair
 from torchrl_ext.presets import alf_replay_buffer, harl_off_policy_buffer, l2r_ppo_buffer, velora_replay_buffer
-from torchrl_ext.replay_buffers import EnvRingReplayBuffer, PrioritizedReplayBuffer, TensorDictReplayBuffer
+from torchrl_ext.replay_buffers import (
+    EnvRingReplayBuffer,
+    PrioritizedReplayBuffer,
+    PriorityEntryError,
+    TensorDictReplayBuffer,
+)
 from torchrl_ext.replay_buffers.on_policy import OnPolicyReplayBuffer, VTraceReplayBuffer
-from torchrl_ext.samplers import NStepSampler, PrioritizedTrajectorySampler, TrajectorySampler
+from torchrl_ext.samplers import (
+    NStepSampler,
+    PrioritizedSampler,
+    PrioritizedTrajectorySampler,
+    TrajectorySampler,
+)
 from torchrl_ext.samplers.prioritized_nstep import PrioritizedNStepSampler
 from torchrl_ext.segment_tree import SumSegmentTree
 from torchrl_ext.storages import FastTensorStorage, RolloutStorage
@@ -304,6 +314,12 @@ def _(tmp: Path) -> Built:
     return buffer_state(rb), lambda: rb.sample(2)
 
 
+@row("fast-capacity", "`FastTensorStorage`", "`FastTensorStorage(0)`", ValueError,
+     r"max_size must be an int >= 1, got max_size=0", "give a capacity of at least one item")
+def _(tmp: Path) -> Built:
+    return pure(lambda: FastTensorStorage(0))
+
+
 @row("fast-get-out-of-range", "`FastTensorStorage`",
      "`storage.get(torch.tensor([1, 7]))` with 5 rows stored", IndexError,
      r"index 7 is out of range for a storage holding 5 items; read indices in \[0, 4\]",
@@ -508,6 +524,16 @@ def _(tmp: Path) -> Built:
     return buffer_state(rb), lambda: rb.extend(data)
 
 
+@row("ring-too-many-steps-blocking", "`EnvRingReplayBuffer.extend`",
+     "`[3, 5]` steps into rings of `max_length=4`, `blocking=True`",
+     ValueError, r"data holds 5 steps per env but each ring keeps max_length=4",
+     "write at most `max_length` steps at a time (it never waits: no ring can make that much room)", RING)
+def _(tmp: Path) -> Built:
+    rb = ring_buffer()
+    data = TensorDict({"x": torch.zeros(3, 5)}, [3, 5])
+    return buffer_state(rb), lambda: rb.extend(data, blocking=True)
+
+
 @row("ring-read-env-out-of-range", "`EnvRingStorage.read`", "`read(torch.tensor([3]), torch.tensor([0]))`",
      ValueError, r"env_ids must lie in \[0, 2\], got values in \[3, 3\]", "read env ids in `[0, num_envs - 1]`",
      RING)
@@ -608,6 +634,36 @@ def _(tmp: Path) -> Built:
      "use indices in `[0, 7]` (or -1 to skip an entry)", PRIO)
 def _(tmp: Path) -> Built:
     return _prio_update(torch.tensor([0, 9]), torch.tensor([1.0, 1.0]))
+
+
+@row("prio-index-not-stored", "`PrioritizedReplayBuffer.update_priority`",
+     "`index=[0, 6]` with 4 rows stored (capacity 8)", ValueError,
+     r"index 6 is not stored: the storage holds 4 items, so priorities can be written for indices in \[0, 3\]",
+     "write back priorities of stored items only (not of a batch sampled before `empty()` or a load)", PRIO)
+def _(tmp: Path) -> Built:
+    return _prio_update(torch.tensor([0, 6]), torch.tensor([1.0, 1.0]))
+
+
+@row("prio-extend-nan", "`PrioritizedReplayBuffer.extend`", "a batch whose `td_error` holds NaN",
+     PriorityEntryError, r"Failed to update priority of extended data: priority must be finite and >= 0.*"
+     r"Nothing was stored", "fix the priority entry, or `extend(..., update_priority=False)`", PRIO)
+def _(tmp: Path) -> Built:
+    rb = prioritized_buffer()
+    data = rows(10, 2).set("td_error", torch.tensor([1.0, math.nan]))
+    return buffer_state(rb), lambda: rb.extend(data)
+
+
+@row("prio-alpha-inf", "`PrioritizedSampler`", "`rb.sampler.alpha = math.inf`", ValueError,
+     r"alpha must be a finite number, got alpha=inf", "use a finite alpha >= 0", PRIO)
+def _(tmp: Path) -> Built:
+    rb = prioritized_buffer()
+    return buffer_state(rb), lambda: setattr(rb.sampler, "alpha", math.inf)
+
+
+@row("prio-eps-inf", "`PrioritizedSampler`", "`PrioritizedSampler(8, 0.6, 0.4, eps=math.inf)`", ValueError,
+     r"eps must be a finite number, got eps=inf", "use a finite eps >= 0")
+def _(tmp: Path) -> Built:
+    return pure(lambda: PrioritizedSampler(8, 0.6, 0.4, eps=math.inf))
 
 
 @row("prio-float-index", "`PrioritizedReplayBuffer.update_priority`", "`index=torch.tensor([0.0])`",
@@ -989,6 +1045,17 @@ def _(tmp: Path) -> Built:
     norm = ValueNorm(3)
     norm.update(torch.randn(4, 3, generator=torch.Generator().manual_seed(0)))
     return (lambda: freeze(norm.state_dict())), lambda: norm.update(torch.zeros(5, 2))
+
+
+@row("value-norm-nan", "`ValueNorm.update`", "a batch holding one NaN", ValueError,
+     r".x. holds 1 NaN or infinite value\(s\) of 6; the running statistics were left unchanged",
+     "drop them first, e.g. `x[torch.isfinite(x)]`", "normaliser `state_dict()`")
+def _(tmp: Path) -> Built:
+    norm = ValueNorm(3)
+    norm.update(torch.randn(4, 3, generator=torch.Generator().manual_seed(0)))
+    bad = torch.zeros(2, 3)
+    bad[1, 2] = math.nan
+    return (lambda: freeze(norm.state_dict())), lambda: norm.update(bad)
 
 
 # ---- configs

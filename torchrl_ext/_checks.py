@@ -22,13 +22,16 @@ def check_batch_size(batch_size: Any) -> None:
 
 
 def check_real(name: str, value: Any, *, low: float, high: float | None = None) -> float:
-    """``value`` (a number or a one-element tensor) as a float in ``[low, high]``; ``TypeError`` /
-    ``ValueError`` otherwise."""
+    """``value`` (a number or a one-element tensor) as a finite float in ``[low, high]``;
+    ``TypeError`` / ``ValueError`` otherwise (NaN and infinities are refused: they turn
+    priorities, weights and discounts into NaN later, far from the call that set them)."""
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         value = value.item()
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a real number, got {value!r}.")
     value = float(value)
+    if math.isinf(value):
+        raise ValueError(f"{name} must be a finite number, got {name}={value}.")
     if math.isnan(value) or value < low or (high is not None and value > high):
         interval = f"[{low}, {high}]" if high is not None else f">= {low}"
         raise ValueError(f"{name} must be {interval}, got {name}={value}.")

@@ -66,8 +66,8 @@ def public_components() -> list[tuple[str, Any]]:
             if name in NOT_COMPONENTS or name in BUILT_BY:
                 continue
             if inspect.isclass(obj):
-                if issubclass(obj, (enum.Enum, tuple)) or dataclasses.is_dataclass(obj):
-                    continue  # records and enums: values, not components
+                if issubclass(obj, (enum.Enum, tuple, Exception)) or dataclasses.is_dataclass(obj):
+                    continue  # records, enums and errors: not components
                 found.append((name, obj))
             elif module_name == "presets" and callable(obj):
                 found.append((name, obj))

@@ -1,6 +1,8 @@
 """alf_replay_buffer: ALF's constructor arguments mapped onto torchrl_ext components."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from tensordict import TensorDict
@@ -39,3 +41,9 @@ def test_sampler_choice_and_arguments():
     assert (sampler.initial_priority, sampler.batch_length, sampler.with_replacement) == (3.0, 2, True)
     assert (sampler.recent_data_ratio, sampler.recent_data_steps) == (0.5, 2)
     assert type(alf_replay_buffer(2, 8).sampler) is TrajectorySampler
+
+
+def test_an_infinite_initial_priority_is_refused():
+    # It was accepted and made every importance weight NaN, silently.
+    with pytest.raises(ValueError, match="initial_priority must be a finite number, got initial_priority=inf"):
+        alf_replay_buffer(2, 4, prioritized_sampling=True, initial_priority=math.inf)

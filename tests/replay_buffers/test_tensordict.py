@@ -1,6 +1,7 @@
 """PrioritizedReplayBuffer: lean paths return what TorchRL's would, fallbacks, checkpoints."""
 from __future__ import annotations
 
+import math
 import pickle
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from torchrl.envs.transforms import Transform
 
 from torchrl_ext.replay_buffers import PrioritizedReplayBuffer
 from torchrl_ext.samplers import PrioritizedSampler
+from torchrl_ext.storages import FastTensorStorage
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -373,3 +375,32 @@ def test_two_dim_storages_sample_like_torchrl(sampler_name, storage_cls):
         assert ours.shape == theirs.shape
         for key in ("obs", ("next", "r"), "index"):
             assert torch.equal(ours[key], theirs[key]), key
+
+
+# ---------------------------------------------------------------------------
+# A refused priority entry leaves nothing stored.
+
+
+@pytest.mark.parametrize("storage_cls", [FastTensorStorage, LazyTensorStorage])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -1.0])
+def test_an_extend_with_a_bad_priority_stores_nothing_and_the_retry_stores_once(storage_cls, bad):
+    # Was: extend stored the rows, then raised on the priority; calling again with the
+    # input fixed, as the error suggests, stored the batch twice.
+    rb = PrioritizedReplayBuffer(alpha=0.6, beta=0.4, storage=storage_cls(20), batch_size=4)
+    rb.extend(TensorDict({"obs": torch.arange(3.0), "td_error": torch.ones(3)}, [3]))
+    priority = torch.tensor([1.0, bad, 1.0])
+    batch = TensorDict({"obs": torch.arange(10.0, 13.0), "td_error": priority}, [3])
+    leaves = rb.sampler._sum_tree.leaves.clone()
+    # TorchRL's wording and type (RuntimeError), and a ValueError: the input is bad.
+    with pytest.raises(RuntimeError, match="Failed to update priority of extended data: priority must be"):
+        rb.extend(batch)
+    assert len(rb) == 3 and rb.writer._cursor == 3
+    assert torch.equal(rb.sampler._sum_tree.leaves, leaves)
+    with pytest.raises(ValueError, match="priority must be finite and >= 0.*Nothing was stored"):
+        rb.add(TensorDict({"obs": torch.tensor(9.0), "td_error": torch.tensor(bad)}, []))
+    assert len(rb) == 3 and rb.writer._cursor == 3
+    batch["td_error"] = priority.nan_to_num(1.0, 1.0).abs()
+    rb.extend(batch)
+    assert len(rb) == 6
+    assert rb[:]["obs"].tolist() == [0.0, 1.0, 2.0, 10.0, 11.0, 12.0]
+

@@ -5,12 +5,19 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 from torchrl.data import PrioritizedSampler as TorchRLPrioritizedSampler
 from torchrl.data.replay_buffers.scheduler import LinearScheduler
 
-from torchrl_ext.samplers import PrioritizedSampler, PrioritizedSamplerWithoutReplacement
+from torchrl_ext.samplers import (
+    PrioritizedNStepSampler,
+    PrioritizedSampler,
+    PrioritizedSamplerWithoutReplacement,
+)
+from torchrl_ext.storages import FastTensorStorage
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 # 99.9% quantiles of the chi-square distribution, by degrees of freedom.
@@ -364,3 +371,122 @@ def test_sampling_when_every_priority_is_zero_raises():
 def test_bad_batch_size(batch_size):
     with pytest.raises(ValueError, match="batch_size must be a positive int"):
         filled_sampler([1.0]).sample(FullStorage(1), batch_size)
+
+
+# ---------------------------------------------------------------------------
+# Bounded sampling: no draw of an item that is not stored now.
+
+
+def _buffer(storage, capacity=100, **kwargs):
+    return TensorDictReplayBuffer(
+        storage=storage, sampler=PrioritizedSampler(capacity, 0.6, 0.4, **kwargs), batch_size=64
+    )
+
+
+def _rows(values):
+    values = torch.as_tensor(values, dtype=torch.float32)
+    return TensorDict({"obs": values}, [len(values)])
+
+
+STORAGES_1D = [LazyTensorStorage, FastTensorStorage]
+
+
+@pytest.mark.parametrize("storage_cls", STORAGES_1D)
+def test_write_back_for_an_item_not_stored_is_refused_and_writes_nothing(storage_cls):
+    # Was accepted: index 50 of a 10-item buffer got the largest priority, and later
+    # draws returned never-written memory.
+    rb = _buffer(storage_cls(100))
+    rb.extend(_rows(range(10)))
+    leaves = rb.sampler._sum_tree.leaves.clone()
+    with pytest.raises(ValueError, match=r"index 50 is not stored: the storage holds 10 items"):
+        rb.update_priority(torch.tensor([3, 50]), torch.tensor([1.0, 1e6]))
+    assert torch.equal(rb.sampler._sum_tree.leaves, leaves)
+    assert int(rb.sample()["index"].max()) < 10
+
+
+@pytest.mark.parametrize("storage_cls", STORAGES_1D)
+def test_write_back_of_a_batch_sampled_before_empty_is_refused(storage_cls):
+    rb = _buffer(storage_cls(100))
+    rb.extend(_rows(range(40)))
+    old = rb.sample()
+    rb.empty()
+    rb.extend(_rows([-1.0, -2.0, -3.0]))
+    old["td_error"] = torch.full((64,), 1e6)
+    if int(old["index"].max()) >= 3:
+        with pytest.raises(ValueError, match="is not stored: the storage holds 3 items"):
+            rb.update_tensordict_priority(old)
+    batch = rb.sample()
+    assert int(batch["index"].max()) < 3
+    assert set(batch["obs"].tolist()) <= {-1.0, -2.0, -3.0}  # never a row from before empty()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    stored=st.integers(1, 30),
+    writes=st.lists(st.tuples(st.integers(0, 31), st.floats(0.0, 1e6)), min_size=1, max_size=20),
+    stratified=st.booleans(),
+)
+def test_standalone_priorities_of_unstored_items_are_never_drawn(stored, writes, stratified):
+    # Without storage= the sampler cannot refuse the write; its sample() zeroes those
+    # priorities instead, whatever the order of writes and draws.
+    cls = PrioritizedSamplerWithoutReplacement if stratified else PrioritizedSampler
+    sampler = cls(32, alpha=1.0, beta=0.5)
+    sampler.update_priority(torch.arange(stored), torch.ones(stored))
+    for index, priority in writes:
+        sampler.update_priority(torch.tensor([index]), torch.tensor([priority]))
+        index, _ = sampler.sample(FullStorage(stored), 16)
+        assert int(index.max()) < stored
+
+
+def test_a_loaded_state_with_priorities_past_the_stored_items_is_bounded_too():
+    source = filled_sampler([1.0] * 20)
+    sampler = PrioritizedSampler(20, 1.0, 0.5, 0.0)
+    sampler.load_state_dict(source.state_dict())
+    index, _ = sampler.sample(FullStorage(5), 256)
+    assert int(index.max()) < 5
+
+
+def test_prioritized_nstep_on_a_time_env_grid_draws_stored_cells_only():
+    # Was: a priority written for an unfilled cell made every draw come back as cell (0, 0).
+    sampler = PrioritizedNStepSampler(40, alpha=1.0, beta=0.5, n_step=2, gamma=0.5)
+    rb = TensorDictReplayBuffer(storage=FastTensorStorage(40, ndim=2), sampler=sampler, batch_size=64)
+    envs, steps = 4, 3
+    rb.extend(TensorDict({
+        "obs": torch.arange(envs * steps, dtype=torch.float32).reshape(envs, steps),
+        "next": {"obs": torch.zeros(envs, steps), "reward": torch.ones(envs, steps, 1),
+                 "done": torch.zeros(envs, steps, 1, dtype=torch.bool)},
+    }, [envs, steps]))
+    with pytest.raises(ValueError, match="index 30 is not stored: the storage holds 12 items"):
+        rb.update_priority(torch.tensor([30]), torch.tensor([1e6]))
+    sampler.update_priority(torch.tensor([30]), torch.tensor([1e6]))  # standalone: kept until sample()
+    batch = rb.sample()
+    row, env = batch["index"].unbind(-1)
+    assert int(row.max()) < steps
+    assert torch.equal(batch["obs"], env * steps + row)  # [envs, T] batches: obs[e, t] = e * T + t
+    assert len(set(zip(row.tolist(), env.tolist()))) > 1
+
+
+@pytest.mark.parametrize("name", ["alpha", "eps", "initial_priority"])
+def test_infinite_settings_are_refused(name):
+    # alpha=inf or eps=inf failed later with "cannot convert float NaN to integer".
+    kwargs = {"alpha": 0.6, "beta": 0.4} | {name: math.inf}
+    with pytest.raises(ValueError, match=f"{name} must be a finite number, got {name}=inf"):
+        PrioritizedSampler(10, **kwargs)
+    sampler = PrioritizedSampler(10, 0.6, 0.4)
+    if name == "alpha":
+        with pytest.raises(ValueError, match="alpha must be a finite number"):
+            sampler.alpha = math.inf
+        assert sampler.alpha == 0.6
+
+
+def test_check_priority_raises_what_update_priority_would_and_writes_nothing():
+    sampler = filled_sampler([1.0, 2.0, 3.0])
+    leaves = sampler._sum_tree.leaves.clone()
+    with pytest.raises(ValueError, match=r"priority of shape \(3,\) does not match 4 indices"):
+        sampler.check_priority(torch.ones(3), 4)
+    with pytest.raises(ValueError, match="priority must be finite and >= 0"):
+        sampler.check_priority(torch.tensor([1.0, -2.0]), 2)
+    with pytest.raises(TypeError, match="priority must hold real numbers"):
+        sampler.check_priority(torch.ones(2, dtype=torch.complex64), 2)
+    sampler.check_priority(torch.ones(4, 2), 4)  # per-agent priorities, reduced
+    assert torch.equal(sampler._sum_tree.leaves, leaves)

@@ -1,6 +1,7 @@
 """PrioritizedTrajectorySampler: leaves track valid starts, frequencies, weights, stale updates."""
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -196,10 +197,14 @@ def test_bad_priorities_raise_and_change_nothing(bad):
 def test_bad_constructor_arguments():
     with pytest.raises(ValueError, match="weights must be 'alf' or 'per'"):
         PrioritizedTrajectorySampler(weights="max")
-    with pytest.raises(ValueError, match=r"beta must be a number in \[0, 1\]"):
+    with pytest.raises(ValueError, match=r"beta must be \[0.0, 1.0\], got beta=2.0"):
         PrioritizedTrajectorySampler(beta=2.0)
-    with pytest.raises(ValueError, match="alpha must be a number >= 0"):
+    with pytest.raises(ValueError, match="alpha must be >= 0.0, got alpha=-1.0"):
         PrioritizedTrajectorySampler(alpha=-1.0)
+    # Infinite settings were accepted and turned every importance weight into NaN.
+    for name in ("alpha", "eps", "initial_priority"):
+        with pytest.raises(ValueError, match=f"{name} must be a finite number, got {name}=inf"):
+            PrioritizedTrajectorySampler(**{name: math.inf})
     with pytest.raises(RuntimeError, match="not attached to a buffer yet"):
         PrioritizedTrajectorySampler().update_window_priority([0], [0], [1.0])
 

@@ -13,6 +13,7 @@ from torchrl.data import (
     TensorDictReplayBuffer,
 )
 
+from torchrl_ext.replay_buffers import TensorDictReplayBuffer as ExtTensorDictReplayBuffer
 from torchrl_ext.storages import FastMemmapStorage, FastTensorStorage
 from torchrl_ext.storages._gathers import select_rows
 
@@ -263,3 +264,53 @@ def test_select_rows_of_huge_outputs_equals_index_select(dtype):
     assert out.dtype == dtype and out.shape == expected.shape and torch.equal(out, expected)
     small = select_rows(source, index[:3])
     assert torch.equal(small, source.index_select(0, index[:3]))
+
+
+# ---------------------------------------------------------------------------
+# Writes of the buffer's own rows, settings, autograd history.
+
+FAST = [FastTensorStorage, FastMemmapStorage]
+
+
+@pytest.mark.parametrize("buffer_cls", [TensorDictReplayBuffer, ExtTensorDictReplayBuffer])
+@pytest.mark.parametrize("storage_cls", FAST)
+@pytest.mark.parametrize("cursor, rows", [(5, slice(3, 10)), (3, slice(2, 5)), (8, slice(0, 4)), (0, slice(1, 10))])
+def test_extending_with_a_view_of_the_buffer_itself_stores_the_viewed_rows(buffer_cls, storage_cls, cursor, rows):
+    # Was: capacity 10, cursor 5, rb.extend(rb[3:10]) stored [6, 7, ...] at rows 0-1: the
+    # first slice copy overwrote rows the second one read.
+    rb = buffer_cls(storage=storage_cls(10), batch_size=2)
+    rb.extend(TensorDict({"obs": torch.arange(10.0)}, [10]))
+    if cursor:
+        rb.extend(TensorDict({"obs": torch.arange(100.0, 100.0 + cursor)}, [cursor]))
+    expected = rb[:]["obs"].clone()
+    view = rb[rows]
+    viewed = view["obs"].clone()
+    expected[(cursor + torch.arange(len(viewed))) % 10] = viewed
+    rb.extend(view.exclude("index"))
+    assert torch.equal(rb[:]["obs"], expected)
+
+
+@pytest.mark.parametrize("storage_cls", FAST)
+@pytest.mark.parametrize("max_size", [0, -1, 2.5, True, "10"])
+def test_a_capacity_that_is_not_a_positive_int_is_refused(storage_cls, max_size):
+    # FastTensorStorage(0) failed at the first write with a ZeroDivisionError; -1 was accepted.
+    with pytest.raises(ValueError, match=f"max_size must be an int >= 1, got max_size={max_size!r}"):
+        storage_cls(max_size)
+
+
+@pytest.mark.parametrize("storage_cls", [*FAST, LazyTensorStorage])
+def test_samples_of_rows_stored_with_autograd_history_work_as_in_torchrl(storage_cls):
+    # Was: when the first batch carried autograd history, every sample of 1 MiB or more
+    # raised "index_select(): functions with out=... arguments don't support automatic
+    # differentiation". TorchRL's LazyTensorStorage samples such rows.
+    weight = torch.ones(1, requires_grad=True)
+    obs = torch.randn(100, 2048) * weight
+    reference = TensorDictReplayBuffer(storage=LazyTensorStorage(1000), batch_size=256)
+    rb = ExtTensorDictReplayBuffer(storage=storage_cls(1000), batch_size=256)
+    for buffer in (reference, rb):
+        buffer.extend(TensorDict({"obs": obs}, [100]))
+    index = torch.randint(100, (256,))
+    got, want = rb.storage.get(index), reference.storage.get(index)
+    assert got["obs"].requires_grad == want["obs"].requires_grad
+    assert torch.equal(got["obs"].detach(), want["obs"].detach())
+    assert rb.sample()["obs"].shape == (256, 2048)

@@ -6,6 +6,7 @@ import contextlib
 import gc
 import os
 import signal
+import threading
 
 import numpy as np
 import pytest
@@ -250,3 +251,61 @@ def test_a_fork_while_the_lock_is_held_leaves_the_child_a_working_recycler():
                 os._exit(1)
     _, status = os.waitpid(pid, 0)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+class _CollectingLock:
+    """A lock that runs the garbage collector right after every acquire: the collector frees
+    recycled outputs held in reference cycles there, as it may inside any allocation."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> "_CollectingLock":
+        self._lock.acquire()
+        gc.collect()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+
+
+def test_garbage_collection_inside_the_critical_sections_cannot_deadlock():
+    # Was: _give_back (a weakref callback) took the recycler's non-reentrant lock, so a
+    # collection inside empty()/info()/clear()/max_free_bytes freeing a recycled output
+    # held in a reference cycle made it wait on itself forever.
+    recycler = OutputRecycler(min_bytes=1024)
+    recycler._lock = _CollectingLock()
+
+    class Cycle:
+        pass
+
+    def garbage() -> None:
+        cycle = Cycle()
+        cycle.self, cycle.array = cycle, recycler.empty((1024,), np.float32)
+
+    operations = [
+        lambda: recycler.empty((1024,), np.float32),
+        recycler.info,
+        recycler.clear,
+        lambda: setattr(recycler, "max_free_bytes", 1 << 20),
+    ]
+    done = []
+
+    def run() -> None:
+        for operation in operations * 3:
+            garbage()  # unreachable now, freed by the collection inside the next lock
+            operation()
+        done.append(True)
+
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        thread.join(timeout=10)
+    finally:
+        if was_enabled:
+            gc.enable()
+    assert done, "a garbage collection inside the recycler's lock deadlocked"
+    info = recycler.info()
+    assert info["in_use"] == 0 and info["free_bytes"] <= 1 << 20

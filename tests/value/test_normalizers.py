@@ -302,7 +302,7 @@ def test_running_mean_std_validation() -> None:
         rms.update(torch.zeros(5, 2))
     with pytest.raises(TypeError, match="torch.bool"):
         rms.update(torch.zeros(5, 3, dtype=torch.bool))
-    with pytest.raises(ValueError, match="`batch_count` must be a number >= 0, got -1"):
+    with pytest.raises(ValueError, match="`batch_count` must be a finite number >= 0, got -1"):
         rms.update_from_moments(torch.zeros(3), torch.ones(3), -1)
     with pytest.raises(ValueError, match="`epsilon` must be > 0"):
         RunningMeanStd(epsilon=0.0)
@@ -445,3 +445,60 @@ def test_intrinsic_rejects_bad_mode_and_shapes() -> None:
             norm(bad)
     with pytest.raises(TypeError, match="torch.int64"):
         norm(torch.ones(5, 2, dtype=torch.int64))
+
+
+# ---------------------------------------------------------------------------
+# NaN / inf never reach the running statistics.
+
+def _state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {name: value.clone() for name, value in module.state_dict().items()}
+
+
+def _assert_state(module: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    for name, value in module.state_dict().items():
+        assert torch.equal(value, state[name]), name
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_a_non_finite_update_is_refused_and_leaves_the_statistics(bad):
+    # Was: one NaN made ValueNorm / RunningMeanStd NaN for good, and every
+    # GAE(value_normalizer=...) result after it.
+    value_norm, rms = ValueNorm(1), RunningMeanStd(shape=(1,))
+    value_norm.update(torch.randn(8, 1))
+    rms.update(torch.randn(8, 1))
+    batch = torch.randn(8, 1)
+    batch[3, 0] = bad
+    for module in (value_norm, rms):
+        state = _state(module)
+        with pytest.raises(ValueError, match=r"`x` holds 1 NaN or infinite value\(s\) of 8"):
+            module.update(batch)
+        _assert_state(module, state)
+        module.update(batch[torch.isfinite(batch)].reshape(-1, 1))  # the fix the message gives
+        assert all(torch.isfinite(v).all() for v in module.state_dict().values())
+
+
+def test_non_finite_moments_are_refused():
+    rms = RunningMeanStd(shape=(2,))
+    rms.update(torch.randn(4, 2))
+    state = _state(rms)
+    with pytest.raises(ValueError, match="`batch_mean` holds 1 NaN or infinite"):
+        rms.update_from_moments(torch.tensor([0.0, math.nan]), torch.ones(2), 3)
+    with pytest.raises(ValueError, match="`batch_var` holds 1 NaN or infinite"):
+        rms.update_from_moments(torch.zeros(2), torch.tensor([math.inf, 1.0]), 3)
+    with pytest.raises(ValueError, match="`batch_var` must be >= 0"):
+        rms.update_from_moments(torch.zeros(2), torch.tensor([-1.0, 1.0]), 3)
+    with pytest.raises(ValueError, match="`batch_count` must be a finite number >= 0, got inf"):
+        rms.update_from_moments(torch.zeros(2), torch.ones(2), math.inf)
+    _assert_state(rms, state)
+
+
+@pytest.mark.parametrize("mode", ["backward", "forward"])
+def test_intrinsic_normalizer_refuses_non_finite_rewards_before_moving_its_filter(mode):
+    normalizer = IntrinsicRewardNormalizer(gamma=0.99, mode=mode)
+    normalizer(torch.rand(5, 3))
+    state = _state(normalizer)
+    rewards = torch.rand(5, 3)
+    rewards[2, 1] = math.nan
+    with pytest.raises(ValueError, match="`intrinsic_reward` holds 1 NaN or infinite"):
+        normalizer(rewards)
+    _assert_state(normalizer, state)

@@ -195,3 +195,29 @@ def test_writer_pickles_without_its_condition():
     writer = pickle.loads(pickle.dumps(rb._writer))
     assert writer._write_count == 1
     writer.notify_room()  # a fresh condition works
+
+
+@pytest.mark.parametrize("timeout", [None, 0.05])
+def test_a_blocking_extend_of_more_steps_than_a_ring_holds_is_refused_at_once(timeout):
+    # Was: with timeout=None it waited forever (even after clear()), with a timeout it
+    # raised a misleading TimeoutError; the non-blocking write refuses it at once.
+    rb = EnvRingReplayBuffer(num_envs=2, max_length=3)
+    rb.extend(block([0, 1], [0, 10], 2))
+    rb.clear()
+    results, errors = [], []
+
+    def run():
+        try:
+            results.append(rb.extend(block([0, 1], [0, 10], 4), blocking=True, timeout=timeout))
+        except ValueError as error:
+            errors.append(error)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout=5)
+    assert not thread.is_alive(), "the blocking write waited for room it can never get"
+    assert results == [] and len(errors) == 1
+    assert "data holds 4 steps per env but each ring keeps max_length=3" in str(errors[0])
+    assert len(rb) == 0
+    with pytest.raises(ValueError, match="data holds 4 steps per env but each ring keeps max_length=3"):
+        rb.extend(block([0, 1], [0, 10], 4))

@@ -4,7 +4,7 @@ from torchrl_ext.replay_buffers.env_ring import EnvRingReplayBuffer
 from torchrl_ext.replay_buffers.on_policy import OnPolicyKeys, OnPolicyReplayBuffer, VTraceReplayBuffer
 from torchrl_ext.replay_buffers.segments import PathGAEReplayBuffer
 from torchrl_ext.replay_buffers.prioritized import PrioritizedReplayBuffer
-from torchrl_ext.replay_buffers.tensordict import TensorDictReplayBuffer
+from torchrl_ext.replay_buffers.tensordict import PriorityEntryError, TensorDictReplayBuffer
 
 __all__ = [
     "EnvRingReplayBuffer",
@@ -12,6 +12,7 @@ __all__ = [
     "OnPolicyReplayBuffer",
     "PathGAEReplayBuffer",
     "PrioritizedReplayBuffer",
+    "PriorityEntryError",
     "TensorDictReplayBuffer",
     "VTraceReplayBuffer",
 ]

@@ -37,10 +37,18 @@ from torchrl_ext.samplers.minibatch import _EpochMinibatchSampler
 from torchrl_ext.storages.rollout import RolloutStorage
 from torchrl_ext.writers.rollout import RolloutWriter
 
-__all__ = ["TensorDictReplayBuffer"]
+__all__ = ["PriorityEntryError", "TensorDictReplayBuffer"]
 
 # Files of the state TorchRL's dumps leaves out (see TensorDictReplayBuffer._extra_state).
 _EXTRA_TENSORS, _EXTRA_METADATA = "torchrl_ext_state.safetensors", "torchrl_ext_state.json"
+
+
+class PriorityEntryError(ValueError, RuntimeError):
+    """A batch's priority entry that the sampler refuses, found before the batch is stored.
+
+    A ``ValueError`` (bad input) that is also the ``RuntimeError`` TorchRL's buffers raise
+    for a failed priority write-back, so code written for either keeps catching it.
+    """
 
 
 def identity_collate(data: Any) -> Any:
@@ -128,14 +136,41 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
 
     # ------------------------------------------------------------------
     def extend(self, tensordicts: TensorDictBase, *, update_priority: bool | None = None) -> torch.Tensor:
-        """TorchRL's ``extend``; a write the storage refuses leaves the writer's cursor unmoved."""
+        """TorchRL's ``extend``; a write the storage refuses leaves the writer's cursor unmoved,
+        and a priority entry the sampler would refuse is refused before any row is stored."""
+        self._check_priority_entry(tensordicts, update_priority)
         if self._lean_extend_applies(tensordicts):
             return self._lean_extend(tensordicts, update_priority)
         with self._replay_lock, self._writer_restored_on_error():
             return super().extend(tensordicts, update_priority=update_priority)
 
+    def _check_priority_entry(self, data: Any, update_priority: bool | None, *, single: bool = False) -> None:
+        """Validates the batch's priority entry (values, and its length on a 1-D storage)
+        before the write: TorchRL stores the rows first and raises on the priority after."""
+        check = getattr(self._sampler, "check_priority", None)
+        if check is None or update_priority is False or not isinstance(data, TensorDictBase):
+            return
+        priority = data.get(self.priority_key, None)
+        if priority is None or self._has_transform():
+            return  # a transform may rewrite the entry: it is checked where TorchRL checks it
+        try:
+            if single and isinstance(priority, torch.Tensor):
+                check(priority.reshape(1, -1), 1)
+            elif data.batch_dims == 1 and getattr(self._storage, "ndim", 1) == 1:
+                check(priority, data.shape[0])
+            elif isinstance(priority, torch.Tensor):
+                check(priority.reshape(-1), priority.numel())
+        except ValueError as err:
+            raise PriorityEntryError(
+                f"Failed to update priority of extended data: {err} Nothing was stored; fix "
+                f"the {self.priority_key!r} entry, or pass update_priority=False and update "
+                "the priorities afterwards."
+            ) from err
+
     def add(self, data: Any) -> Any:
-        """TorchRL's ``add``; a write the storage refuses leaves the writer's cursor unmoved."""
+        """TorchRL's ``add``; a write the storage refuses leaves the writer's cursor unmoved,
+        and a priority entry the sampler would refuse is refused before the item is stored."""
+        self._check_priority_entry(data, None, single=True)
         with self._replay_lock, self._writer_restored_on_error():
             return super().add(data)
 

@@ -10,6 +10,8 @@ from multiprocessing.context import get_spawning_popen
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from torchrl_ext.io.state_files import load_state, save_state
 
 __all__ = ["SHARING_REFUSED", "PriorityCheckpoints"]
@@ -62,6 +64,8 @@ class PriorityCheckpoints:
                 f"max_priority_within_buffer={saved[1]}; build the sampler the same way."
             )
         self._sum_tree.load_state_dict(state_dict["_sum_tree"])
+        written = torch.nonzero(self._sum_tree.leaves)
+        self._written_below = int(written.max()) + 1 if written.numel() else 0
 
     def _check_geometry(self, capacity: int) -> None:
         if capacity != self._max_capacity:

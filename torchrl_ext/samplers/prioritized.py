@@ -159,6 +159,10 @@ class PrioritizedSampler(PriorityCheckpoints, _TorchRLPrioritizedSampler):
             **options,
         )
         self._max_seen = -math.inf
+        # Every leaf at or above this index is zero. A leaf can be written for an item
+        # that is not stored (a standalone update_priority, a write-back of a batch sampled
+        # before the storage was emptied): sample() zeroes those before drawing.
+        self._written_below = 0
 
     @property
     def _max_priority(self) -> tuple[float | None, None]:
@@ -219,11 +223,14 @@ class PrioritizedSampler(PriorityCheckpoints, _TorchRLPrioritizedSampler):
     # Sampling
     def sample(self, storage: Storage, batch_size: int) -> tuple[Any, dict[str, torch.Tensor]]:
         self._maybe_init_from_storage(storage)
-        if len(storage) == 0:
+        stored = len(storage)
+        if stored == 0:
             raise RuntimeError(
                 f"{EMPTY_STORAGE_ERROR} Extend the buffer before calling sample()."
             )
         check_batch_size(batch_size)
+        if self._written_below > stored:
+            self._drop_unstored(stored)
         tree = self._sum_tree
         drawn = None if self._stratified else tree.draw_by_rejection(batch_size, self._rng)
         if drawn is not None:
@@ -244,6 +251,14 @@ class PrioritizedSampler(PriorityCheckpoints, _TorchRLPrioritizedSampler):
         if storage.ndim > 1:
             index = torch.unravel_index(index, storage.shape)
         return index, {"priority_weight": weight}
+
+    def _drop_unstored(self, stored: int) -> None:
+        """Zeroes the leaves of items ``>= stored``: they hold no data, so they are never drawn."""
+        tree = self._sum_tree
+        end = min(self._written_below, self._max_capacity)
+        index = torch.arange(stored, end, device=tree.device)
+        tree._write(index, torch.zeros(index.numel(), dtype=self.dtype, device=tree.device))
+        self._written_below = stored
 
     def _walk_draw(
         self, tree: PrioritySegmentTree, batch_size: int
@@ -296,10 +311,14 @@ class PrioritizedSampler(PriorityCheckpoints, _TorchRLPrioritizedSampler):
 
         Keyword Args:
             storage: needed to flatten coordinates of a multi-dimensional storage.
+                When given (TorchRL's buffers always pass it), indices of items it does
+                not hold now (``>= len(storage)``) are refused. Without it, such
+                priorities are kept only until the next :meth:`sample`, which never
+                draws an item that is not stored.
 
         Raises:
-            ValueError: on indices outside the capacity, or NaN, infinite or
-                negative priorities. Nothing is written then.
+            ValueError: on indices outside the capacity or (with ``storage``) not
+                stored, or NaN, infinite or negative priorities. Nothing is written then.
         """
         device = self._sum_tree.device
         index = self._flat_index(index, storage, device)
@@ -320,15 +339,27 @@ class PrioritizedSampler(PriorityCheckpoints, _TorchRLPrioritizedSampler):
                 f"{self._max_capacity}; indices must lie in [0, {self._max_capacity - 1}] "
                 "(or be -1 to skip an entry)."
             )
-        pmin, pmax = bounds(priority)
-        if not (math.isfinite(pmin) and math.isfinite(pmax)) or pmin < 0:
+        if storage is not None and high >= len(storage):
             raise ValueError(
-                f"priority must be finite and >= 0, got values in [{pmin}, {pmax}]; "
-                "use e.g. td_error.abs() and replace NaN/inf before updating."
+                f"index {high} is not stored: the storage holds {len(storage)} items, so "
+                f"priorities can be written for indices in [0, {len(storage) - 1}] only. A "
+                "batch sampled before rb.empty() (or a load) cannot write its priorities back."
             )
-        self._write_priorities(index, priority, pmax)
+        pmax = _checked_values(priority)
+        self._write_priorities(index, priority, pmax, high)
 
-    def _write_priorities(self, index: torch.Tensor, priority: torch.Tensor, pmax: float) -> None:
+    def check_priority(self, priority: Any, num_items: int) -> None:
+        """Raises the ``TypeError`` / ``ValueError`` that :meth:`update_priority` would raise
+        for ``priority`` given for ``num_items`` items, and writes nothing: buffers call it
+        before they store a batch that carries priorities, so a refused priority never
+        leaves the rows stored without one."""
+        vector = self._priority_vector(priority, num_items, self._sum_tree.device)
+        if vector.numel():
+            _checked_values(vector)
+
+    def _write_priorities(
+        self, index: torch.Tensor, priority: torch.Tensor, pmax: float, high: int
+    ) -> None:
         if priority.is_cpu:  # two numpy calls cost a fraction of two torch kernels here
             value = torch.from_numpy(np.power(priority.numpy() + self._eps, self._alpha))
         else:
@@ -336,6 +367,8 @@ class PrioritizedSampler(PriorityCheckpoints, _TorchRLPrioritizedSampler):
         self._sum_tree._write(index, value)
         if pmax > self._max_seen:
             self._max_seen = pmax
+        if high >= self._written_below:
+            self._written_below = high + 1
 
     def _flat_index(
         self, index: Any, storage: Storage | None, device: torch.device
@@ -403,6 +436,17 @@ class PrioritizedSamplerWithoutReplacement(PrioritizedSampler):
 
 
 _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+
+
+def _checked_values(priority: torch.Tensor) -> float:
+    """The largest of ``priority``; ``ValueError`` unless every value is finite and ``>= 0``."""
+    pmin, pmax = bounds(priority)
+    if not (math.isfinite(pmin) and math.isfinite(pmax)) or pmin < 0:
+        raise ValueError(
+            f"priority must be finite and >= 0, got values in [{pmin}, {pmax}]; "
+            "use e.g. td_error.abs() and replace NaN/inf before updating."
+        )
+    return pmax
 
 
 def _register_replacement_dispatch() -> None:

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from torchrl_ext._checks import check_real
 from torchrl_ext._host import bounds
 from torchrl_ext.io.state_files import load_state, save_state
 from torchrl_ext.samplers._priority_tree import PrioritySegmentTree
@@ -94,15 +95,13 @@ class PrioritizedTrajectorySampler(TrajectorySampler):
         **kwargs: Any,
     ) -> None:
         super().__init__(batch_length, **kwargs)
-        for name, value in (("alpha", alpha), ("eps", eps), ("initial_priority", initial_priority)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-                raise ValueError(f"{name} must be a number >= 0, got {name}={value!r}.")
-        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not 0 <= beta <= 1:
-            raise ValueError(f"beta must be a number in [0, 1], got beta={beta!r}.")
+        alpha, eps = check_real("alpha", alpha, low=0.0), check_real("eps", eps, low=0.0)
+        initial_priority = check_real("initial_priority", initial_priority, low=0.0)
+        beta = check_real("beta", beta, low=0.0, high=1.0)
         if weights not in ("alf", "per"):
             raise ValueError(f"weights must be 'alf' or 'per', got weights={weights!r}.")
-        self.alpha, self.beta, self.eps = float(alpha), float(beta), float(eps)
-        self.initial_priority, self.weights = float(initial_priority), weights
+        self.alpha, self.beta, self.eps = alpha, beta, eps
+        self.initial_priority, self.weights = initial_priority, weights
         self._tree: PrioritySegmentTree | None = None
         self._stored: torch.Tensor | None = None  # transformed priority per slot, or _UNSET
         self._seen: torch.Tensor | None = None  # [3, E] pos, size, resets at the last sync

@@ -140,7 +140,7 @@ def select_rows(tensor: torch.Tensor, index: torch.Tensor, *, pinned: bool = Fal
     # The row stride sizes the output (exactly for contiguous rows): one cheap test first,
     # as most reads are small.
     small = not pinned and index.numel() * tensor.stride(0) * tensor.element_size() < output_recycler.min_bytes
-    if small or not tensor.is_cpu:
+    if small or not tensor.is_cpu or tensor.requires_grad:  # out= gathers cannot record autograd
         return tensor.index_select(0, index)
     output = new_output((index.numel(), *tensor.shape[1:]), tensor.dtype, pinned=pinned)
     source = numpy_view(tensor)

@@ -17,6 +17,7 @@ already.
 """
 from __future__ import annotations
 
+import collections
 import math
 import os
 import threading
@@ -60,6 +61,10 @@ class OutputRecycler:
         self._free: dict[int, list[np.ndarray]] = {}
         self._free_bytes = 0
         self._leases: dict[int, tuple[weakref.ref, np.ndarray]] = {}
+        # Blocks whose outputs were freed, not yet filed. The weakref callback only appends
+        # here and never takes the lock: garbage collection can free an output (and run the
+        # callback) inside any allocation, including one made while the lock is held.
+        self._returned: collections.deque[np.ndarray] = collections.deque()
         self._lock = threading.Lock()
         self._hits = self._misses = 0
         self.max_free_bytes = max_free_bytes
@@ -80,6 +85,7 @@ class OutputRecycler:
     def max_free_bytes(self, value: int) -> None:
         self._max_free_bytes = _byte_count(value, "max_free_bytes", low=0)
         with self._lock:
+            self._file_returned()
             self._trim(self._max_free_bytes)
 
     def recycles(self, nbytes: int) -> bool:
@@ -96,6 +102,7 @@ class OutputRecycler:
         if not self.recycles(nbytes):
             return np.empty(shape, dtype)
         with self._lock:
+            self._file_returned()
             blocks = self._free.get(nbytes)
             block = blocks.pop() if blocks else None
             if block is None:
@@ -114,11 +121,17 @@ class OutputRecycler:
         return array
 
     def _give_back(self, lease: weakref.ref) -> None:
+        # A weakref callback: it may run inside any allocation, under the lock too, so it
+        # takes no lock (dict.pop and deque.append are atomic) and runs no other code.
         entry = self._leases.pop(id(lease), None)
-        if entry is None:
-            return
-        block = entry[1]
-        with self._lock:
+        if entry is not None:
+            self._returned.append(entry[1])
+
+    def _file_returned(self) -> None:
+        # Callers hold the lock. Files the given-back blocks as free ones, within max_free_bytes.
+        returned = self._returned
+        while returned:
+            block = returned.popleft()
             if self._free_bytes + block.nbytes <= self._max_free_bytes:
                 self._free.setdefault(block.nbytes, []).append(block)
                 self._free_bytes += block.nbytes
@@ -126,14 +139,16 @@ class OutputRecycler:
     def clear(self) -> None:
         """Frees every waiting block (outputs still in use are not affected)."""
         with self._lock:
+            self._file_returned()
             self._trim(0)
 
     def info(self) -> dict[str, int]:
         """``hits`` and ``misses`` of :meth:`empty` so far, bytes in ``free`` blocks,
         and outputs ``in_use``."""
         with self._lock:
-            return {"hits": self._hits, "misses": self._misses, "free_bytes": self._free_bytes,
-                    "in_use": len(self._leases)}
+            self._file_returned()
+            hits, misses, free_bytes = self._hits, self._misses, self._free_bytes
+        return {"hits": hits, "misses": misses, "free_bytes": free_bytes, "in_use": len(self._leases)}
 
     def _trim(self, limit: int) -> None:
         # Callers hold the lock. Largest blocks go first: they cost the most to keep.

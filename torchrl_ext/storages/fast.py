@@ -36,6 +36,7 @@ from tensordict import TensorDictBase, is_tensor_collection
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage
 from torchrl.data.replay_buffers.writers import RoundRobinWriter
 
+from torchrl_ext._checks import check_int
 from torchrl_ext._host import bounds
 from torchrl_ext._huge_pages import advise_huge_pages
 from torchrl_ext.storages._gathers import gather_rows
@@ -49,6 +50,10 @@ __all__ = ["FastMemmapStorage", "FastTensorStorage", "gather_rows"]
 class _SliceWritesIndexSelectReads(PinnedOutputs):
     """Mixin over a TorchRL ``TensorStorage``: the two fast paths described above, gathering
     into pinned memory for buffers that pin their samples (:class:`PinnedOutputs`)."""
+
+    def __init__(self, max_size: int, *args: Any, **kwargs: Any) -> None:
+        check_int("max_size", max_size, minimum=1)  # TorchRL fails later, or never, on 0 or -1
+        super().__init__(max_size, *args, **kwargs)
 
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
         leaves = self._checked_leaves(cursor, data) if self.ndim == 1 else None
@@ -123,6 +128,10 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
         # stored tensors (TensorDict slicing and assignment cost more than
         # the copy for small items), then do TorchRL's bookkeeping.
         for destination, source in leaves:  # torch tensors, or numpy views of them
+            if _shares_memory(destination, source):
+                # A view of the stored rows (rb.extend(rb[3:10])): one slice copy would
+                # overwrite rows that it, or the next one, still reads.
+                source = source.copy() if isinstance(source, np.ndarray) else source.clone()
             for start, stop, first, last in ranges:
                 streaming_writes.copy(destination[start:stop], source[first:last])
         if set_cursor:
@@ -253,6 +262,15 @@ def ring_index(start: int, n: int, capacity: int, device: Any) -> torch.Tensor:
     if start + n > capacity:
         index %= capacity
     return torch.from_numpy(index)
+
+
+def _shares_memory(a: Any, b: Any) -> bool:
+    """Whether the arrays or tensors ``a`` and ``b`` may overlap in memory."""
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        return bool(np.may_share_memory(a, b))
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.device == b.device:
+        return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    return False
 
 
 def _ring_slices(start: int, n: int, capacity: int) -> list[tuple[int, int, int, int]]:

@@ -47,6 +47,18 @@ def _as_float_tensor(x: Any, name: str, device: torch.device) -> Tensor:
     return t.to(device)
 
 
+def _check_finite(x: Tensor, name: str) -> None:
+    """Refuses NaN / infinite values before they reach running statistics, which they would
+    turn NaN for good (and every normalised value and GAE result after them)."""
+    bad = int((~torch.isfinite(x)).sum())
+    if bad:
+        raise ValueError(
+            f"`{name}` holds {bad} NaN or infinite value(s) of {x.numel()}; the running "
+            f"statistics were left unchanged. Drop them first, e.g. `{name}[torch.isfinite({name})]`, "
+            "or fix what produced them."
+        )
+
+
 def _check_trailing(x: Tensor, shape: torch.Size, name: str, lead: int | None) -> None:
     """Checks ``x.shape == (*leading, *shape)``; ``lead`` fixes the number of leading dims."""
     n_lead = x.ndim - len(shape)
@@ -158,6 +170,7 @@ class ValueNorm(nn.Module):
             raise ValueError(
                 f"`x` has shape {tuple(x.shape)}: an empty batch cannot update the statistics."
             )
+        _check_finite(x, "x")
         dims = tuple(range(self.norm_axes))
         batch_mean = x.mean(dim=dims)
         batch_mean_sq = (x * x).mean(dim=dims)
@@ -260,6 +273,7 @@ class RunningMeanStd(nn.Module):
         n = x.shape[0]
         if n == 0:
             return
+        _check_finite(x, "x")
         batch_var = x.var(dim=0, correction=1) if n > 1 else torch.zeros_like(self.var)
         self.update_from_moments(x.mean(dim=0), batch_var, n)
 
@@ -268,14 +282,21 @@ class RunningMeanStd(nn.Module):
         self, batch_mean: Tensor | Any, batch_var: Tensor | Any, batch_count: float
     ) -> None:
         """Merges batch moments (each of shape ``shape``) computed over ``batch_count`` samples."""
-        if not _is_real(batch_count) or not batch_count >= 0:
-            raise ValueError(f"`batch_count` must be a number >= 0, got {batch_count!r}.")
+        if not _is_real(batch_count) or not 0 <= batch_count < math.inf:
+            raise ValueError(f"`batch_count` must be a finite number >= 0, got {batch_count!r}.")
         bm = _as_float_tensor(batch_mean, "batch_mean", self.mean.device).to(self.mean.dtype)
         bv = _as_float_tensor(batch_var, "batch_var", self.mean.device).to(self.mean.dtype)
         _check_trailing(bm, self.shape, "batch_mean", 0)
         _check_trailing(bv, self.shape, "batch_var", 0)
         if batch_count == 0:
             return
+        _check_finite(bm, "batch_mean")
+        _check_finite(bv, "batch_var")
+        if bool((bv < 0).any()):
+            raise ValueError(
+                f"`batch_var` must be >= 0, got a minimum of {float(bv.min())}; pass the "
+                "batch's variance, not a difference of moments that rounding made negative."
+            )
         count = self.count
         total = count + batch_count
         delta = bm - self.mean
@@ -363,6 +384,7 @@ class IntrinsicRewardNormalizer(nn.Module):
                 "add an env dim with `r.unsqueeze(-1)` for a single env."
             )
         r2 = r.detach().reshape(r.shape[0], r.shape[1])
+        _check_finite(r2, "intrinsic_reward")  # before the forward filter moves
         num_steps, num_envs = r2.shape
         never = torch.zeros_like(r2, dtype=torch.bool)
         if self.mode == "backward":

@@ -108,11 +108,7 @@ class EnvRingWriter(Writer):
             if self.env_id_key in data.keys(include_nested=isinstance(self.env_id_key, tuple)):
                 data = data.exclude(self.env_id_key)
         steps = 1 if data.batch_dims == 1 else data.shape[1]
-        if steps > storage.max_length:
-            raise ValueError(
-                f"data holds {steps} steps per env but each ring keeps max_length="
-                f"{storage.max_length}; write at most max_length steps at a time."
-            )
+        self._check_fits(steps)
         pos = storage._pos_np[env_ids.numpy()]
         if data.batch_dims == 1:
             env, position = env_ids, torch.from_numpy(pos)
@@ -267,8 +263,22 @@ class EnvRingWriter(Writer):
         free = storage.max_length - storage._current_size[env_ids]
         return bool((free >= steps).all())
 
+    def _check_fits(self, steps: int) -> None:
+        """Refuses more steps per env than a ring holds (a blocking write of them would wait forever)."""
+        max_length = self.storage.max_length
+        if steps > max_length:
+            raise ValueError(
+                f"data holds {steps} steps per env but each ring keeps max_length="
+                f"{max_length}; write at most max_length steps at a time."
+            )
+
     def wait_for_room(self, env_ids: torch.Tensor, steps: int = 1, timeout: float | None = None) -> bool:
-        """Blocks until :meth:`has_room`; ``False`` if :meth:`stop` was called or time ran out."""
+        """Blocks until :meth:`has_room`; ``False`` if :meth:`stop` was called or time ran out.
+
+        Raises:
+            ValueError: ``steps > max_length``: no ring can ever make that much room.
+        """
+        self._check_fits(steps)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._room:
             while not self._stopped and not self.has_room(env_ids, steps):
