@@ -365,6 +365,34 @@ def _(tmp: Path) -> Built:
     return lambda: freeze(rb.storage.state_dict()), lambda: rb.storage.loads(folder)
 
 
+@row("ckpt-flipped-bit", "`SafetensorsCheckpointer.loads`",
+     "one bit of a stored value flipped in `p_state.safetensors`", ValueError,
+     r"p_state\.safetensors: the tensors do not match the checksum recorded with them; the file is damaged",
+     "restore the file from a backup, or save again", CKPT)
+def _(tmp: Path) -> Built:
+    rb = checkpointed(tmp)
+    folder = copy_of_good(tmp, "flipped")
+    state = folder / "p_state.safetensors"
+    data = bytearray(state.read_bytes())
+    data[-1] ^= 0x10
+    state.write_bytes(bytes(data))
+    return lambda: freeze(rb.storage.state_dict()), lambda: rb.storage.loads(folder)
+
+
+@row("buffer-ckpt-damaged", "`TensorDictReplayBuffer.loads`",
+     "a checkpoint folder whose storage file has one flipped bit", ValueError,
+     r"does not match the SHA-256 its manifest records: the file is damaged",
+     "restore the folder from the same save", "len, storage, writer cursor, sampler")
+def _(tmp: Path) -> Built:
+    rb = fast_buffer()
+    fast_buffer().dumps(tmp / "buffer")
+    target = max((p for p in (tmp / "buffer" / "storage").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    target.write_bytes(bytes(data))
+    return buffer_state(rb), lambda: rb.loads(tmp / "buffer")
+
+
 @row("ckpt-invalid-json", "`SafetensorsCheckpointer.loads`",
      "a pair whose metadata text is `{not json` (checksum consistent)", ValueError,
      r"p_metadata\.json is not valid JSON", "restore it from a backup", CKPT)

@@ -457,3 +457,63 @@ def test_draw_by_rejection_declines_a_batch_of_proposals_that_falls_short(monkey
     almost_one = 1.0 - 2.0**-30
     monkeypatch.setattr(torch, "rand", lambda n, **kwargs: torch.full((n,), almost_one, dtype=torch.float64))
     assert tree.draw_by_rejection(16) is None
+
+
+# ---------------------------------------------------------------------------
+# Loading a damaged state: refused before anything changes.
+
+
+def _damaged_states():
+    tree = SumSegmentTree(100, fanout=4, top_size=8)
+    tree[torch.arange(100)] = torch.arange(100, dtype=torch.float32)
+    good = tree.state_dict()
+
+    def edited(edit):
+        state = {**good, "levels": [level.clone() for level in good["levels"]]}
+        edit(state["levels"])
+        return state
+
+    def set_(k, i, value):
+        def edit(levels):
+            levels[k][i] = value
+        return edit
+
+    return good, {
+        "nan leaf": (edited(set_(0, 3, math.nan)), "leaves are not values this tree holds"),
+        "negative leaf": (edited(set_(0, 3, -1.0)), "leaves are not values this tree holds"),
+        "inconsistent parent": (edited(set_(1, 0, 1e6)), "level 1 does not match the level below it"),
+        "nan parent": (edited(set_(2, 0, math.nan)), "level 2 does not match the level below it"),
+        "padding": (edited(set_(0, 101, 5.0)), "padding leaves .* must all be 0"),
+        # Was: copy_ broadcast a one-element level over the whole level.
+        "broadcastable shape": ({**good, "levels": [torch.ones(1)] + good["levels"][1:]},
+                                r"level 0 must be a floating tensor of shape \(\d+,\)"),
+        "missing level": ({**good, "levels": good["levels"][:-1]}, "must be a list of"),
+        "integer level": ({**good, "levels": [good["levels"][0].long()] + good["levels"][1:]},
+                          "level 0 must be a floating tensor"),
+    }
+
+
+@pytest.mark.parametrize("case", sorted(_damaged_states()[1]))
+def test_a_damaged_state_is_refused_and_the_tree_is_unchanged(case):
+    good, cases = _damaged_states()
+    state, match = cases[case]
+    tree = SumSegmentTree(100, fanout=4, top_size=8)
+    tree[torch.tensor([5, 7])] = torch.tensor([2.0, 3.0])
+    before = [level.clone() for level in tree._levels]
+    with pytest.raises(ValueError, match=match):
+        tree.load_state_dict(state)
+    assert all(torch.equal(a, b) for a, b in zip(before, tree._levels))
+    tree.load_state_dict(good)
+    assert float(tree.summary()) == sum(range(100))
+
+
+def test_a_priority_tree_rebuilds_its_minimum_and_maximum_from_the_leaves():
+    source = PrioritySegmentTree(50, track_max=True, fanout=4, top_size=4)
+    source[torch.arange(50)] = torch.linspace(1.0, 5.0, 50)
+    state = source.state_dict()
+    state["min_levels"] = [torch.zeros_like(level) for level in state["min_levels"]]  # ignored
+    tree = PrioritySegmentTree(50, track_max=True, fanout=4, top_size=4)
+    tree.load_state_dict(state)
+    assert tree.min_nonzero() == 1.0 and float(tree.max()) == 5.0
+    with pytest.raises(ValueError, match="built with track_max=False"):
+        PrioritySegmentTree(50, fanout=4, top_size=4).load_state_dict(state)

@@ -278,8 +278,57 @@ class SegmentTree:
                     f"{key}={getattr(self, f'_{key}')!r}; build the tree with the same "
                     "capacity, fanout and top_size before loading."
                 )
-        for dest, src in zip(self._levels, state_dict["levels"]):
-            dest.copy_(src)
+        levels = self._checked_levels(state_dict.get("levels"))
+        self._levels[0].copy_(levels[0])
+        # Internal levels are recomputed from the leaves (they were checked to agree with
+        # them): a tree loaded from a state is as consistent as one built by writes.
+        for k in range(1, len(self._levels)):
+            self._refresh_level(k, self._levels[k - 1].view(-1, self._fanout), None)
+
+    def _checked_levels(self, levels: Any) -> list[torch.Tensor]:
+        """``levels`` of a state dict as this tree's dtypes and device, after checking that
+        their shapes are this tree's, the leaves are values this tree holds (padding
+        neutral) and each internal level is the reduction of the level below it.
+
+        Raises:
+            ValueError: naming the first level that does not fit, before anything changes.
+        """
+        expected = [tuple(level.shape) for level in self._levels]
+        if not isinstance(levels, (list, tuple)) or len(levels) != len(expected):
+            found = len(levels) if isinstance(levels, (list, tuple)) else type(levels).__name__
+            raise ValueError(
+                f"state_dict['levels'] must be a list of {len(expected)} tensors of shapes "
+                f"{expected}, got {found}; load a state_dict of a tree with the same geometry."
+            )
+        checked = []
+        for k, (level, shape, dest) in enumerate(zip(levels, expected, self._levels)):
+            if not isinstance(level, torch.Tensor) or tuple(level.shape) != shape or not level.is_floating_point():
+                got = (f"{level.dtype} of shape {tuple(level.shape)}" if isinstance(level, torch.Tensor)
+                       else type(level).__name__)
+                raise ValueError(
+                    f"state_dict level {k} must be a floating tensor of shape {shape}, got {got}; "
+                    "the state is damaged or belongs to a tree of another geometry."
+                )
+            checked.append(level.to(dest.dtype).to(self._device))
+        leaves, padding = checked[0][: self._capacity], checked[0][self._capacity:]
+        try:
+            self._check_values(*(float(x) for x in bounds(leaves)))
+        except ValueError as err:
+            raise ValueError(f"state_dict leaves are not values this tree holds: {err}") from err
+        if padding.numel() and not bool((padding == self._neutral).all()):
+            raise ValueError(
+                f"state_dict padding leaves (past capacity {self._capacity}) must all be "
+                f"{self._neutral}; the state is damaged."
+            )
+        for k in range(1, len(checked)):
+            below = checked[k - 1].view(-1, self._fanout)
+            reduced = self._reduce_rows(below, checked[k].dtype)
+            if not torch.allclose(reduced, checked[k], rtol=1e-4, atol=0.0):
+                raise ValueError(
+                    f"state_dict level {k} does not match the level below it (each node must be "
+                    "the reduction of its children): the state is damaged or was edited."
+                )
+        return checked
 
     def to(self, device: torch.device | str) -> SegmentTree:
         """Moves the tree to ``device`` in place and returns it."""

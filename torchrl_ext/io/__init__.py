@@ -1,6 +1,6 @@
 """Files: component state in safetensors + JSON, storage checkpointers, velora's buffer files,
 whole-folder atomic saves."""
-from torchrl_ext.io.atomic_dir import atomic_save_dir, committed_dir
+from torchrl_ext.io.atomic_dir import atomic_save_dir, committed_dir, verify_checkpoint
 from torchrl_ext.io.checkpointer import SafetensorsCheckpointer
 from torchrl_ext.io.state_files import atomic_write, load_state, save_state
 from torchrl_ext.io.velora import (
@@ -23,4 +23,5 @@ __all__ = [
     "load_state",
     "read_velora_metadata",
     "save_state",
+    "verify_checkpoint",
 ]

@@ -27,9 +27,17 @@ checkpoint is complete, so ``.buffer.new`` is loaded (roll forward), or
 rename or delete anything; the next save finishes the rename. So a load after
 a crash at any point gives exactly the old or exactly the new checkpoint.
 Two processes saving to the same folder at once are not supported.
+
+The ``.complete`` marker is also the checkpoint's manifest: the size and SHA-256 of
+every file in the folder. :func:`verify_checkpoint` (called by every buffer load before
+anything in memory changes) refuses a folder where a file is missing, added, truncated
+or has a single flipped bit, naming the file. Folders saved before manifests existed
+(an empty marker) load unverified.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import shutil
 from pathlib import Path
@@ -37,7 +45,7 @@ from typing import Callable
 
 from torchrl_ext.io.state_files import fsync_dir, fsync_file
 
-__all__ = ["atomic_save_dir", "committed_dir", "COMPLETE_MARKER"]
+__all__ = ["atomic_save_dir", "committed_dir", "verify_checkpoint", "COMPLETE_MARKER"]
 
 COMPLETE_MARKER = ".complete"
 
@@ -90,7 +98,9 @@ def atomic_save_dir(path: str | Path, write: Callable[[Path], None]) -> None:
         write(new)
         _fsync_tree(new)
         marker = new / COMPLETE_MARKER
+        manifest = json.dumps({"files": _manifest(new)}, indent=1, sort_keys=True).encode("utf-8")
         with open(marker, "wb") as handle:
+            handle.write(manifest)
             handle.flush()
             os.fsync(handle.fileno())
         fsync_dir(new)
@@ -126,3 +136,65 @@ def _fsync_tree(folder: Path) -> None:
             fsync_file(os.path.join(root, name))
         for name in dirs:
             fsync_dir(Path(root) / name)
+
+
+def verify_checkpoint(folder: str | Path) -> None:
+    """Checks every file of a checkpoint folder against the manifest in its ``.complete`` marker.
+
+    Raises:
+        ValueError: a file is missing, not in the manifest, of another size or with other
+            bytes (the message names it), or the manifest itself is damaged.
+    """
+    folder = Path(folder)
+    marker = folder / COMPLETE_MARKER
+    text = marker.read_bytes() if marker.is_file() else b""
+    if not text:
+        return  # saved before manifests, or by TorchRL's own dumps: nothing to check against
+    try:
+        recorded = json.loads(text.decode("utf-8"))["files"]
+        if not isinstance(recorded, dict):
+            raise TypeError("files must map names to entries")
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as err:
+        raise ValueError(f"{marker} (the checkpoint's manifest) is damaged ({err!r}); save again.") from err
+    present = _files(folder)
+    missing, added = sorted(recorded.keys() - present.keys()), sorted(present.keys() - recorded.keys())
+    if missing:
+        raise ValueError(f"{folder / missing[0]} is missing from the checkpoint (its manifest lists it); "
+                         "restore the whole folder from the same save.")
+    if added:
+        raise ValueError(f"{folder / added[0]} is not part of the checkpoint saved in {folder} (its "
+                         "manifest does not list it); remove it or restore the folder from the save.")
+    for name in sorted(recorded):
+        entry, path = recorded[name], present[name]
+        if not isinstance(entry, dict) or entry.get("bytes") != path.stat().st_size:
+            raise ValueError(f"{path} has {path.stat().st_size} bytes, its manifest records "
+                             f"{entry.get('bytes') if isinstance(entry, dict) else entry!r}: the file is "
+                             "truncated or damaged. Restore the folder from the same save.")
+        if entry.get("sha256") != _file_sha256(path):
+            raise ValueError(f"{path} does not match the SHA-256 its manifest records: the file is "
+                             "damaged. Restore the folder from the same save.")
+
+
+def _files(folder: Path) -> dict[str, Path]:
+    """Every file under ``folder`` but the marker, by path relative to ``folder`` (``/``-separated)."""
+    found = {}
+    for root, _, names in os.walk(folder):
+        for name in names:
+            path = Path(root) / name
+            relative = path.relative_to(folder).as_posix()
+            if relative != COMPLETE_MARKER:
+                found[relative] = path
+    return found
+
+
+def _manifest(folder: Path) -> dict[str, dict[str, object]]:
+    return {name: {"bytes": path.stat().st_size, "sha256": _file_sha256(path)}
+            for name, path in sorted(_files(folder).items())}
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

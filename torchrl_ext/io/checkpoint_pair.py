@@ -6,7 +6,8 @@ Both files are first written to hidden temporary files in the same folder
 fsynced, then the state replaces the old state and the metadata replaces the
 old metadata (``os.replace``, with a folder fsync around each step). The
 state's safetensors header records the SHA-256 of the metadata text it belongs
-to, so a loader can tell whether the pair matches: if a save was killed between
+to and of its own tensors (so a flipped bit anywhere is found), so a loader can tell
+whether the pair matches: if a save was killed between
 the two renames, the complete pending metadata is still on disk and the loader
 rolls forward to the new checkpoint (the next save also finishes that commit
 first); any other mismatch raises a ``ValueError`` that names both files. A
@@ -16,7 +17,6 @@ processes saving to the same folder and prefix at once are not supported.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass
@@ -27,11 +27,20 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
-from torchrl_ext.io.state_files import fsync_dir, fsync_file
+from torchrl_ext.io.state_files import (
+    METADATA_DIGEST_KEY,
+    TENSORS_DIGEST_KEY,
+    fsync_dir,
+    fsync_file,
+    read_safetensors,
+    sha256,
+    tensors_digest,
+    verify_tensors,
+)
 
 __all__ = ["DIGEST_KEY", "CheckpointPair", "check_prefix", "read_pair", "write_pair"]
 
-DIGEST_KEY = "torchrl_ext.metadata_sha256"
+DIGEST_KEY = METADATA_DIGEST_KEY
 
 
 def check_prefix(prefix: str) -> str:
@@ -98,7 +107,8 @@ def write_pair(pair: CheckpointPair, tensors: dict[str, torch.Tensor], metadata_
     _finish_pending_commit(pair)
     body = metadata_text.encode("utf-8")
     try:
-        save_file(tensors, pair.pending_state, metadata={DIGEST_KEY: _sha256(body)})
+        digests = {DIGEST_KEY: sha256(body), TENSORS_DIGEST_KEY: tensors_digest(tensors)}
+        save_file(tensors, pair.pending_state, metadata=digests)
         fsync_file(pair.pending_state)
         with open(pair.pending_metadata, "wb") as handle:
             handle.write(body)
@@ -135,9 +145,9 @@ def read_pair(
     digest, tensors = _read_state(pair.state, load_tensors)
     body = pair.metadata.read_bytes() if pair.metadata.is_file() else None
     verified = digest is not None
-    if digest is not None and (body is None or _sha256(body) != digest):
+    if digest is not None and (body is None or sha256(body) != digest):
         pending = pair.pending_metadata.read_bytes() if pair.pending_metadata.is_file() else None
-        if pending is not None and _sha256(pending) == digest:
+        if pending is not None and sha256(pending) == digest:
             body = pending  # killed between the two renames: the new checkpoint is complete
         elif body is None:
             raise FileNotFoundError(_missing_message(pair, pair.metadata))
@@ -158,19 +168,18 @@ def read_pair(
     return metadata, tensors, verified
 
 
-def _sha256(body: bytes) -> str:
-    return hashlib.sha256(body).hexdigest()
-
-
 def _read_state(path: Path, load_tensors: bool) -> tuple[str | None, dict[str, torch.Tensor]]:
-    """The recorded metadata checksum and (optionally) the tensors, from one open of the file."""
+    """The recorded metadata checksum and (optionally) the tensors, checked against their
+    recorded checksum, from one open of the file."""
+    if load_tensors:
+        header, tensors = read_safetensors(path)
+        verify_tensors(path, header, tensors)
+        return header.get(DIGEST_KEY), tensors
     try:
         with safe_open(str(path), framework="pt") as handle:
-            digest = (handle.metadata() or {}).get(DIGEST_KEY)
-            tensors = {name: handle.get_tensor(name) for name in handle.keys()} if load_tensors else {}
+            return (handle.metadata() or {}).get(DIGEST_KEY), {}
     except (SafetensorError, OSError) as err:
         raise ValueError(f"{path} is not a readable safetensors file ({err}).") from err
-    return digest, tensors
 
 
 def _finish_pending_commit(pair: CheckpointPair) -> None:
@@ -182,9 +191,9 @@ def _finish_pending_commit(pair: CheckpointPair) -> None:
     except ValueError:
         return
     current = pair.metadata.read_bytes() if pair.metadata.is_file() else None
-    if digest is None or (current is not None and _sha256(current) == digest):
+    if digest is None or (current is not None and sha256(current) == digest):
         return
-    if _sha256(pair.pending_metadata.read_bytes()) == digest:
+    if sha256(pair.pending_metadata.read_bytes()) == digest:
         os.replace(pair.pending_metadata, pair.metadata)
         fsync_dir(pair.directory)
 

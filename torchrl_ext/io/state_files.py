@@ -6,19 +6,41 @@ the state (``_sum_tree.levels.0``), and the rest as JSON with a marker where
 each list of tensors was. Nothing is pickled, and both files are written
 atomically (temporary file, fsync, rename), so an interrupted save leaves the
 previous files intact.
+
+Every byte is checksummed: the safetensors header records the SHA-256 of the JSON
+text and of the tensors (names, dtypes, shapes and bytes, :func:`tensors_digest`), so
+a load refuses a damaged or mismatched pair with a ``ValueError`` that names the file,
+before any component state changes (:func:`load_component`).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 from tensordict import TensorDict, TensorDictBase
 
-__all__ = ["atomic_write", "load_state", "save_state", "tensordict_from_state", "tensordict_state"]
+__all__ = [
+    "METADATA_DIGEST_KEY",
+    "TENSORS_DIGEST_KEY",
+    "atomic_write",
+    "load_component",
+    "load_state",
+    "save_state",
+    "sha256",
+    "tensordict_from_state",
+    "tensordict_state",
+    "tensors_digest",
+]
+
+#: Safetensors header keys: the SHA-256 of the JSON text the tensors belong to, and of the tensors.
+METADATA_DIGEST_KEY = "torchrl_ext.metadata_sha256"
+TENSORS_DIGEST_KEY = "torchrl_ext.tensors_sha256"
 
 
 def save_state(
@@ -38,18 +60,106 @@ def save_state(
     directory = Path(directory).absolute()
     directory.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, torch.Tensor] = {}
-    metadata = _split_tensors(state, "", tensors)
-    atomic_write(directory / tensors_file, lambda tmp: save_file(tensors, tmp))
-    atomic_write(
-        directory / metadata_file, lambda tmp: Path(tmp).write_text(json.dumps(metadata))
-    )
+    text = json.dumps(_split_tensors(state, "", tensors)).encode("utf-8")
+    digests = {METADATA_DIGEST_KEY: sha256(text), TENSORS_DIGEST_KEY: tensors_digest(tensors)}
+    atomic_write(directory / tensors_file, lambda tmp: save_file(tensors, tmp, metadata=digests))
+    atomic_write(directory / metadata_file, lambda tmp: Path(tmp).write_bytes(text))
 
 
 def load_state(directory: str | Path, *, tensors_file: str, metadata_file: str) -> dict[str, Any]:
-    """Reads back what :func:`save_state` wrote."""
+    """Reads back what :func:`save_state` wrote, after checking both files' checksums.
+
+    Files written before checksums were recorded load unverified.
+
+    Raises:
+        FileNotFoundError: a file is missing.
+        ValueError: a file is damaged, or the two files come from different saves; the
+            message names the file.
+    """
     directory = Path(directory).absolute()
-    metadata = json.loads((directory / metadata_file).read_text())
-    return _join_tensors(metadata, load_file(directory / tensors_file))
+    metadata_path, tensors_path = directory / metadata_file, directory / tensors_file
+    for path in (metadata_path, tensors_path):
+        if not path.is_file():
+            raise FileNotFoundError(f"state file {path} not found; pass the folder given to dumps().")
+    text = metadata_path.read_bytes()
+    header, tensors = read_safetensors(tensors_path)
+    recorded = header.get(METADATA_DIGEST_KEY)
+    if recorded is not None and recorded != sha256(text):
+        raise ValueError(
+            f"{metadata_path} does not match the checksum recorded in {tensors_path}: it is "
+            "damaged or comes from another save. Restore both files from the same save."
+        )
+    verify_tensors(tensors_path, header, tensors)
+    try:
+        metadata = json.loads(text.decode("utf-8"))
+        return _join_tensors(metadata, tensors)
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as err:
+        raise ValueError(
+            f"{metadata_path} is not a state written by torchrl_ext's save_state ({err!r}); "
+            "restore it from the same save as the tensors."
+        ) from err
+
+
+def load_component(component: Any, directory: str | Path, *, tensors_file: str, metadata_file: str) -> None:
+    """``component.load_state_dict(load_state(...))``, all or nothing.
+
+    The files are checked first (:func:`load_state`); if ``load_state_dict`` still refuses
+    the state (another configuration, a file of an older format), the component gets its
+    previous state back and a ``ValueError`` names the files.
+    """
+    state = load_state(directory, tensors_file=tensors_file, metadata_file=metadata_file)
+    backup = component.state_dict()
+    try:
+        component.load_state_dict(state)
+    except Exception as err:
+        component.load_state_dict(backup)
+        where = Path(directory).absolute() / metadata_file
+        raise ValueError(
+            f"{where} (with {tensors_file}) holds a state that this {type(component).__name__} "
+            f"cannot load: {err} It is unchanged; build it as the saved one was built."
+        ) from err
+
+
+def sha256(data: bytes) -> str:
+    """Hex SHA-256 of ``data``."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
+    """Hex SHA-256 over the tensors' names, dtypes, shapes and bytes, in name order.
+
+    Examples:
+        >>> import torch
+        >>> tensors_digest({"a": torch.zeros(2)}) == tensors_digest({"a": torch.zeros(2)})
+        True
+        >>> tensors_digest({"a": torch.zeros(2)}) == tensors_digest({"a": torch.zeros(1, 2)})
+        False
+    """
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().cpu().contiguous()
+        digest.update(f"{name}\0{tensor.dtype}\0{tuple(tensor.shape)}\0".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()
+
+
+def read_safetensors(path: Path) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
+    """``(header metadata, tensors)`` of a safetensors file; ``ValueError`` naming it if unreadable."""
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            return dict(handle.metadata() or {}), {name: handle.get_tensor(name) for name in handle.keys()}
+    except (SafetensorError, OSError, RuntimeError) as err:
+        raise ValueError(f"{path} is not a readable safetensors file ({err}); it is damaged.") from err
+
+
+def verify_tensors(path: Path, header: dict[str, str], tensors: dict[str, torch.Tensor]) -> None:
+    """Raises a ``ValueError`` naming ``path`` if ``tensors`` do not match the digest its header records."""
+    recorded = header.get(TENSORS_DIGEST_KEY)
+    if recorded is not None and recorded != tensors_digest(tensors):
+        raise ValueError(
+            f"{path}: the tensors do not match the checksum recorded with them; the file is "
+            "damaged. Restore it from a backup, or save again."
+        )
 
 
 def atomic_write(target: Path, write: Callable[[str], Any]) -> None:

@@ -17,6 +17,7 @@ code, so behaviour never differs, only speed.
 """
 from __future__ import annotations
 
+import copy
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
@@ -28,7 +29,7 @@ from torchrl.data import TensorDictReplayBuffer as _TorchRLTensorDictReplayBuffe
 from torchrl.data.replay_buffers.replay_buffers.base import _storage_index
 from torchrl.data.replay_buffers.storages import Storage, TensorStorage
 
-from torchrl_ext.io.atomic_dir import atomic_save_dir, committed_dir
+from torchrl_ext.io.atomic_dir import atomic_save_dir, committed_dir, verify_checkpoint
 from torchrl_ext.io.state_files import load_state, save_state
 from torchrl_ext.replay_buffers._lean_extend import LeanExtend
 from torchrl_ext.storages._gathers import assemble, gather_coordinates, gather_rows, take_rows
@@ -374,11 +375,37 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
         rule of :mod:`torchrl_ext.io.atomic_dir` (files are not touched).
         """
         folder = committed_dir(path)
-        super().loads(folder)
+        # Everything that can be checked is checked before anything in memory changes: the
+        # manifest's checksums, the extra state, and the sampler and writer files, loaded
+        # into copies of the two first.
+        verify_checkpoint(folder)
+        state = None
         if (folder / _EXTRA_METADATA).is_file():
             state = load_state(folder, tensors_file=_EXTRA_TENSORS, metadata_file=_EXTRA_METADATA)
+        self._try_loads_on_copies(folder)
+        super().loads(folder)
+        if state is not None:
             with self._replay_lock:
                 self._load_extra_state(state)
+
+    def _try_loads_on_copies(self, folder: Path) -> None:
+        """Loads the sampler's and writer's files into copies of them (sharing the storage),
+        so a file they refuse raises before TorchRL's ``loads`` has replaced the storage."""
+        shared = {id(self): self, id(self._storage): self._storage}
+        for name, part in (("sampler", self._sampler), ("writer", self._writer)):
+            if not (folder / name).exists():
+                continue  # TorchRL's loads names what is missing
+            try:
+                trial = copy.deepcopy(part, memo=dict(shared))
+            except Exception:  # a part that cannot be copied is loaded as TorchRL would
+                continue
+            try:
+                trial.loads(folder / name)
+            except Exception as err:
+                raise ValueError(
+                    f"{folder / name} cannot be loaded into this buffer's {type(part).__name__} "
+                    f"({err}); the buffer is unchanged. Build the buffer as the saved one was built."
+                ) from err
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()

@@ -6,13 +6,15 @@ A mixin, not a sampler: it reads the sampler's settings (``_alpha``, ``_beta``, 
 """
 from __future__ import annotations
 
+import math
 from multiprocessing.context import get_spawning_popen
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from torchrl_ext.io.state_files import load_state, save_state
+from torchrl_ext._checks import check_real
+from torchrl_ext.io.state_files import load_component, save_state
 
 __all__ = ["SHARING_REFUSED", "PriorityCheckpoints"]
 
@@ -46,24 +48,34 @@ class PriorityCheckpoints:
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if "_sum_tree" not in state_dict or not isinstance(state_dict["_sum_tree"], dict):
+        """Restores a :meth:`state_dict`; everything is checked before anything changes."""
+        if not isinstance(state_dict, dict) or not isinstance(state_dict.get("_sum_tree"), dict):
             raise ValueError(
                 "state_dict was not produced by torchrl_ext's PrioritizedSampler; "
                 "a TorchRL PrioritizedSampler state holds C++ trees that cannot be loaded here."
             )
-        self._check_geometry(state_dict["_sum_tree"]["capacity"])
-        self._alpha = state_dict["_alpha"]
-        self._beta = state_dict["_beta"]
-        self._eps = state_dict["_eps"]
-        self._max_seen = state_dict["_max_seen"]
-        self._initial_priority = state_dict["_initial_priority"]
+        missing = sorted({"_alpha", "_beta", "_eps", "_max_seen", "_initial_priority", "_weights",
+                          "_max_priority_within_buffer"} - state_dict.keys())
+        if missing:
+            raise ValueError(f"state_dict lacks {missing}: it is damaged or of another sampler.")
+        self._check_geometry(state_dict["_sum_tree"].get("capacity"))
         saved = (state_dict["_weights"], state_dict["_max_priority_within_buffer"])
         if saved != (self._weights, self._max_priority_within_buffer):
             raise ValueError(
                 f"state_dict was saved with weights={saved[0]!r} and "
                 f"max_priority_within_buffer={saved[1]}; build the sampler the same way."
             )
-        self._sum_tree.load_state_dict(state_dict["_sum_tree"])
+        alpha = check_real("alpha", state_dict["_alpha"], low=0.0)
+        beta = check_real("beta", state_dict["_beta"], low=0.0, high=1.0)
+        eps = check_real("eps", state_dict["_eps"], low=0.0)
+        initial_priority = check_real("initial_priority", state_dict["_initial_priority"], low=0.0)
+        max_seen = state_dict["_max_seen"]
+        if isinstance(max_seen, bool) or not isinstance(max_seen, (int, float)) or math.isnan(max_seen) \
+                or max_seen == math.inf:
+            raise ValueError(f"state_dict['_max_seen'] must be a finite number or -inf, got {max_seen!r}.")
+        self._sum_tree.load_state_dict(state_dict["_sum_tree"])  # checks its levels before writing
+        self._alpha, self._beta, self._eps = alpha, beta, eps
+        self._initial_priority, self._max_seen = initial_priority, float(max_seen)
         written = torch.nonzero(self._sum_tree.leaves)
         self._written_below = int(written.max()) + 1 if written.numel() else 0
 
@@ -84,7 +96,7 @@ class PriorityCheckpoints:
 
     def loads(self, path: str | Path) -> None:
         """Restores what :meth:`dumps` wrote."""
-        self.load_state_dict(load_state(path, tensors_file=_TREES, metadata_file=_METADATA))
+        load_component(self, path, tensors_file=_TREES, metadata_file=_METADATA)
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickling for Ray, deepcopy or a checkpoint is fine; handing the sampler

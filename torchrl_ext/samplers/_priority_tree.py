@@ -257,11 +257,15 @@ class PrioritySegmentTree(SumSegmentTree):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        # The minimum keys and maxima are recomputed from the leaves with the sums
+        # (SegmentTree.load_state_dict refreshes every level): only their presence is checked.
+        saved_max = state_dict.get("max_levels")
+        if (saved_max is None) != (self._max_levels is None):
+            raise ValueError(
+                f"state_dict {'has no' if saved_max is None else 'has'} maxima but this tree was "
+                f"built with track_max={self._max_levels is not None}; build it the same way."
+            )
         super().load_state_dict(state_dict)
-        for dest, src in zip(self._min_levels, state_dict["min_levels"]):
-            dest.copy_(src)
-        for dest, src in zip(self._max_levels or (), state_dict["max_levels"] or ()):
-            dest.copy_(src)
 
     def to(self, device: torch.device | str) -> PrioritySegmentTree:
         super().to(device)

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torchrl.data.replay_buffers.samplers import Sampler
 
-from torchrl_ext.io.state_files import load_state, save_state
+from torchrl_ext.io.state_files import load_component, save_state
 
 __all__ = [
     "ChunkedRecurrentMinibatchSampler",
@@ -185,7 +185,7 @@ class _EpochMinibatchSampler(Sampler):
         save_state(path, self.state_dict(), tensors_file=_TENSORS, metadata_file=_METADATA)
 
     def loads(self, path: str | Path) -> None:
-        self.load_state_dict(load_state(path, tensors_file=_TENSORS, metadata_file=_METADATA))
+        load_component(self, path, tensors_file=_TENSORS, metadata_file=_METADATA)
 
     def __repr__(self) -> str:
         split = (f"num_mini_batch={self.num_mini_batch}" if self.num_mini_batch is not None

@@ -263,6 +263,11 @@ class PrioritizedNStepSampler(PrioritizedSampler):
         return super().state_dict() | {"n_step": self.n_step, "gamma": self.gamma}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        super().load_state_dict(state_dict)
+        chains = None
         if "n_step" in state_dict:  # a plain PrioritizedSampler's state keeps the current ones
-            self._rebuild_chains(n_step=int(state_dict["n_step"]), gamma=float(state_dict["gamma"]))
+            # Checked (NStepSampler validates both) before the trees change.
+            chains = NStepSampler(state_dict["n_step"], state_dict["gamma"], reward_key=self.reward_key,
+                                  done_key=self.done_key, agent_group=self.agent_group)
+        super().load_state_dict(state_dict)
+        if chains is not None:
+            self._nstep = chains

@@ -31,7 +31,7 @@ import torch
 
 from torchrl_ext._checks import check_real
 from torchrl_ext._host import bounds
-from torchrl_ext.io.state_files import load_state, save_state
+from torchrl_ext.io.state_files import load_component, save_state
 from torchrl_ext.samplers._priority_tree import PrioritySegmentTree
 from torchrl_ext.samplers.trajectory import TrajectorySampler
 from torchrl_ext.storages.ring import EnvRingStorage
@@ -325,7 +325,7 @@ class PrioritizedTrajectorySampler(TrajectorySampler):
         save_state(path, self.state_dict(), tensors_file=_TENSORS, metadata_file=_METADATA)
 
     def loads(self, path: str | Path) -> None:
-        self.load_state_dict(load_state(path, tensors_file=_TENSORS, metadata_file=_METADATA))
+        load_component(self, path, tensors_file=_TENSORS, metadata_file=_METADATA)
 
 
 def _leaves_of(env: torch.Tensor, low: torch.Tensor, high: torch.Tensor, length: int) -> torch.Tensor:

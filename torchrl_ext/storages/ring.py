@@ -28,7 +28,7 @@ from torchrl.data.replay_buffers.checkpointers import StorageCheckpointerBase
 from torchrl.data.replay_buffers.storages import Storage
 
 from torchrl_ext.io.state_files import (
-    load_state,
+    load_component,
     save_state,
     tensordict_from_state,
     tensordict_state,
@@ -53,7 +53,7 @@ class EnvRingStorageCheckpointer(StorageCheckpointerBase):
         save_state(path, storage.state_dict(), tensors_file=_TENSORS, metadata_file=_METADATA)
 
     def loads(self, storage: EnvRingStorage, path: str | Path) -> None:
-        storage.load_state_dict(load_state(path, tensors_file=_TENSORS, metadata_file=_METADATA))
+        load_component(storage, path, tensors_file=_TENSORS, metadata_file=_METADATA)
 
 
 class EnvRingStorage(PinnedOutputs, RingReads, RingStepWrites, RingSharing, Storage):

@@ -29,7 +29,7 @@ from torchrl.data.replay_buffers.checkpointers import StorageCheckpointerBase
 from torchrl.data.replay_buffers.storages import Storage
 
 from torchrl_ext.io.state_files import (
-    load_state,
+    load_component,
     save_state,
     tensordict_from_state,
     tensordict_state,
@@ -48,7 +48,7 @@ class _RolloutCheckpointer(StorageCheckpointerBase):
         save_state(path, storage.state_dict(), tensors_file=_TENSORS, metadata_file=_METADATA)
 
     def loads(self, storage: RolloutStorage, path: str | Path) -> None:
-        storage.load_state_dict(load_state(path, tensors_file=_TENSORS, metadata_file=_METADATA))
+        load_component(storage, path, tensors_file=_TENSORS, metadata_file=_METADATA)
 
 
 class RolloutStorage(PinnedOutputs, Storage):
