@@ -215,3 +215,17 @@ def test_the_ring_checkpoint_checks_every_byte(tmp_path):
     with pytest.raises(ValueError, match="ring_storage.safetensors.*damaged"):
         other.loads(tmp_path / "ring")
     assert len(other) == 2 and other.storage.read(torch.tensor([0, 1]), torch.tensor([0, 0]))["x"].tolist() == [7.0, 8.0]
+
+
+@pytest.mark.parametrize("text", ["{ damaged", '{"unexpected": 1}', "[1, 2]"])
+def test_a_damaged_ring_writer_file_names_the_file_and_changes_nothing(tmp_path, text):
+    # Was: a raw JSONDecodeError / KeyError / TypeError that named neither the file nor the fault.
+    rb = alf_replay_buffer(2, 4)
+    rb.extend(TensorDict({"x": torch.tensor([1.0, 2.0])}, [2]))
+    rb.writer.dumps(tmp_path)
+    (path,) = tmp_path.glob("*.json")
+    path.write_text(text)
+    before = freeze(rb.writer.state_dict())
+    with pytest.raises(ValueError, match=f"{path} (is not valid JSON|holds a state that this EnvRingWriter cannot load)"):
+        rb.writer.loads(tmp_path)
+    assert_same(before, freeze(rb.writer.state_dict()))

@@ -47,3 +47,26 @@ def test_an_infinite_initial_priority_is_refused():
     # It was accepted and made every importance weight NaN, silently.
     with pytest.raises(ValueError, match="initial_priority must be a finite number, got initial_priority=inf"):
         alf_replay_buffer(2, 4, prioritized_sampling=True, initial_priority=math.inf)
+
+
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_sample_with_an_explicit_batch_size_equals_the_default_path(prioritized):
+    # Was: with prioritized_sampling, rb.sample(n) for n != batch_size raised "batch
+    # dimension mismatch": the [B] weights were not broadcast over the [B, T] windows.
+    def build():
+        rb = alf_replay_buffer(3, 5, batch_length=2, batch_size=4, prioritized_sampling=prioritized,
+                               generator=torch.Generator().manual_seed(0))
+        for t in range(4):
+            rb.extend(TensorDict({"x": torch.tensor([0.0, 10.0, 20.0]) + t}, [3]))
+        return rb
+
+    with pytest.warns(UserWarning, match="conflicting batch_sizes"):
+        explicit = build().sample(3)
+    default = build().sample()[:3]
+    assert explicit.batch_size == (3, 2)
+    assert sorted(explicit.keys(True, True)) == sorted(default.keys(True, True))
+    for key in default.keys(True, True):
+        assert explicit[key].shape == default[key].shape, key
+    assert torch.equal(explicit["x"], explicit["index"][..., 0] * 10.0 + explicit["index"][..., 1])
+    with pytest.raises(ValueError, match="batch_size must be an int >= 0"):
+        build().sample(-1)

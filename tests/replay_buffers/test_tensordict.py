@@ -12,6 +12,7 @@ import pytest
 import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage, ListStorage
+from torchrl.data import PrioritizedSampler as TorchRLPrioritizedSampler
 from torchrl.envs.transforms import Transform
 
 from torchrl_ext.replay_buffers import PrioritizedReplayBuffer
@@ -404,3 +405,14 @@ def test_an_extend_with_a_bad_priority_stores_nothing_and_the_retry_stores_once(
     assert len(rb) == 6
     assert rb[:]["obs"].tolist() == [0.0, 1.0, 2.0, 10.0, 11.0, 12.0]
 
+
+
+@pytest.mark.parametrize("sampler_cls", [PrioritizedSampler, TorchRLPrioritizedSampler])
+def test_a_prioritized_sampler_smaller_than_its_storage_is_refused_at_construction(sampler_cls):
+    # Was accepted (e.g. the ext_prioritized config's default 1,000,000 under a bigger
+    # storage); once the writer passed max_capacity, extend raised after storing the rows,
+    # and those rows never got a priority.
+    with pytest.raises(ValueError, match=r"max_capacity=50 priorities but the storage holds max_size=100 rows; "
+                                         r"build the sampler with max_capacity=100"):
+        TensorDictReplayBuffer(storage=FastTensorStorage(100), sampler=sampler_cls(50, 0.6, 0.4))
+    TensorDictReplayBuffer(storage=FastTensorStorage(100), sampler=sampler_cls(100, 0.6, 0.4))

@@ -28,8 +28,10 @@ from tensordict import TensorDict, TensorDictBase
 __all__ = [
     "METADATA_DIGEST_KEY",
     "TENSORS_DIGEST_KEY",
+    "apply_state",
     "atomic_write",
     "load_component",
+    "load_json",
     "load_state",
     "save_state",
     "sha256",
@@ -108,15 +110,31 @@ def load_component(component: Any, directory: str | Path, *, tensors_file: str, 
     previous state back and a ``ValueError`` names the files.
     """
     state = load_state(directory, tensors_file=tensors_file, metadata_file=metadata_file)
+    apply_state(component, state, Path(directory).absolute() / metadata_file)
+
+
+def load_json(path: str | Path) -> Any:
+    """The JSON value in ``path``; ``FileNotFoundError`` / ``ValueError`` naming the file."""
+    path = Path(path).absolute()
+    if not path.is_file():
+        raise FileNotFoundError(f"state file {path} not found; pass the folder given to dumps().")
+    try:
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON ({err}); it is damaged. Restore it from the same save.") from err
+
+
+def apply_state(component: Any, state: Any, source: str | Path) -> None:
+    """``component.load_state_dict(state)``, all or nothing: if it raises, the component gets
+    its previous state back and a ``ValueError`` names ``source``, the file the state came from."""
     backup = component.state_dict()
     try:
         component.load_state_dict(state)
     except Exception as err:
         component.load_state_dict(backup)
-        where = Path(directory).absolute() / metadata_file
         raise ValueError(
-            f"{where} (with {tensors_file}) holds a state that this {type(component).__name__} "
-            f"cannot load: {err} It is unchanged; build it as the saved one was built."
+            f"{source} holds a state that this {type(component).__name__} cannot load: {err} "
+            "It is unchanged; build it as the saved one was built."
         ) from err
 
 

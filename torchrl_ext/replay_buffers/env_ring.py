@@ -7,7 +7,7 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.data.replay_buffers.samplers import Sampler
 
-from torchrl_ext.replay_buffers.tensordict import TensorDictReplayBuffer
+from torchrl_ext.replay_buffers.tensordict import TensorDictReplayBuffer, _check_sample_size
 from torchrl_ext.samplers.trajectory import TrajectorySampler
 from torchrl_ext.storages.ring import EnvRingStorage
 from torchrl_ext.writers.ring import EnvRingWriter
@@ -178,6 +178,7 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
     ) -> Any:
         """Samples like ``TensorDictReplayBuffer.sample``: ``[B, batch_length]`` windows with
         ``index`` (per step ``(env, position)``) and the sampler's info, broadcast over time."""
+        _check_sample_size(batch_size)
         if self._delayed_init and not self.initialized:
             self._init()
         simple = (

@@ -25,6 +25,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 from tensordict import TensorDictBase
+from tensordict.utils import expand_as_right
 from torchrl.data import TensorDictReplayBuffer as _TorchRLTensorDictReplayBuffer
 from torchrl.data.replay_buffers.replay_buffers.base import _storage_index
 from torchrl.data.replay_buffers.storages import Storage, TensorStorage
@@ -50,6 +51,31 @@ class PriorityEntryError(ValueError, RuntimeError):
     A ``ValueError`` (bad input) that is also the ``RuntimeError`` TorchRL's buffers raise
     for a failed priority write-back, so code written for either keeps catching it.
     """
+
+
+def _check_sample_size(batch_size: Any) -> None:
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 0):
+        raise ValueError(
+            f"batch_size must be an int >= 0 (or None for the buffer's batch_size), got "
+            f"batch_size={batch_size!r}."
+        )
+
+
+def _check_sampler_capacity(sampler: Any, storage: Any) -> None:
+    """Refuses a prioritized sampler with fewer priorities than a 1-D storage has rows: rows
+    past its capacity could be stored but never get a priority (TorchRL would find out only
+    after storing them)."""
+    capacity = getattr(sampler, "_max_capacity", None)
+    rows = getattr(storage, "max_size", None)
+    if (
+        isinstance(capacity, int) and isinstance(rows, int) and capacity < rows
+        and getattr(storage, "ndim", 1) == 1 and hasattr(sampler, "update_priority")
+    ):
+        raise ValueError(
+            f"the sampler holds max_capacity={capacity} priorities but the storage holds "
+            f"max_size={rows} rows; build the sampler with max_capacity={rows} (the storage's "
+            "max_size)."
+        )
 
 
 def identity_collate(data: Any) -> Any:
@@ -124,6 +150,7 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
         if kwargs.get("batch_size") is None and isinstance(kwargs.get("sampler"), _EpochMinibatchSampler):
             # The minibatch sampler sizes its minibatches; TorchRL only needs a batch size to iterate.
             kwargs["batch_size"] = 1
+        _check_sampler_capacity(kwargs.get("sampler"), kwargs.get("storage"))
         super().__init__(**kwargs)
         self._gather_cache: tuple[Any, list[tuple[Any, torch.Tensor]]] | None = None
         # Numpy views of the stored leaves for CPU gathers, rebuilt when TorchRL swaps or
@@ -213,8 +240,10 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
     ) -> Any:
         """Samples ``batch_size`` items with ``index`` and ``priority_weight`` set.
 
-        Same contract as ``TensorDictReplayBuffer.sample``.
+        Same contract as ``TensorDictReplayBuffer.sample``; a negative or non-int
+        ``batch_size`` is a ``ValueError`` (TorchRL fails inside torch).
         """
+        _check_sample_size(batch_size)
         if self._delayed_init and not self.initialized:
             self._init()
         if (
@@ -252,6 +281,8 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
             else:  # anything else: the storage's own indexing, same info entries
                 data = self._storage.get(_storage_index(index, self._storage))
                 for key, value in _info_entries(info, data.shape[0]).items():
+                    if value.ndim < data.ndim:  # per-item info over [B, T] windows, as TorchRL does
+                        value = expand_as_right(value, data)
                     data.set(key, value)
         data = self._collate_fn(data)
         if self._has_transform():

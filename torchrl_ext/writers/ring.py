@@ -23,7 +23,7 @@ from tensordict import TensorDictBase
 from torchrl.data.replay_buffers.writers import Writer
 
 from torchrl_ext._keys import nested_key
-from torchrl_ext.io.state_files import atomic_write
+from torchrl_ext.io.state_files import apply_state, atomic_write, load_json
 from torchrl_ext.storages.ring import EnvRingStorage
 
 __all__ = ["EnvRingWriter"]
@@ -325,7 +325,8 @@ class EnvRingWriter(Writer):
         atomic_write(path / _METADATA, lambda tmp: Path(tmp).write_text(text))
 
     def loads(self, path: str | Path) -> None:
-        self.load_state_dict(json.loads((Path(path) / _METADATA).read_text()))
+        source = Path(path) / _METADATA
+        apply_state(self, load_json(source), source)
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
