@@ -490,3 +490,66 @@ def test_check_priority_raises_what_update_priority_would_and_writes_nothing():
         sampler.check_priority(torch.ones(2, dtype=torch.complex64), 2)
     sampler.check_priority(torch.ones(4, 2), 4)  # per-agent priorities, reduced
     assert torch.equal(sampler._sum_tree.leaves, leaves)
+
+
+# ---------------------------------------------------------------------------
+# Differential: the same calls on TorchRL's PrioritizedSampler.
+
+_OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("extend"), st.integers(1, 12)),
+        st.tuples(st.just("update"), st.lists(st.tuples(st.integers(0, 23), st.floats(0.0, 50.0)),
+                                              min_size=1, max_size=6)),
+        st.tuples(st.just("alpha"), st.sampled_from([0.3, 0.6, 1.0])),
+        st.tuples(st.just("beta"), st.sampled_from([0.0, 0.4, 1.0])),
+        st.tuples(st.just("empty"), st.none()),
+        st.tuples(st.just("sample"), st.integers(1, 16)),
+    ),
+    min_size=1, max_size=25,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=_OPS, seed=st.integers(0, 1000))
+def test_same_priorities_and_weights_as_torchrls_sampler(ops, seed):
+    capacity = 24
+    ours = TensorDictReplayBuffer(storage=LazyTensorStorage(capacity), batch_size=4,
+                                  sampler=PrioritizedSampler(capacity, 0.6, 0.4))
+    theirs = TensorDictReplayBuffer(storage=LazyTensorStorage(capacity), batch_size=4,
+                                    sampler=TorchRLPrioritizedSampler(capacity, 0.6, 0.4))
+    torch.manual_seed(seed)
+    written = 0
+    for op, arg in ops:
+        if op == "extend":
+            data = TensorDict({"obs": torch.arange(written, written + arg, dtype=torch.float32)}, [arg])
+            written += arg
+            ours.extend(data.clone())
+            theirs.extend(data.clone())
+        elif op == "update":
+            pairs = [(i, p) for i, p in arg if i < len(ours)]  # stored items only (unstored: refused here)
+            if pairs:
+                index, priority = torch.tensor([i for i, _ in pairs]), torch.tensor([p for _, p in pairs])
+                ours.update_priority(index, priority)
+                theirs.update_priority(index, priority)
+        elif op in ("alpha", "beta"):
+            setattr(ours.sampler, op, arg)
+            setattr(theirs.sampler, op, arg)
+        elif op == "empty":
+            ours.empty()
+            theirs.empty()
+        elif len(ours):
+            batch = ours.sample(arg)
+            stored = len(theirs)
+            leaves = torch.tensor([theirs.sampler._sum_tree[i] for i in range(stored)], dtype=torch.float64)
+            # Their leaves are (p + eps) ** alpha: the weights of the items we drew, from them.
+            expected = (leaves[batch["index"]] / leaves[leaves > 0].min()) ** -theirs.sampler.beta
+            torch.testing.assert_close(batch["priority_weight"].double(), expected, rtol=1e-4, atol=0)
+            assert int(batch["index"].max()) < stored
+        assert len(ours) == len(theirs)
+        stored = len(theirs)
+        if stored:
+            mine = ours.sampler._sum_tree.leaves[:stored].double()
+            their_leaves = torch.tensor([theirs.sampler._sum_tree[i] for i in range(stored)], dtype=torch.float64)
+            torch.testing.assert_close(mine, their_leaves, rtol=1e-4, atol=1e-6)
+            assert ours.sampler.default_priority == pytest.approx(
+                max(float(theirs.sampler._max_priority[0] or 0.0), 1.0), rel=1e-5)

@@ -1,0 +1,199 @@
+"""Differential test: torchrl_ext's fast storage and buffer against TorchRL's, same calls.
+
+A hypothesis state machine runs one random sequence of public calls on three buffers:
+TorchRL's ``TensorDictReplayBuffer`` over ``LazyTensorStorage`` (the reference),
+TorchRL's buffer over :class:`FastTensorStorage` (the storage swap alone), and
+torchrl_ext's ``TensorDictReplayBuffer`` over :class:`FastTensorStorage` (both swaps).
+The calls: ``extend`` (including zero-row batches), ``add``, default and explicit
+``sample(n)`` with ``return_info``, ``rb[index]`` reads, iteration, ``empty``,
+``state_dict`` and ``dumps``/``loads`` round trips. Entries include a per-item scalar
+(0-dim items) and a zero-size ``[N, 0]`` leaf. After every call everything observable is
+compared: return values, lengths, stored rows, writer cursors and write counts; the three
+buffers sample with identically seeded generators, so their samples must be equal too.
+
+The one documented difference (README, "Where behaviour differs"): the fast storages refuse
+a batch whose keys differ from the stored ones; that refusal is checked on its own rule
+(the reference is not called there).
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from tensordict import TensorDict
+from torchrl.data import LazyTensorStorage
+from torchrl.data import TensorDictReplayBuffer as TorchRLBuffer
+
+from tests._hypothesis import machine_settings
+from torchrl_ext.replay_buffers import TensorDictReplayBuffer
+from torchrl_ext.storages import FastTensorStorage
+
+pytestmark = pytest.mark.soak  # `make test-soak` reruns it with TORCHRL_EXT_SOAK examples
+
+BATCH = 3
+
+
+def batch(start: int, n: int) -> TensorDict:
+    step = torch.arange(start, start + n)
+    return TensorDict({
+        "obs": step.float().unsqueeze(-1).expand(n, 2).clone(),
+        "scalar": step.double(),  # 0-dim items
+        "empty": torch.zeros(n, 0),  # zero-size items
+        "next": {"obs": step.float().unsqueeze(-1) + 1, "done": step % 5 == 0},
+    }, [n])
+
+
+def assert_equal_data(a, b, where: str) -> None:
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b), where
+        return
+    assert a.batch_size == b.batch_size, where
+    keys_a, keys_b = sorted(a.keys(True, True), key=str), sorted(b.keys(True, True), key=str)
+    assert keys_a == keys_b, f"{where}: {keys_a} != {keys_b}"
+    for key in keys_a:
+        assert a[key].dtype == b[key].dtype and torch.equal(a[key], b[key]), f"{where}[{key}]"
+
+
+class FastVsTorchRLMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.folder = Path(tempfile.mkdtemp())
+        self.written = 0
+
+    def teardown(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    @initialize(capacity=st.integers(1, 12), seed=st.integers(0, 2**16))
+    def build(self, capacity: int, seed: int) -> None:
+        self.capacity, self.seed = capacity, seed
+        self.buffers = self._new_buffers()
+
+    def _new_buffers(self) -> list:
+        return [
+            TorchRLBuffer(storage=LazyTensorStorage(self.capacity), batch_size=BATCH,
+                          generator=torch.Generator().manual_seed(self.seed)),
+            TorchRLBuffer(storage=FastTensorStorage(self.capacity), batch_size=BATCH,
+                          generator=torch.Generator().manual_seed(self.seed)),
+            TensorDictReplayBuffer(storage=FastTensorStorage(self.capacity), batch_size=BATCH,
+                                   generator=torch.Generator().manual_seed(self.seed)),
+        ]
+
+    def each(self, call):
+        """``call(rb)`` on every buffer; the results (or the exception types, where the
+        reference raises) are checked equal to the reference's."""
+        outcomes = []
+        for rb in self.buffers:
+            try:
+                outcomes.append((call(rb), None))
+            except Exception as error:  # compared below: TorchRL's own errors included
+                outcomes.append((None, type(error)))
+        errors = [error for _, error in outcomes]
+        assert errors == [errors[0]] * len(errors), f"exceptions differ: {errors}"
+        results = [result for result, _ in outcomes]
+        for result in results[1:]:
+            if isinstance(result, tuple):
+                for x, y in zip(results[0], result):
+                    if isinstance(x, dict):
+                        assert sorted(x) == sorted(y)
+                        for key in x:
+                            xv = torch.stack(x[key], -1) if isinstance(x[key], tuple) else x[key]
+                            yv = torch.stack(y[key], -1) if isinstance(y[key], tuple) else y[key]
+                            assert torch.equal(torch.as_tensor(xv), torch.as_tensor(yv)), key
+                    else:
+                        assert_equal_data(x, y, "result")
+            elif result is not None:
+                assert_equal_data(results[0], result, "result")
+        return results[0]
+
+    @property
+    def filled(self) -> int:
+        return len(self.buffers[0])
+
+    # ------------------------------------------------------------------ calls
+    @rule(n=st.integers(0, 12))
+    def extend(self, n: int) -> None:
+        n = min(n, self.capacity)
+        data = batch(self.written, n)
+        self.written += n
+        self.each(lambda rb: rb.extend(data.clone()))
+
+    @rule()
+    def add(self) -> None:
+        item = batch(self.written, 1)[0]
+        self.written += 1
+        self.each(lambda rb: torch.as_tensor(rb.add(item.clone())))
+
+    @precondition(lambda self: self.filled > 0)
+    @rule(n=st.one_of(st.none(), st.integers(1, 7)), info=st.booleans())
+    def sample(self, n, info: bool) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # TorchRL's "conflicting batch_sizes"
+            self.each(lambda rb: rb.sample(n, return_info=info))
+
+    @precondition(lambda self: self.filled > 0)
+    @rule(data=st.data())
+    def read(self, data) -> None:
+        size = self.filled
+        index = data.draw(st.one_of(
+            st.integers(-size, size - 1),
+            st.lists(st.integers(0, size - 1), min_size=1, max_size=6).map(torch.tensor),
+            st.tuples(st.integers(0, size), st.integers(0, size)).map(lambda t: slice(min(t), max(t))),
+        ))
+        self.each(lambda rb: rb[index])
+
+    @precondition(lambda self: self.filled > 0)
+    @rule()
+    def iterate(self) -> None:
+        self.each(lambda rb: next(iter(rb)))
+
+    @rule()
+    def empty(self) -> None:
+        self.each(lambda rb: rb.empty())
+
+    @rule()
+    def state_dict_round_trip(self) -> None:
+        states = [rb.state_dict() for rb in self.buffers]
+        self.buffers = self._new_buffers()
+        for rb, state in zip(self.buffers, states):
+            rb.load_state_dict(state)
+
+    @precondition(lambda self: self.filled > 0)
+    @rule()
+    def files_round_trip(self) -> None:
+        restored = self._new_buffers()
+        for k, (rb, new) in enumerate(zip(self.buffers, restored)):
+            rb.dumps(self.folder / str(k))
+            new.loads(self.folder / str(k))
+        self.buffers = restored
+
+    @precondition(lambda self: self.filled > 0)
+    @rule()
+    def new_key_is_refused_by_the_fast_storage(self) -> None:
+        data = batch(self.written, 1).set("extra", torch.ones(1))
+        for rb in self.buffers[1:]:
+            before = rb.storage.get(torch.arange(len(rb)))
+            with pytest.raises(ValueError, match="data keys differ from the stored keys"):
+                rb.extend(data)
+            assert_equal_data(before, rb.storage.get(torch.arange(len(rb))), "after the refusal")
+
+    # ------------------------------------------------------------------ observables
+    @invariant()
+    def same_observable_state(self) -> None:
+        reference = self.buffers[0]
+        for rb in self.buffers[1:]:
+            assert len(rb) == len(reference)
+            assert rb.writer._cursor == reference.writer._cursor
+            assert rb.writer._write_count == reference.writer._write_count
+            if len(reference):
+                index = torch.arange(len(reference))
+                assert_equal_data(reference.storage.get(index), rb.storage.get(index), "stored rows")
+
+
+TestFastVsTorchRL = FastVsTorchRLMachine.TestCase
+TestFastVsTorchRL.settings = machine_settings(step_count=25)
