@@ -70,3 +70,13 @@ def test_sample_with_an_explicit_batch_size_equals_the_default_path(prioritized)
     assert torch.equal(explicit["x"], explicit["index"][..., 0] * 10.0 + explicit["index"][..., 1])
     with pytest.raises(ValueError, match="batch_size must be an int >= 0"):
         build().sample(-1)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -1.0])
+def test_a_batch_with_a_bad_priority_stores_nothing(bad):
+    # Was: the steps were stored, then the priority raised; the retry stored them twice.
+    rb = alf_replay_buffer(2, 4, prioritized_sampling=True, batch_size=2)
+    rb.extend(TensorDict({"x": torch.zeros(2), "td_error": torch.ones(2)}, [2]))
+    with pytest.raises(ValueError, match="priorities must be finite and >= 0"):
+        rb.extend(TensorDict({"x": torch.ones(2), "td_error": torch.tensor([1.0, bad])}, [2]))
+    assert len(rb) == 2 and rb.storage.current_size.tolist() == [1, 1]

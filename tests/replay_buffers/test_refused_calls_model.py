@@ -149,9 +149,9 @@ class RefusedCallsMachine(RuleBasedStateMachine):
 
     @rule(bad=st.sampled_from([math.nan, math.inf, -1.0]))
     def extend_with_a_bad_priority(self, bad: float) -> None:
-        if self.kind != "prioritized":
+        if self.kind not in ("prioritized", "alf_prioritized"):
             return
-        batch = self._batch(3).set("td_error", torch.tensor([1.0, bad, 1.0]))
+        batch = self._batch(3).set("td_error", torch.tensor([1.0, bad, 1.0]))  # NUM_ENVS == 3
         self.refused(lambda: self.rb.extend(batch))
 
     @rule(bad=st.sampled_from([math.nan, -2.0]))

@@ -126,6 +126,7 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
         writer: EnvRingWriter = self._writer
         if not isinstance(data, TensorDictBase):
             raise TypeError(f"data must be a TensorDict, got {type(data).__name__}.")
+        self._check_priority_entry(data, update_priority)  # before any step is stored
         if not blocking:
             return self._write(data, env_ids, update_priority)
         if data.batch_dims not in (1, 2):

@@ -241,12 +241,7 @@ class PrioritizedTrajectorySampler(TrajectorySampler):
         if env_ids.numel() == 0:
             return
         storage._check_env_ids(env_ids)
-        pmin, pmax = bounds(priorities)
-        if not (math.isfinite(pmin) and math.isfinite(pmax)) or pmin < 0:
-            raise ValueError(
-                f"priorities must be finite and >= 0, got values in [{pmin}, {pmax}]; "
-                "use e.g. td_error.abs() and replace NaN/inf before updating."
-            )
+        _check_values(priorities)
         self._sync(storage)
         a, b = self._valid_bounds(storage._current_pos[env_ids], storage._current_size[env_ids])
         keep = (positions >= a) & (positions <= b)
@@ -256,6 +251,13 @@ class PrioritizedTrajectorySampler(TrajectorySampler):
         values = (priorities[keep] + self.eps).pow_(self.alpha).to(self._tree.dtype)
         self._tree._write(leaves, values)
         self._stored[leaves] = values.to(self._stored.dtype)
+
+    def check_priority(self, priority: Any, num_items: int) -> None:
+        """Raises the ``ValueError`` :meth:`update_window_priority` would raise for these
+        priority values, writing nothing (buffers call it before storing a batch)."""
+        values = torch.as_tensor(priority, dtype=torch.float64).detach().reshape(-1)
+        if values.numel():
+            _check_values(values)
 
     def update_priority(
         self, index: Any, priority: Any, *, storage: EnvRingStorage | None = None
@@ -326,6 +328,15 @@ class PrioritizedTrajectorySampler(TrajectorySampler):
 
     def loads(self, path: str | Path) -> None:
         load_component(self, path, tensors_file=_TENSORS, metadata_file=_METADATA)
+
+
+def _check_values(priorities: torch.Tensor) -> None:
+    pmin, pmax = bounds(priorities)
+    if not (math.isfinite(pmin) and math.isfinite(pmax)) or pmin < 0:
+        raise ValueError(
+            f"priorities must be finite and >= 0, got values in [{pmin}, {pmax}]; "
+            "use e.g. td_error.abs() and replace NaN/inf before updating."
+        )
 
 
 def _leaves_of(env: torch.Tensor, low: torch.Tensor, high: torch.Tensor, length: int) -> torch.Tensor:
