@@ -6,7 +6,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["check_batch_size", "check_int", "check_real"]
+from torchrl_ext._host import bounds
+
+__all__ = ["check_batch_size", "check_int", "check_priorities", "check_real"]
 
 
 def check_int(name: str, value: Any, *, minimum: int) -> None:
@@ -36,3 +38,14 @@ def check_real(name: str, value: Any, *, low: float, high: float | None = None) 
         interval = f"[{low}, {high}]" if high is not None else f">= {low}"
         raise ValueError(f"{name} must be {interval}, got {name}={value}.")
     return value
+
+
+def check_priorities(name: str, values: torch.Tensor) -> float:
+    """The largest of the non-empty ``values``; ``ValueError`` unless every one is finite and ``>= 0``."""
+    low, high = bounds(values)
+    if not (math.isfinite(low) and math.isfinite(high)) or low < 0:
+        raise ValueError(
+            f"{name} must be finite and >= 0, got values in [{low}, {high}]; "
+            "use e.g. td_error.abs() and replace NaN/inf before updating."
+        )
+    return high

@@ -18,7 +18,7 @@ import torch
 from torchrl.data import PrioritizedSampler as _TorchRLPrioritizedSampler
 from torchrl.data.replay_buffers.storages import Storage
 
-from torchrl_ext._checks import check_batch_size, check_real
+from torchrl_ext._checks import check_batch_size, check_priorities, check_real
 from torchrl_ext._host import bounds, last
 from torchrl_ext.samplers._priority_state import SHARING_REFUSED, PriorityCheckpoints
 from torchrl_ext.samplers._priority_tree import PrioritySegmentTree, reduce_per_item
@@ -345,7 +345,7 @@ class PrioritizedSampler(PriorityCheckpoints, _TorchRLPrioritizedSampler):
                 f"priorities can be written for indices in [0, {len(storage) - 1}] only. A "
                 "batch sampled before rb.empty() (or a load) cannot write its priorities back."
             )
-        pmax = _checked_values(priority)
+        pmax = check_priorities("priority", priority)
         self._write_priorities(index, priority, pmax, high)
 
     def check_priority(self, priority: Any, num_items: int) -> None:
@@ -355,7 +355,7 @@ class PrioritizedSampler(PriorityCheckpoints, _TorchRLPrioritizedSampler):
         leaves the rows stored without one."""
         vector = self._priority_vector(priority, num_items, self._sum_tree.device)
         if vector.numel():
-            _checked_values(vector)
+            check_priorities("priority", vector)
 
     def _write_priorities(
         self, index: torch.Tensor, priority: torch.Tensor, pmax: float, high: int
@@ -437,16 +437,6 @@ class PrioritizedSamplerWithoutReplacement(PrioritizedSampler):
 
 _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
-
-def _checked_values(priority: torch.Tensor) -> float:
-    """The largest of ``priority``; ``ValueError`` unless every value is finite and ``>= 0``."""
-    pmin, pmax = bounds(priority)
-    if not (math.isfinite(pmin) and math.isfinite(pmax)) or pmin < 0:
-        raise ValueError(
-            f"priority must be finite and >= 0, got values in [{pmin}, {pmax}]; "
-            "use e.g. td_error.abs() and replace NaN/inf before updating."
-        )
-    return pmax
 
 
 def _register_replacement_dispatch() -> None:

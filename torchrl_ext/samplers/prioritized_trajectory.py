@@ -29,8 +29,7 @@ from typing import Any
 
 import torch
 
-from torchrl_ext._checks import check_real
-from torchrl_ext._host import bounds
+from torchrl_ext._checks import check_priorities, check_real
 from torchrl_ext.io.state_files import load_component, save_state
 from torchrl_ext.samplers._priority_tree import PrioritySegmentTree
 from torchrl_ext.samplers.trajectory import TrajectorySampler
@@ -241,7 +240,7 @@ class PrioritizedTrajectorySampler(TrajectorySampler):
         if env_ids.numel() == 0:
             return
         storage._check_env_ids(env_ids)
-        _check_values(priorities)
+        check_priorities("priorities", priorities)
         self._sync(storage)
         a, b = self._valid_bounds(storage._current_pos[env_ids], storage._current_size[env_ids])
         keep = (positions >= a) & (positions <= b)
@@ -257,7 +256,7 @@ class PrioritizedTrajectorySampler(TrajectorySampler):
         priority values, writing nothing (buffers call it before storing a batch)."""
         values = torch.as_tensor(priority, dtype=torch.float64).detach().reshape(-1)
         if values.numel():
-            _check_values(values)
+            check_priorities("priorities", values)
 
     def update_priority(
         self, index: Any, priority: Any, *, storage: EnvRingStorage | None = None
@@ -328,15 +327,6 @@ class PrioritizedTrajectorySampler(TrajectorySampler):
 
     def loads(self, path: str | Path) -> None:
         load_component(self, path, tensors_file=_TENSORS, metadata_file=_METADATA)
-
-
-def _check_values(priorities: torch.Tensor) -> None:
-    pmin, pmax = bounds(priorities)
-    if not (math.isfinite(pmin) and math.isfinite(pmax)) or pmin < 0:
-        raise ValueError(
-            f"priorities must be finite and >= 0, got values in [{pmin}, {pmax}]; "
-            "use e.g. td_error.abs() and replace NaN/inf before updating."
-        )
 
 
 def _leaves_of(env: torch.Tensor, low: torch.Tensor, high: torch.Tensor, length: int) -> torch.Tensor:
