@@ -26,7 +26,7 @@ from torchrl_ext.storages import FastTensorStorage
 def assert_table_matches_a_rebuild(sampler: NStepSampler, storage) -> None:
     streams = streams_of(sampler, storage)
     table = sampler._chain_table
-    assert table.current(streams, (sampler.n_step, sampler.gamma))
+    assert table.current(streams, sampler._chain_settings())
     fresh = ChainTable(streams, (sampler.n_step, sampler.gamma), sampler._chain_values)
     env, start = streams.all_starts()
     flat = streams.flat(env, start)
@@ -190,7 +190,7 @@ def test_writes_never_reported_cost_at_most_one_rebuild_per_buffer_of_walks(monk
     # Once the direct writes stop, the next rebuild is current again and stays so.
     for _ in range(20):
         sampler.sample(storage, 4)
-    assert sampler._chain_table.current(streams_of(sampler, storage), (2, 0.5))
+    assert sampler._chain_table.current(streams_of(sampler, storage), sampler._chain_settings())
 
 
 def test_shared_rings_are_walked_not_tabulated():

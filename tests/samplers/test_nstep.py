@@ -184,3 +184,24 @@ def test_rewards_with_autograd_history_are_sampled_through_torch():
     assert rb.sampler._chain_table.reward.requires_grad and batch["next", "reward"].requires_grad
     # chains of up to 3 steps, 1 + 0.5 + 0.25 when all three exist
     assert set(batch["next", "reward"].detach().reshape(-1).tolist()) <= {1.0, 1.5, 1.75}
+
+
+def test_changing_the_reward_key_rebuilds_the_chain_table():
+    # Was: the table was keyed on (n_step, gamma) only, so after sampler.reward_key = ...
+    # samples kept the discounted sums of the old reward.
+    def build(sampler):
+        rb = EnvRingReplayBuffer(num_envs=1, max_length=16, sampler=sampler, batch_size=4)
+        for t in range(8):
+            rb.extend(TensorDict({"obs": torch.tensor([[float(t)]]), "next": {
+                "obs": torch.tensor([[t + 1.0]]), "reward": torch.ones(1, 1),
+                "reward2": torch.full((1, 1), 10.0), "done": torch.zeros(1, 1, dtype=torch.bool)}}, [1]))
+        return rb
+
+    torch.manual_seed(0)
+    sampler = NStepSampler(2, gamma=0.5)
+    rb = build(sampler)
+    rb.sample()
+    sampler.reward_key = ("next", "reward2")
+    sums = rb.sample()["next", "reward2"].flatten()
+    # 10 + 0.5 * 10 for a two-step chain, 10 for the newest step (its chain stops there).
+    assert set(sums.tolist()) <= {15.0, 10.0} and 15.0 in sums.tolist()

@@ -246,15 +246,30 @@ def test_bad_layouts_and_keys():
         empty.sample(2)
 
 
-def test_grid_views_are_built_once_per_stored_tensordict():
-    import pickle
+def test_grid_streams_see_leaves_added_to_the_stored_tensordict():
+    # Was: views of the stored leaves were kept per stored TensorDict, so a ("next", key)
+    # TorchRL's storage added to it later never reached the samples.
+    def step_batch(t0, extra):
+        t = torch.arange(t0, t0 + 4.0).reshape(1, 4, 1)
+        nxt = {"obs": t + 1, "reward": torch.ones(1, 4, 1), "done": torch.zeros(1, 4, 1, dtype=torch.bool)}
+        if extra:
+            nxt["t"] = t + 1
+        return TensorDict({"obs": t, "next": nxt}, [1, 4])
 
-    sampler = NStepSampler(2, gamma=0.5)
-    rb = TensorDictReplayBuffer(storage=FastTensorStorage(20, ndim=2), sampler=sampler)
-    rb.extend(TensorDict({"obs": torch.zeros(2, 5, 1), "next": {
-        "reward": torch.ones(2, 5, 1), "done": torch.zeros(2, 5, 1, dtype=torch.bool)}}, [2, 5]))
-    rb.sample(4)
-    views = sampler._grid_streams
-    rb.sample(4)
-    assert sampler._grid_streams is views
-    assert "_grid_streams" not in pickle.loads(pickle.dumps(sampler)).__dict__
+    results = []
+    for cls in (TorchRLTensorDictReplayBuffer, TensorDictReplayBuffer):
+        torch.manual_seed(0)
+        rb = cls(storage=LazyTensorStorage(16, ndim=2), sampler=NStepSampler(3, gamma=1.0), batch_size=8)
+        rb.extend(step_batch(0, False))
+        rb.sample(4)
+        rb.extend(step_batch(4, True))
+        rb.extend(step_batch(8, True))
+        results.append(rb.sample())
+    for sample in results:
+        assert ("next", "t") in sample.keys(True)
+        # Rows written before the key existed hold TorchRL's zeros; the others the chain end's time.
+        filled = sample["obs"] >= 4
+        assert torch.equal(sample["next", "t"][filled], sample["next", "obs"][filled])
+    assert torch.equal(results[0]["obs"], results[1]["obs"])  # same draws
+    filled = results[0]["obs"] >= 4
+    assert torch.equal(results[0]["next", "t"][filled], results[1]["next", "t"][filled])

@@ -252,3 +252,21 @@ def test_sampler_takes_window_priorities_as_soon_as_its_buffer_exists():
     sampler.update_window_priority(torch.tensor([0]), torch.tensor([0]), torch.tensor([0.0]))
     # Start 0 now has priority 0: every window drawn starts at 1.
     assert (rb.sample(16)["x"][:, 0] == 1.0).all()
+
+
+def test_a_storage_loaded_back_to_an_earlier_state_is_synced_afresh():
+    # Was: the sampler assumed ring counters only move forward unless an env is cleared;
+    # after storage.load_state_dict(earlier) it drew windows past the stored steps.
+    torch.manual_seed(0)
+    sampler = PrioritizedTrajectorySampler(batch_length=2)
+    rb = EnvRingReplayBuffer(num_envs=2, max_length=8, sampler=sampler, batch_size=64)
+    for t in range(3):
+        rb.extend(TensorDict({"t": torch.full((2,), float(t))}, [2]))
+    early = rb.storage.state_dict()
+    for t in range(3, 8):
+        rb.extend(TensorDict({"t": torch.full((2,), float(t))}, [2]))
+    rb.sample()
+    rb.storage.load_state_dict(early)
+    batch = rb.sample()
+    assert set(batch["positions"][:, 0].tolist()) <= {0, 1}
+    assert set(batch["t"].flatten().tolist()) <= {0.0, 1.0, 2.0}

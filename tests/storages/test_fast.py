@@ -314,3 +314,50 @@ def test_samples_of_rows_stored_with_autograd_history_work_as_in_torchrl(storage
     assert got["obs"].requires_grad == want["obs"].requires_grad
     assert torch.equal(got["obs"].detach(), want["obs"].detach())
     assert rb.sample()["obs"].shape == (256, 2048)
+
+
+# ---------------------------------------------------------------------------
+# Nothing derived from the stored leaves outlives them.
+
+
+def test_samples_follow_leaves_replaced_or_added_in_the_stored_tensordict():
+    # Was: the buffer kept the stored TensorDict's leaf list while the TensorDict object
+    # stayed the same, so a replaced leaf, memmap_() or a key TorchRL's storage added later
+    # was sampled stale or not at all.
+    rb = ExtTensorDictReplayBuffer(storage=FastTensorStorage(4), batch_size=4)
+    rb.extend(TensorDict({"obs": torch.zeros(4)}, [4]))
+    rb.sample()
+    rb.storage._storage.set("obs", torch.full((4,), 5.0))  # same TensorDict, new leaf
+    assert rb.sample()["obs"].tolist() == [5.0] * 4
+    lazy = ExtTensorDictReplayBuffer(storage=LazyTensorStorage(4), batch_size=4)
+    lazy.extend(TensorDict({"a": torch.zeros(2)}, [2]))
+    lazy.sample()
+    lazy.extend(TensorDict({"a": torch.ones(2), "b": torch.ones(2)}, [2]))  # TorchRL adds "b"
+    assert "b" in lazy.sample().keys()
+
+
+def test_a_load_that_adds_a_key_keeps_writes_strict():
+    # Was: the stored layout was cached per stored TensorDict; load_state_dict loads into
+    # the same one (adding "b"), and a later write without "b" was accepted, leaving stale rows.
+    donor = FastTensorStorage(4)
+    donor.set(torch.arange(4), TensorDict({"a": torch.zeros(4), "b": torch.full((4,), 9.0)}, [4]))
+    storage = FastTensorStorage(4)
+    storage.set(torch.arange(4), TensorDict({"a": torch.zeros(4)}, [4]))
+    storage.set(0, TensorDict({"a": torch.tensor(0.0)}, []))
+    storage.load_state_dict(donor.state_dict())
+    with pytest.raises(ValueError, match=r"data keys differ from the stored keys \(missing: \['b'\]"):
+        storage.set(torch.arange(4), TensorDict({"a": torch.ones(4)}, [4]))
+
+
+@pytest.mark.parametrize("storage_cls", FAST)
+def test_a_zero_row_extend_keeps_the_buffer_checkpointable(storage_cls, tmp_path):
+    # TorchRL records the empty cursor of a zero-row write as the last one, and its
+    # checkpointer then fails on dumps (LazyTensorStorage still does).
+    rb = ExtTensorDictReplayBuffer(storage=storage_cls(4), batch_size=2)
+    rb.extend(TensorDict({"obs": torch.arange(3.0)}, [3]))
+    assert rb.extend(TensorDict({"obs": torch.zeros(0)}, [0])).numel() == 0
+    assert len(rb) == 3
+    rb.dumps(tmp_path / "ckpt")
+    restored = ExtTensorDictReplayBuffer(storage=storage_cls(4), batch_size=2)
+    restored.loads(tmp_path / "ckpt")
+    assert restored[:]["obs"].tolist() == [0.0, 1.0, 2.0]

@@ -166,6 +166,13 @@ class FastVsTorchRLMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.filled > 0)
     @rule()
     def files_round_trip(self) -> None:
+        last = self.buffers[0].storage._last_cursor
+        if isinstance(last, torch.Tensor) and last.numel() == 0:
+            # TorchRL's dumps fails after a zero-row extend (it records the empty cursor);
+            # the fast storages keep the last real one (README, "Where behaviour differs").
+            for rb in self.buffers[1:]:
+                rb.dumps(self.folder / "after-empty-extend")
+            return
         restored = self._new_buffers()
         for k, (rb, new) in enumerate(zip(self.buffers, restored)):
             rb.dumps(self.folder / str(k))

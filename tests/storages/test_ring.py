@@ -355,3 +355,12 @@ def test_every_env_steps_store_the_same_from_addresses_numpy_views_or_the_genera
             assert torch.equal(got._storage[key], leaf), (path, key)
     # Time-major, every step but the first (which allocates) and the refused one took the addresses.
     assert rows_written == ([k % 4 for k in range(1, 10) if k != 6] if time_major else [])
+
+
+def test_the_memory_layout_is_fixed_at_construction():
+    # Was settable: readers kept their flat views of the old layout and returned rows
+    # in the wrong order ([0, 10, 1, 11, ...] instead of [0, 1, 2, 10, ...]).
+    storage = EnvRingStorage(2, 3)
+    with pytest.raises(AttributeError, match="time_major is fixed when the storage is built"):
+        storage.time_major = False
+    assert storage.time_major is True

@@ -34,7 +34,7 @@ from torchrl_ext.io.atomic_dir import atomic_save_dir, committed_dir, verify_che
 from torchrl_ext.io.state_files import load_state, save_state
 from torchrl_ext.replay_buffers._lean_extend import LeanExtend
 from torchrl_ext.storages._gathers import assemble, gather_coordinates, gather_rows, take_rows
-from torchrl_ext.storages._numpy_rows import ColumnCache
+from torchrl_ext.storages._numpy_rows import ColumnCache, leaf_items
 from torchrl_ext.samplers.minibatch import _EpochMinibatchSampler
 from torchrl_ext.storages.rollout import RolloutStorage
 from torchrl_ext.writers.rollout import RolloutWriter
@@ -152,7 +152,6 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
             kwargs["batch_size"] = 1
         _check_sampler_capacity(kwargs.get("sampler"), kwargs.get("storage"))
         super().__init__(**kwargs)
-        self._gather_cache: tuple[Any, list[tuple[Any, torch.Tensor]]] | None = None
         # Numpy views of the stored leaves for CPU gathers, rebuilt when TorchRL swaps or
         # moves a leaf (loads, share_memory_, memmap_); pickles empty.
         self._gather_columns = ColumnCache()
@@ -310,15 +309,12 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
         return gather_coordinates(stored, index, extra=extra, leaves=self._leaves_of(stored))
 
     def _leaves_of(self, stored: TensorDictBase) -> list[tuple[Any, torch.Tensor]]:
-        # The storage's TensorDict and its leaves are fixed once initialised;
-        # a new object (after loads or empty) invalidates the cache.
-        cache = self._gather_cache
-        if cache is None or cache[0] is not stored:
-            leaves = list(stored.items(include_nested=True, leaves_only=True))
-            if not all(isinstance(tensor, torch.Tensor) for _, tensor in leaves):
-                raise TypeError("the lean gather only handles tensor leaves")
-            cache = self._gather_cache = (stored, leaves)
-        return cache[1]
+        # Listed per sample: TorchRL's storages add and replace leaves of the same stored
+        # TensorDict (a key that appears later, a load, memmap_()), which a kept list would miss.
+        leaves = leaf_items(stored)
+        if not all(isinstance(tensor, torch.Tensor) for _, tensor in leaves):
+            raise TypeError("the lean gather only handles tensor leaves")
+        return leaves
 
     def _set_index_in_td(self, tensordict: TensorDictBase, index: Any) -> None:
         """Writes each extended item's storage coordinates under ``"index"``.
@@ -437,8 +433,3 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
                     f"{folder / name} cannot be loaded into this buffer's {type(part).__name__} "
                     f"({err}); the buffer is unchanged. Build the buffer as the saved one was built."
                 ) from err
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = super().__getstate__()
-        state["_gather_cache"] = None
-        return state

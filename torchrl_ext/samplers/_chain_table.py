@@ -38,7 +38,8 @@ class ChainTable:
 
     Args:
         streams: the storage's stream view (:mod:`torchrl_ext.samplers._streams`).
-        settings: ``(n_step, gamma)`` the chains were computed with.
+        settings: ``(n_step, gamma, ...)`` the chains were computed with (the sampler's
+            keys follow: a change of any rebuilds the table).
         chains: ``chains(streams, env, start) -> (m [K], reward [K, *reward_shape])``.
 
     Shape contract:
@@ -48,7 +49,7 @@ class ChainTable:
         reward, all on the reward leaf's device.
     """
 
-    def __init__(self, streams: Any, settings: tuple[int, float], chains: ChainFn) -> None:
+    def __init__(self, streams: Any, settings: tuple, chains: ChainFn) -> None:
         self.streams, self.settings, self._chains = streams, settings, chains
         self.storage = streams.storage
         self.revision = self.storage._mutation_revision
@@ -61,7 +62,7 @@ class ChainTable:
         if self.stop is None:  # nothing stored yet: sized on the first write
             self.revision = -1
 
-    def current(self, streams: Any, settings: tuple[int, float]) -> bool:
+    def current(self, streams: Any, settings: tuple) -> bool:
         """Whether the table describes ``streams``' storage as it is now, for ``settings``."""
         return (
             streams is self.streams or streams.same_source(self.streams)
@@ -110,7 +111,7 @@ class ChainTable:
             self.stop = torch.zeros(rows, dtype=dtype, device=reward.device)
             self.reward = torch.zeros(rows, *reward.shape[1:], dtype=reward.dtype, device=reward.device)
             # Row m: what a chain stopping at m gives, shaped like one reward.
-            n_step, gamma = self.settings
+            n_step, gamma = self.settings[:2]
             shape = (n_step, *reward.shape[1:])
             steps = torch.arange(1, n_step + 1).reshape(-1, *(1,) * (len(shape) - 1))
             discount = (gamma ** steps.double()).float()

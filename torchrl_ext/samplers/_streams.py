@@ -98,10 +98,10 @@ class GridStreams:
         self.storage = storage
         self.source = stored = storage._storage
         self.rows, self.num_envs = int(stored.shape[0]), int(stored.shape[1])
-        self._leaves = [
-            (key, leaf.reshape(-1, *leaf.shape[2:]))
-            for key, leaf in stored.items(include_nested=True, leaves_only=True)
-        ]
+        leaves = list(stored.items(include_nested=True, leaves_only=True))
+        self._leaves = [(key, leaf.reshape(-1, *leaf.shape[2:])) for key, leaf in leaves]
+        # What the chain table built from these streams depends on: which tensors, where.
+        self.fingerprint = tuple((key, id(leaf), leaf.data_ptr()) for key, leaf in leaves)
 
     def stored(self) -> int:
         return self.filled_rows() * self.num_envs
@@ -143,7 +143,8 @@ class GridStreams:
         return bool(self.source.is_shared())
 
     def same_source(self, other: Any) -> bool:
-        return isinstance(other, GridStreams) and other.storage is self.storage and other.source is self.source
+        return (isinstance(other, GridStreams) and other.storage is self.storage and other.source is self.source
+                and other.fingerprint == self.fingerprint)
 
     def all_starts(self) -> tuple[torch.Tensor, torch.Tensor]:
         cell = torch.arange(self.stored())
@@ -215,12 +216,9 @@ def streams_of(sampler: Any, storage: Any) -> RingStreams | GridStreams:
         stored = getattr(storage, "_storage", None)
         if not isinstance(stored, TensorDictBase) or not storage.initialized:
             raise RuntimeError("Cannot sample from an empty storage.")
-        # The flattened leaf views are fixed for a given stored TensorDict (a
-        # new one after loads or empty replaces it): build them once, not per sample.
-        cached = getattr(sampler, "_grid_streams", None)
-        if cached is None or cached.storage is not storage or cached.source is not stored:
-            cached = sampler._grid_streams = GridStreams(storage)
-        return cached
+        # Built per sample (views, no copies): TorchRL adds and replaces leaves of the same
+        # stored TensorDict (a key that appears later, a load), which a kept view would miss.
+        return GridStreams(storage)
     layout = (
         f"a {storage.ndim}-D {type(storage).__name__}" if isinstance(storage, TensorStorage)
         else type(storage).__name__

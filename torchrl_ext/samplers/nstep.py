@@ -126,7 +126,6 @@ class NStepSampler(StatelessSampler):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         # Views of a storage and what is derived from it: rebuilt on the next sample.
-        state.pop("_grid_streams", None)
         state.pop("_chain_table", None)
         state.pop("_walked", None)
         return state
@@ -214,6 +213,10 @@ class NStepSampler(StatelessSampler):
         info["steps_to_next_obs"], info["nstep_discount"] = steps, discount
         return streams.index(env, start, end), info
 
+    def _chain_settings(self) -> tuple:
+        """Everything the chain table is computed from besides the stored data."""
+        return (self.n_step, self.gamma, self.reward_key, self.done_key, self.agent_group)
+
     def _table(self, streams: Any, batch_size: int) -> ChainTable | None:
         """The chain table of ``streams``' storage, current, or ``None``: walk this sample's chains.
 
@@ -226,7 +229,7 @@ class NStepSampler(StatelessSampler):
         report to this sampler: their chains are always walked.
         """
         table = self.__dict__.get("_chain_table")
-        settings = (self.n_step, self.gamma)
+        settings = self._chain_settings()
         if table is not None and table.current(streams, settings):
             table.served += batch_size
             return table

@@ -105,6 +105,7 @@ class PrioritizedTrajectorySampler(TrajectorySampler):
         self._stored: torch.Tensor | None = None  # transformed priority per slot, or _UNSET
         self._seen: torch.Tensor | None = None  # [3, E] pos, size, resets at the last sync
         self._seen_geometry: tuple[int, int] | None = None
+        self._seen_source: tuple[int, int] | None = None  # (storage id, its load count) at the last sync
         self._ignored = self.num_earliest_frames_ignored  # the storage may need more
 
     # ------------------------------------------------------------------
@@ -119,8 +120,15 @@ class PrioritizedTrajectorySampler(TrajectorySampler):
         now = torch.stack([storage._current_pos, storage._current_size, storage._resets])
         self._ignored = self.ignored_frames(storage)
         geometry = (self._batch_length, self._ignored)
-        if geometry != self._seen_geometry or not torch.equal(now[2], self._seen[2]):
-            cleared = (now[2] != self._seen[2]).nonzero().squeeze(1)
+        # Counters only move forward between clears; another storage, a load or a position
+        # that went back means the steps (and their priorities) are not the ones seen.
+        source = (id(storage), getattr(storage, "_loads", 0))
+        replaced = (now[2] != self._seen[2]) | (now[0] < self._seen[0])
+        if self._seen_source is not None and source != self._seen_source:
+            replaced[:] = True
+        self._seen_source = source
+        if geometry != self._seen_geometry or bool(replaced.any()):
+            cleared = replaced.nonzero().squeeze(1)
             self._stored.view(storage.num_envs, -1)[cleared] = _UNSET
             self._rebuild(storage)
         else:
@@ -298,6 +306,7 @@ class PrioritizedTrajectorySampler(TrajectorySampler):
     # ------------------------------------------------------------------
     def _empty(self) -> None:
         self._tree = self._stored = self._seen = self._seen_geometry = None
+        self._seen_source = None
 
     def state_dict(self) -> dict[str, Any]:
         if self._tree is None:
@@ -321,6 +330,7 @@ class PrioritizedTrajectorySampler(TrajectorySampler):
         self._seen = state_dict["seen"][0].clone()
         geometry = state_dict["seen_geometry"]
         self._seen_geometry = tuple(geometry) if geometry else None
+        self._seen_source = None  # restored with its storage: the next sync takes it as seen
 
     def dumps(self, path: str | Path) -> None:
         save_state(path, self.state_dict(), tensors_file=_TENSORS, metadata_file=_METADATA)

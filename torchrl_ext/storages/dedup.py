@@ -82,7 +82,7 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
         torch.Size([1, 8, 1, 3])
     """
 
-    time_major = False  # a stack's frames are consecutive steps of one env: adjacent rows
+    default_time_major = False  # a stack's frames are consecutive steps of one env: adjacent rows
 
     def __init__(
         self,

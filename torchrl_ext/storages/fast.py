@@ -56,6 +56,10 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
         super().__init__(max_size, *args, **kwargs)
 
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
+        if isinstance(cursor, torch.Tensor) and cursor.numel() == 0 and self.initialized:
+            # Nothing to write. TorchRL would record the empty cursor as the last one
+            # written, and its checkpointer then fails on the next dumps().
+            return
         leaves = self._checked_leaves(cursor, data) if self.ndim == 1 else None
         ranges = self._ring_ranges(cursor, data)
         if ranges is None:
@@ -197,12 +201,8 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
         return [(self._storage.get(key), leaf) for key, leaf in leaf_items(data)]
 
     def _stored_layout(self) -> dict[Any, tuple[tuple[int, ...], torch.dtype]] | None:
-        # The stored TensorDict is fixed once initialised; a new one (after
-        # loads, say) is a new object, which invalidates this cache.
-        cached = getattr(self, "_layout_cache", None)
-        if cached is None or cached[0] is not self._storage:
-            cached = self._layout_cache = (self._storage, _layout(self._storage, item_dims=1))
-        return cached[1]
+        # Read each time: a load_state_dict can add leaves to the same stored TensorDict.
+        return _layout(self._storage, item_dims=1)
 
     def _ring_ranges(self, cursor: Any, data: Any) -> list[tuple[int, int, int, int]] | None:
         """``(start, stop, data_first, data_last)`` slices equivalent to writing

@@ -81,7 +81,7 @@ class EnvRingStorage(PinnedOutputs, RingReads, RingStepWrites, RingSharing, Stor
             bookkeeping is cheapest.
         checkpointer: defaults to :class:`EnvRingStorageCheckpointer`.
         time_major: memory layout (above); ``None`` takes the class default,
-            :attr:`time_major` (``True`` here, ``False`` for the frame-stacking
+            :attr:`default_time_major` (``True`` here, ``False`` for the frame-stacking
             :class:`~torchrl_ext.storages.DedupEnvRingStorage`).
 
     Shape contract:
@@ -112,7 +112,7 @@ class EnvRingStorage(PinnedOutputs, RingReads, RingStepWrites, RingSharing, Stor
     #: storage needs the ``num_stack - 1`` steps before a step); samplers skip them.
     required_lookback = 0
     #: Default memory layout: time-major suits writes of every env at once (ALF's add_batch).
-    time_major = True
+    default_time_major = True
 
     def __init__(
         self,
@@ -132,7 +132,7 @@ class EnvRingStorage(PinnedOutputs, RingReads, RingStepWrites, RingSharing, Stor
                     f"time_major must be a bool (or None for the class default), got "
                     f"time_major={time_major!r}."
                 )
-            self.time_major = time_major
+        self._time_major = self.default_time_major if time_major is None else time_major
         super().__init__(num_envs * max_length, checkpointer=checkpointer)
         self._num_envs, self._max_length = num_envs, max_length
         self._device = torch.device(device)
@@ -148,6 +148,7 @@ class EnvRingStorage(PinnedOutputs, RingReads, RingStepWrites, RingSharing, Stor
         # Clears per env: lets samplers that keep per-position state notice a
         # clear even when the env has since been written past its old position.
         self._resets = torch.zeros(num_envs, dtype=torch.long)
+        self._loads = 0  # load_state_dict calls: what samplers derived from the counters is void
         self._last_cursor = None
 
     # ------------------------------------------------------------------
@@ -383,6 +384,19 @@ class EnvRingStorage(PinnedOutputs, RingReads, RingStepWrites, RingSharing, Stor
         pos, size = int(self._current_pos[env]), int(self._current_size[env])
         return pos - size <= position < pos
 
+    @property
+    def time_major(self) -> bool:
+        """Memory layout of the stored leaves, fixed at construction (readers and writers
+        address memory through it, so it cannot change under stored data)."""
+        return self._time_major
+
+    @time_major.setter
+    def time_major(self, value: Any) -> None:
+        raise AttributeError(
+            f"time_major is fixed when the storage is built (got time_major={value!r}); build a "
+            f"new {type(self).__name__}(..., time_major={value!r}) and write the data into it."
+        )
+
     # ------------------------------------------------------------------
     # Checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -408,6 +422,7 @@ class EnvRingStorage(PinnedOutputs, RingReads, RingStepWrites, RingSharing, Stor
         self._current_pos.copy_(pos)
         self._current_size.copy_(size)
         self._resets.copy_(resets)
+        self._loads = getattr(self, "_loads", 0) + 1
         self._bump_mutation_revision()
 
     def _empty(self) -> None:
