@@ -25,13 +25,14 @@ from tests._hypothesis import machine_settings
 from tests.test_errors import assert_same, freeze
 from torchrl_ext.presets import alf_replay_buffer
 from torchrl_ext.replay_buffers import EnvRingReplayBuffer, PrioritizedReplayBuffer, TensorDictReplayBuffer
-from torchrl_ext.samplers import TrajectorySampler
-from torchrl_ext.storages import FastTensorStorage
+from torchrl_ext.samplers import FeedForwardMinibatchSampler, TrajectorySampler
+from torchrl_ext.storages import FastTensorStorage, RolloutStorage
 
 pytestmark = pytest.mark.soak  # `make test-soak` reruns it with TORCHRL_EXT_SOAK examples
 
 CAPACITY, NUM_ENVS, MAX_LENGTH = 8, 3, 4
-KINDS = ["fast", "prioritized", "ring", "alf_prioritized"]
+ROLLOUT_STEPS, ROLLOUT_ENVS = 4, 2
+KINDS = ["fast", "prioritized", "ring", "alf_prioritized", "rollout"]
 
 
 def flat_rows(n: int, start: float, dtype: torch.dtype = torch.float32, dim: int = 2) -> TensorDict:
@@ -42,6 +43,14 @@ def flat_rows(n: int, start: float, dtype: torch.dtype = torch.float32, dim: int
 def env_steps(n: int, start: float, dtype: torch.dtype = torch.float32, width: int = 1) -> TensorDict:
     x = (torch.arange(n, dtype=torch.float64) + start).to(dtype)
     return TensorDict({"x": x if width == 1 else x.unsqueeze(1).expand(n, width).clone()}, [n])
+
+
+def rollout_step(start: float, dtype: torch.dtype = torch.float32, width: int = 2) -> TensorDict:
+    """One step of every env as a collector batch ``[N, T=1]``."""
+    obs = torch.full((ROLLOUT_ENVS, 1, width), start, dtype=torch.float64).to(dtype)
+    return TensorDict({"obs": obs, "next": {"obs": obs + 1, "reward": torch.ones(ROLLOUT_ENVS, 1, 1),
+                                            "done": torch.zeros(ROLLOUT_ENVS, 1, 1, dtype=torch.bool)}},
+                      [ROLLOUT_ENVS, 1])
 
 
 def snapshot(rb) -> dict:
@@ -72,6 +81,9 @@ class RefusedCallsMachine(RuleBasedStateMachine):
             return PrioritizedReplayBuffer(alpha=0.6, beta=0.4, storage=FastTensorStorage(CAPACITY), batch_size=4)
         if self.kind == "ring":
             return EnvRingReplayBuffer(num_envs=NUM_ENVS, max_length=MAX_LENGTH, sampler=TrajectorySampler(1))
+        if self.kind == "rollout":
+            return TensorDictReplayBuffer(storage=RolloutStorage(ROLLOUT_STEPS),
+                                          sampler=FeedForwardMinibatchSampler(2))
         return alf_replay_buffer(NUM_ENVS, MAX_LENGTH, prioritized_sampling=True, batch_size=4)
 
     @property
@@ -80,11 +92,16 @@ class RefusedCallsMachine(RuleBasedStateMachine):
 
     def _batch(self, n: int, **kwargs) -> TensorDict:
         self.counter += 100.0
+        if self.kind == "rollout":
+            width = {"width": kwargs.pop("dim")} if "dim" in kwargs else {}
+            return rollout_step(self.counter, **kwargs, **width)
         if self.ring:
             return env_steps(NUM_ENVS, self.counter, **kwargs)
         return flat_rows(n, self.counter, **kwargs)
 
     def refused(self, call, errors=(ValueError, TypeError)) -> None:
+        if self.kind == "rollout" and self.rb.storage.step >= ROLLOUT_STEPS:
+            errors = (*errors, RuntimeError)  # a full rollout refuses any insert first
         before = snapshot(self.rb)
         with pytest.raises(errors):
             call()
@@ -93,11 +110,18 @@ class RefusedCallsMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------------ valid calls
     @rule(n=st.integers(1, CAPACITY))
     def extend(self, n: int) -> None:
+        if self.kind == "rollout" and self.rb.storage.step >= ROLLOUT_STEPS:
+            self.refused(lambda: self.rb.extend(self._batch(n)), errors=(RuntimeError,))  # full
+            self.rb.storage.after_update()
         self.rb.extend(self._batch(n))
 
     @rule(bad=st.sampled_from([None, math.nan]))
     def add(self, bad) -> None:
         if self.ring:
+            return
+        if self.kind == "rollout":  # add() takes one step of every env
+            if self.rb.storage.step < ROLLOUT_STEPS and bad is None:
+                self.rb.add(self._batch(1)[:, 0])
             return
         item = self._batch(1)[0]
         if bad is None:
@@ -129,14 +153,14 @@ class RefusedCallsMachine(RuleBasedStateMachine):
     # ------------------------------------------------------------------ refused calls
     @rule(dtype=st.sampled_from([torch.float64, torch.int64]))
     def extend_with_another_dtype(self, dtype: torch.dtype) -> None:
-        if len(self.rb):  # the first write fixes the layout
+        if len(self.rb) and self.kind != "rollout":  # the first write fixes the layout; rollouts cast
             self.refused(lambda: self.rb.extend(self._batch(2, dtype=dtype)))
 
     @rule()
     def extend_with_another_shape(self) -> None:
         if not len(self.rb):
             return
-        batch = self._batch(2, width=3) if self.ring else self._batch(2, dim=5)
+        batch = self._batch(2, width=3) if self.ring and self.kind != "rollout" else self._batch(2, dim=5)
         self.refused(lambda: self.rb.extend(batch))
 
     @rule()
@@ -145,6 +169,8 @@ class RefusedCallsMachine(RuleBasedStateMachine):
             return
         batch = self._batch(2)
         batch = batch.rename_key_("x", "y") if self.ring else batch.exclude(("next", "obs"))
+        if self.kind == "rollout":
+            batch = self._batch(2).exclude("obs")
         self.refused(lambda: self.rb.extend(batch))
 
     @rule(bad=st.sampled_from([math.nan, math.inf, -1.0]))
