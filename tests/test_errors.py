@@ -50,7 +50,7 @@ from torchrl_ext.samplers import (
 )
 from torchrl_ext.samplers.prioritized_nstep import PrioritizedNStepSampler
 from torchrl_ext.segment_tree import SumSegmentTree
-from torchrl_ext.storages import FastTensorStorage, RolloutStorage
+from torchrl_ext.storages import EpisodicEnvRingStorage, FastTensorStorage, RolloutStorage
 from torchrl_ext.value import GAE, ValueNorm, VTrace
 from torchrl_ext.value import functional as F
 
@@ -560,6 +560,18 @@ def _(tmp: Path) -> Built:
     rb = ring_buffer()
     data = TensorDict({"x": torch.zeros(3, 5)}, [3, 5])
     return buffer_state(rb), lambda: rb.extend(data, blocking=True)
+
+
+@row("episodic-step-type", "`EnvRingReplayBuffer` + `EpisodicEnvRingStorage`",
+     "steps whose `step_type` is 7", ValueError,
+     r"'step_type' must hold ALF's StepType values 0 \(FIRST\), 1 \(MID\) or 2 \(LAST\), got values in \[7, 7\]",
+     "write ALF step types (or bools: episode starts)", RING)
+def _(tmp: Path) -> Built:
+    rb = EnvRingReplayBuffer(storage=EpisodicEnvRingStorage(2, 4), sampler=TrajectorySampler(1))
+    steps = TensorDict({"x": torch.zeros(2), "step_type": torch.zeros(2, dtype=torch.int32)}, [2])
+    rb.extend(steps)
+    bad = steps.clone().set("step_type", torch.full((2,), 7, dtype=torch.int32))
+    return buffer_state(rb), lambda: rb.extend(bad)
 
 
 @row("ring-read-env-out-of-range", "`EnvRingStorage.read`", "`read(torch.tensor([3]), torch.tensor([0]))`",

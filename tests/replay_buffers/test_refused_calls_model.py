@@ -26,13 +26,13 @@ from tests.test_errors import assert_same, freeze
 from torchrl_ext.presets import alf_replay_buffer
 from torchrl_ext.replay_buffers import EnvRingReplayBuffer, PrioritizedReplayBuffer, TensorDictReplayBuffer
 from torchrl_ext.samplers import FeedForwardMinibatchSampler, TrajectorySampler
-from torchrl_ext.storages import FastTensorStorage, RolloutStorage
+from torchrl_ext.storages import EpisodicEnvRingStorage, FastTensorStorage, RolloutStorage
 
 pytestmark = pytest.mark.soak  # `make test-soak` reruns it with TORCHRL_EXT_SOAK examples
 
 CAPACITY, NUM_ENVS, MAX_LENGTH = 8, 3, 4
 ROLLOUT_STEPS, ROLLOUT_ENVS = 4, 2
-KINDS = ["fast", "prioritized", "ring", "alf_prioritized", "rollout"]
+KINDS = ["fast", "prioritized", "ring", "alf_prioritized", "rollout", "episodic"]
 
 
 def flat_rows(n: int, start: float, dtype: torch.dtype = torch.float32, dim: int = 2) -> TensorDict:
@@ -84,17 +84,25 @@ class RefusedCallsMachine(RuleBasedStateMachine):
         if self.kind == "rollout":
             return TensorDictReplayBuffer(storage=RolloutStorage(ROLLOUT_STEPS),
                                           sampler=FeedForwardMinibatchSampler(2))
+        if self.kind == "episodic":
+            storage = EpisodicEnvRingStorage(NUM_ENVS, MAX_LENGTH, record_episodic_return=True, gamma=0.9)
+            return EnvRingReplayBuffer(storage=storage, sampler=TrajectorySampler(1))
         return alf_replay_buffer(NUM_ENVS, MAX_LENGTH, prioritized_sampling=True, batch_size=4)
 
     @property
     def ring(self) -> bool:
-        return self.kind in ("ring", "alf_prioritized")
+        return self.kind in ("ring", "alf_prioritized", "episodic")
 
     def _batch(self, n: int, **kwargs) -> TensorDict:
         self.counter += 100.0
         if self.kind == "rollout":
             width = {"width": kwargs.pop("dim")} if "dim" in kwargs else {}
             return rollout_step(self.counter, **kwargs, **width)
+        if self.kind == "episodic":
+            steps = env_steps(NUM_ENVS, self.counter, **kwargs)
+            step_type = torch.tensor([int(self.counter // 100) % 3] * NUM_ENVS, dtype=torch.int32)
+            return steps.update({"step_type": step_type, "discount": (step_type != 2).float(),
+                                 "reward": torch.ones(NUM_ENVS)})
         if self.ring:
             return env_steps(NUM_ENVS, self.counter, **kwargs)
         return flat_rows(n, self.counter, **kwargs)
@@ -204,6 +212,15 @@ class RefusedCallsMachine(RuleBasedStateMachine):
     def bad_env_ids(self, ids: list[int]) -> None:
         if self.ring:
             self.refused(lambda: self.rb.extend(self._batch(NUM_ENVS), env_ids=ids))
+
+    @rule(field=st.sampled_from([("step_type", 7), ("step_type", -1), ("discount", math.nan), ("discount", 1.5)]))
+    def bad_episode_field(self, field: tuple[str, float]) -> None:
+        if self.kind != "episodic":
+            return
+        batch = self._batch(NUM_ENVS)
+        key, value = field
+        batch[key] = torch.full_like(batch[key], value)
+        self.refused(lambda: self.rb.extend(batch))
 
     @rule()
     def too_many_steps(self) -> None:

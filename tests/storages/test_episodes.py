@@ -1,6 +1,7 @@
 """EpisodicEnvRingStorage: episode index and recorded returns against a plain-Python model."""
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -244,3 +245,26 @@ def test_torchrl_is_init_flags_work_as_step_types():
     env = torch.zeros(5, dtype=torch.long)
     assert storage.get_episode_begin_position(pos, env).tolist() == [0, 0, 0, 3, 3]
     assert storage.steps_to_episode_end(pos, env).tolist() == [2, 1, 0, 1, 0]
+
+
+@pytest.mark.parametrize(("key", "value", "match"), [
+    ("step_type", 7, r"'step_type' must hold ALF's StepType values 0 \(FIRST\), 1 \(MID\) or 2 \(LAST\)"),
+    ("step_type", -1, r"'step_type' must hold ALF's StepType values"),
+    ("discount", math.nan, r"'discount' must hold discounts in \[0, 1\]"),
+    ("discount", 1.5, r"'discount' must hold discounts in \[0, 1\], got values in \[1.5, 1.5\]"),
+])
+def test_step_types_and_discounts_outside_their_range_are_refused_before_writing(key, value, match):
+    # Were accepted: a step type of 7 counted as "not an episode start" and a NaN
+    # discount made the recorded returns wrong without a word.
+    storage = EpisodicEnvRingStorage(2, 5, record_episodic_return=True, gamma=0.9)
+    rb = EnvRingReplayBuffer(storage=storage)
+    rb.extend(batch([0, 1], [0, 0], [1.0, 1.0], [1.0, 2.0]))
+    before = storage.state_dict()
+    bad = batch([0, 1], [1, 1], [1.0, 1.0], [1.0, 1.0])
+    bad[key] = torch.full_like(bad[key], value)
+    with pytest.raises(ValueError, match=match):
+        rb.extend(bad)
+    after = storage.state_dict()
+    for name in ("counters", "episodes"):
+        assert all(torch.equal(a, b) for a, b in zip(after[name], before[name])), name
+    assert len(rb) == 2

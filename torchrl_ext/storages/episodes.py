@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
+from torchrl_ext._host import bounds
 from torchrl_ext._keys import nested_key
 from torchrl_ext.storages.ring import EnvRingStorage
 from torchrl_ext.value.functional import discounted_cumsum
@@ -124,6 +125,13 @@ class EpisodicEnvRingStorage(EnvRingStorage):
             first = self._first_flags(data, env)
         if self.record_episodic_return:
             discount = self._field(data, self.discount_key)
+            if discount.numel():
+                low, high = bounds(discount)
+                if not (0 <= low and high <= 1):  # NaN fails both
+                    raise ValueError(
+                        f"{self.discount_key!r} must hold discounts in [0, 1], got values in "
+                        f"[{low}, {high}]; nothing was written."
+                    )
         super()._write(env, position, data, set_cursor=set_cursor)
         if env.ndim == 1:  # one step per env (envs stepped together): indexed as it is
             self._index_step(env, position, first.reshape(-1).cpu())
@@ -203,6 +211,16 @@ class EpisodicEnvRingStorage(EnvRingStorage):
         """Bool ``[N]`` / ``[N, T]``: which written steps begin an episode."""
         first = self._field(data, self.step_type_key)
         if first.dtype is not torch.bool:
+            if first.is_floating_point() or first.is_complex():
+                raise TypeError(f"{self.step_type_key!r} must hold ints (ALF's StepType) or bools, "
+                                f"got dtype={first.dtype}.")
+            if first.numel():
+                low, high = bounds(first)
+                if low < 0 or high > 2:
+                    raise ValueError(
+                        f"{self.step_type_key!r} must hold ALF's StepType values 0 (FIRST), 1 (MID) "
+                        f"or 2 (LAST), got values in [{low}, {high}]; nothing was written."
+                    )
             first = first == 0  # ALF's StepType.FIRST
         return first.reshape(env.shape)
 
