@@ -167,6 +167,13 @@ def checkpointed(tmp: Path) -> TensorDictReplayBuffer:
     return rb
 
 
+def flip_bit(path: Path, offset: int) -> None:
+    """Flips one bit of the byte at ``offset`` of ``path`` (negative offsets count from the end)."""
+    data = bytearray(path.read_bytes())
+    data[offset % len(data)] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
 def copy_of_good(tmp: Path, name: str) -> Path:
     folder = tmp / name
     shutil.copytree(tmp / "good", folder)
@@ -372,10 +379,7 @@ def _(tmp: Path) -> Built:
 def _(tmp: Path) -> Built:
     rb = checkpointed(tmp)
     folder = copy_of_good(tmp, "flipped")
-    state = folder / "p_state.safetensors"
-    data = bytearray(state.read_bytes())
-    data[-1] ^= 0x10
-    state.write_bytes(bytes(data))
+    flip_bit(folder / "p_state.safetensors", -1)
     return lambda: freeze(rb.storage.state_dict()), lambda: rb.storage.loads(folder)
 
 
@@ -387,9 +391,7 @@ def _(tmp: Path) -> Built:
     rb = fast_buffer()
     fast_buffer().dumps(tmp / "buffer")
     target = max((p for p in (tmp / "buffer" / "storage").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
-    data = bytearray(target.read_bytes())
-    data[len(data) // 2] ^= 0x10
-    target.write_bytes(bytes(data))
+    flip_bit(target, target.stat().st_size // 2)
     return buffer_state(rb), lambda: rb.loads(tmp / "buffer")
 
 

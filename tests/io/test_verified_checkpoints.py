@@ -18,7 +18,7 @@ from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage
 from torchrl.data import TensorDictReplayBuffer as TorchRLTensorDictReplayBuffer
 
-from tests.test_errors import assert_same, freeze
+from tests.test_errors import assert_same, flip_bit, freeze
 from torchrl_ext.io import SafetensorsCheckpointer, load_state, save_state
 from torchrl_ext.io.atomic_dir import COMPLETE_MARKER
 from torchrl_ext.presets import alf_replay_buffer
@@ -42,12 +42,6 @@ def prioritized(start: int) -> PrioritizedReplayBuffer:
 def snapshot(rb) -> dict:
     return freeze({"len": len(rb), "rows": rb.storage.get(torch.arange(len(rb))) if len(rb) else None,
                    "writer": rb.writer.state_dict(), "sampler": rb.sampler.state_dict()})
-
-
-def flip_bit(path: Path, offset: int) -> None:
-    data = bytearray(path.read_bytes())
-    data[offset % len(data)] ^= 0x10
-    path.write_bytes(bytes(data))
 
 
 def saved_files(folder: Path) -> list[str]:

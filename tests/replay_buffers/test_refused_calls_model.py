@@ -11,7 +11,6 @@ empty, partly filled, wrapped and reloaded buffers alike.
 from __future__ import annotations
 
 import math
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 from tensordict import TensorDict
 
 from tests._hypothesis import machine_settings
-from tests.test_errors import assert_same, freeze
+from tests.test_errors import assert_same, flip_bit, freeze
 from torchrl_ext.presets import alf_replay_buffer
 from torchrl_ext.replay_buffers import EnvRingReplayBuffer, PrioritizedReplayBuffer, TensorDictReplayBuffer
 from torchrl_ext.samplers import FeedForwardMinibatchSampler, TrajectorySampler
@@ -63,11 +62,7 @@ class RefusedCallsMachine(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.folder = Path(tempfile.mkdtemp())
         self.counter = 0.0
-
-    def teardown(self) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
 
     @initialize(kind=st.sampled_from(KINDS))
     def build(self, kind: str) -> None:
@@ -152,9 +147,10 @@ class RefusedCallsMachine(RuleBasedStateMachine):
     def round_trip(self) -> None:
         if not len(self.rb):
             return
-        self.rb.dumps(self.folder / "good")
         restored = self._new_buffer()
-        restored.loads(self.folder / "good")
+        with tempfile.TemporaryDirectory() as folder:
+            self.rb.dumps(folder)
+            restored.loads(folder)
         assert_same(snapshot(self.rb)["len"], snapshot(restored)["len"])
         self.rb = restored
 
@@ -233,16 +229,14 @@ class RefusedCallsMachine(RuleBasedStateMachine):
     def load_a_damaged_checkpoint(self, where: str) -> None:
         if not len(self.rb):
             return
-        folder = self.folder / "damaged"
-        shutil.rmtree(folder, ignore_errors=True)
-        self.rb.dumps(folder)
-        files = sorted((p for p in folder.rglob("*") if p.is_file() and p.name != ".complete"),
-                       key=lambda p: (p.stat().st_size, p.as_posix()))
-        target = files[0] if where == "first" else files[-1]
-        data = bytearray(target.read_bytes())
-        data[len(data) // 2] ^= 0x04
-        target.write_bytes(bytes(data))
-        self.refused(lambda: self.rb.loads(folder))
+        with tempfile.TemporaryDirectory() as path:
+            folder = Path(path)
+            self.rb.dumps(folder)
+            files = sorted((p for p in folder.rglob("*") if p.is_file() and p.name != ".complete"),
+                           key=lambda p: (p.stat().st_size, p.as_posix()))
+            target = files[0] if where == "first" else files[-1]
+            flip_bit(target, target.stat().st_size // 2)
+            self.refused(lambda: self.rb.loads(folder))
 
 
 TestRefusedCalls = RefusedCallsMachine.TestCase

@@ -10,9 +10,7 @@ chains are checked against :func:`tests.samplers.test_nstep.reference`: a Python
 from __future__ import annotations
 
 import random
-import shutil
 import tempfile
-from pathlib import Path
 
 import pytest
 import torch
@@ -30,13 +28,6 @@ NUM_ENVS, MAX_LENGTH = 3, 6
 
 
 class NStepMachine(RuleBasedStateMachine):
-    def __init__(self) -> None:
-        super().__init__()
-        self.folder = Path(tempfile.mkdtemp())
-
-    def teardown(self) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
-
     @initialize(n_step=st.integers(1, 4), gamma=st.sampled_from([0.0, 0.5, 0.9, 1.0]), seed=st.integers(0, 999))
     def build(self, n_step: int, gamma: float, seed: int) -> None:
         self.rng = random.Random(seed)
@@ -93,8 +84,9 @@ class NStepMachine(RuleBasedStateMachine):
         new = self._new_buffer(old.sampler.n_step, old.sampler.gamma)
         new.sampler.reward_key = old.sampler.reward_key
         if files:
-            old.dumps(self.folder / "ckpt")
-            new.loads(self.folder / "ckpt")
+            with tempfile.TemporaryDirectory() as folder:
+                old.dumps(folder)
+                new.loads(folder)
         else:
             new.load_state_dict(old.state_dict())
         self.rb = new

@@ -17,10 +17,8 @@ a batch whose keys differ from the stored ones; that refusal is checked on its o
 """
 from __future__ import annotations
 
-import shutil
 import tempfile
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
@@ -63,11 +61,7 @@ def assert_equal_data(a, b, where: str) -> None:
 class FastVsTorchRLMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.folder = Path(tempfile.mkdtemp())
         self.written = 0
-
-    def teardown(self) -> None:
-        shutil.rmtree(self.folder, ignore_errors=True)
 
     @initialize(capacity=st.integers(1, 12), seed=st.integers(0, 2**16))
     def build(self, capacity: int, seed: int) -> None:
@@ -171,12 +165,14 @@ class FastVsTorchRLMachine(RuleBasedStateMachine):
             # TorchRL's dumps fails after a zero-row extend (it records the empty cursor);
             # the fast storages keep the last real one (README, "Where behaviour differs").
             for rb in self.buffers[1:]:
-                rb.dumps(self.folder / "after-empty-extend")
+                with tempfile.TemporaryDirectory() as folder:
+                    rb.dumps(folder)
             return
         restored = self._new_buffers()
-        for k, (rb, new) in enumerate(zip(self.buffers, restored)):
-            rb.dumps(self.folder / str(k))
-            new.loads(self.folder / str(k))
+        for rb, new in zip(self.buffers, restored):
+            with tempfile.TemporaryDirectory() as folder:
+                rb.dumps(folder)
+                new.loads(folder)
         self.buffers = restored
 
     @precondition(lambda self: self.filled > 0)

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from torchrl_ext.io.state_files import (
@@ -171,15 +170,10 @@ def read_pair(
 def _read_state(path: Path, load_tensors: bool) -> tuple[str | None, dict[str, torch.Tensor]]:
     """The recorded metadata checksum and (optionally) the tensors, checked against their
     recorded checksum, from one open of the file."""
+    header, tensors = read_safetensors(path, load_tensors=load_tensors)
     if load_tensors:
-        header, tensors = read_safetensors(path)
         verify_tensors(path, header, tensors)
-        return header.get(DIGEST_KEY), tensors
-    try:
-        with safe_open(str(path), framework="pt") as handle:
-            return (handle.metadata() or {}).get(DIGEST_KEY), {}
-    except (SafetensorError, OSError) as err:
-        raise ValueError(f"{path} is not a readable safetensors file ({err}).") from err
+    return header.get(DIGEST_KEY), tensors
 
 
 def _finish_pending_commit(pair: CheckpointPair) -> None:

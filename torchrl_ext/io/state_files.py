@@ -161,11 +161,13 @@ def tensors_digest(tensors: dict[str, torch.Tensor]) -> str:
     return digest.hexdigest()
 
 
-def read_safetensors(path: Path) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
-    """``(header metadata, tensors)`` of a safetensors file; ``ValueError`` naming it if unreadable."""
+def read_safetensors(path: Path, *, load_tensors: bool = True) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
+    """``(header metadata, tensors)`` of a safetensors file (no tensors with ``load_tensors=False``);
+    ``ValueError`` naming it if unreadable."""
     try:
         with safe_open(str(path), framework="pt") as handle:
-            return dict(handle.metadata() or {}), {name: handle.get_tensor(name) for name in handle.keys()}
+            tensors = {name: handle.get_tensor(name) for name in handle.keys()} if load_tensors else {}
+            return dict(handle.metadata() or {}), tensors
     except (SafetensorError, OSError, RuntimeError) as err:
         raise ValueError(f"{path} is not a readable safetensors file ({err}); it is damaged.") from err
 

@@ -30,6 +30,7 @@ from torchrl.data import TensorDictReplayBuffer as _TorchRLTensorDictReplayBuffe
 from torchrl.data.replay_buffers.replay_buffers.base import _storage_index
 from torchrl.data.replay_buffers.storages import Storage, TensorStorage
 
+from torchrl_ext._checks import check_int
 from torchrl_ext.io.atomic_dir import atomic_save_dir, committed_dir, verify_checkpoint
 from torchrl_ext.io.state_files import load_state, save_state
 from torchrl_ext.replay_buffers._lean_extend import LeanExtend
@@ -54,11 +55,8 @@ class PriorityEntryError(ValueError, RuntimeError):
 
 
 def _check_sample_size(batch_size: Any) -> None:
-    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 0):
-        raise ValueError(
-            f"batch_size must be an int >= 0 (or None for the buffer's batch_size), got "
-            f"batch_size={batch_size!r}."
-        )
+    if batch_size is not None:  # None: the buffer's batch_size
+        check_int("batch_size", batch_size, minimum=0)
 
 
 def _check_sampler_capacity(sampler: Any, storage: Any) -> None:

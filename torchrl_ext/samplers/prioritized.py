@@ -438,7 +438,6 @@ class PrioritizedSamplerWithoutReplacement(PrioritizedSampler):
 _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
 
-
 def _register_replacement_dispatch() -> None:
     # TorchRL routes ``Cls(replacement=False)`` through this (private) table.
     try:

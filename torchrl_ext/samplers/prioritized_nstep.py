@@ -185,9 +185,13 @@ class PrioritizedNStepSampler(PrioritizedSampler):
         return self._nstep.agent_group
 
     def _rebuild_chains(self, **changes: Any) -> None:
+        self._nstep = self._chains_with(**changes)
+
+    def _chains_with(self, **changes: Any) -> NStepSampler:
+        """The chain half with ``changes`` to its ``n_step`` / ``gamma`` (checked by NStepSampler)."""
         chains = self._nstep
         settings = {"n_step": chains.n_step, "gamma": chains.gamma} | changes
-        self._nstep = NStepSampler(
+        return NStepSampler(
             settings["n_step"],
             settings["gamma"],
             reward_key=chains.reward_key,
@@ -265,9 +269,8 @@ class PrioritizedNStepSampler(PrioritizedSampler):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         chains = None
         if "n_step" in state_dict:  # a plain PrioritizedSampler's state keeps the current ones
-            # Checked (NStepSampler validates both) before the trees change.
-            chains = NStepSampler(state_dict["n_step"], state_dict["gamma"], reward_key=self.reward_key,
-                                  done_key=self.done_key, agent_group=self.agent_group)
+            # Built (so checked) before the trees change.
+            chains = self._chains_with(n_step=state_dict["n_step"], gamma=state_dict["gamma"])
         super().load_state_dict(state_dict)
         if chains is not None:
             self._nstep = chains
