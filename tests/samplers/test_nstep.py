@@ -205,3 +205,25 @@ def test_changing_the_reward_key_rebuilds_the_chain_table():
     sums = rb.sample()["next", "reward2"].flatten()
     # 10 + 0.5 * 10 for a two-step chain, 10 for the newest step (its chain stops there).
     assert set(sums.tolist()) <= {15.0, 10.0} and 15.0 in sums.tolist()
+
+
+def test_writes_while_the_settings_differ_never_reach_the_table_built_for_others():
+    # Found by tests/samplers/test_nstep_model.py: the table built for ("next", "reward")
+    # took the rows written while reward_key was another key (computed with that key), and
+    # looked current again once the key came back.
+    def step(t):
+        return TensorDict({"obs": torch.tensor([[float(t)]]), "next": {
+            "obs": torch.tensor([[t + 1.0]]), "reward": torch.ones(1, 1),
+            "bonus": torch.full((1, 1), 10.0), "done": torch.zeros(1, 1, dtype=torch.bool)}}, [1])
+
+    torch.manual_seed(0)
+    sampler = NStepSampler(1, gamma=0.0)
+    rb = EnvRingReplayBuffer(num_envs=1, max_length=16, sampler=sampler, batch_size=2)
+    rb.extend(step(0))
+    rb.extend(step(1))
+    rb.sample()
+    sampler.reward_key = ("next", "bonus")
+    rb.extend(step(2))
+    sampler.reward_key = ("next", "reward")
+    for _ in range(10):
+        assert rb.sample(3)["next", "reward"].flatten().tolist() == [1.0] * 3

@@ -277,8 +277,14 @@ class NStepSampler(StatelessSampler):
 
     def _written(self, index: Any, *, reported_twice: bool) -> None:
         table = self.__dict__.get("_chain_table")
-        if table is not None:  # none yet: the first sample builds it from the whole buffer
-            table.written(index, reported_twice=reported_twice)
+        if table is None:  # none yet: the first sample builds it from the whole buffer
+            return
+        if table.settings != self._chain_settings():
+            # The new rows' chains would be computed with today's settings into a table of
+            # others: if the settings came back, the table would look current but mix both.
+            del self.__dict__["_chain_table"]
+            return
+        table.written(index, reported_twice=reported_twice)
 
     @property
     def _k(self) -> torch.Tensor:
