@@ -32,6 +32,7 @@ from tensordict import TensorDict, is_tensor_collection
 from torchrl.data import RandomSampler
 
 from torchrl_ext.config_files import instantiate_from_config
+from torchrl_ext.demos import DemoStore
 from torchrl_ext.io import SafetensorsCheckpointer
 from torchrl_ext.io.checkpoint_pair import CheckpointPair, write_pair
 from torchrl_ext.presets import alf_replay_buffer, harl_off_policy_buffer, l2r_ppo_buffer, velora_replay_buffer
@@ -50,7 +51,7 @@ from torchrl_ext.samplers import (
 )
 from torchrl_ext.samplers.prioritized_nstep import PrioritizedNStepSampler
 from torchrl_ext.segment_tree import SumSegmentTree
-from torchrl_ext.storages import EpisodicEnvRingStorage, FastTensorStorage, RolloutStorage
+from torchrl_ext.storages import DedupEnvRingStorage, EpisodicEnvRingStorage, FastTensorStorage, RolloutStorage
 from torchrl_ext.value import GAE, ValueNorm, VTrace
 from torchrl_ext.value import functional as F
 
@@ -737,7 +738,7 @@ def _(tmp: Path) -> Built:
 
 
 @row("prio-beta", "`PrioritizedSampler`", "`rb.sampler.beta = 2.0`", ValueError,
-     r"beta must be \[0\.0, 1\.0\], got beta=2\.0", "use a beta in [0, 1]", PRIO)
+     r"beta must be a number in \[0, 1\], got beta=2\.0", "use a beta in [0, 1]", PRIO)
 def _(tmp: Path) -> Built:
     rb = prioritized_buffer()
     return buffer_state(rb), lambda: setattr(rb.sampler, "beta", 2.0)
@@ -1012,6 +1013,25 @@ def _(tmp: Path) -> Built:
     return on_policy_state(rb), lambda: rb.compute_returns()
 
 
+@row("onpolicy-critic-shape", "`OnPolicyReplayBuffer.compute_returns`",
+     "`value_network` writing `state_value` of shape `[2, 3]` for 2 envs", ValueError,
+     r"value_network wrote 'state_value' of shape \[2, 3\]; expected \[2, 1\]",
+     "return one value per env, shaped as stored", "rollout data, gamma, gae_lambda")
+def _(tmp: Path) -> Built:
+    rb = on_policy_buffer()
+    critic = lambda td: td.set("state_value", torch.zeros(*td.shape, 3))  # noqa: E731
+    return on_policy_state(rb), lambda: rb.compute_returns(critic)
+
+
+@row("onpolicy-critic-nan", "`OnPolicyReplayBuffer.compute_returns`", "`value_network` writing NaN values",
+     ValueError, r"value_network wrote non-finite 'state_value' values; nothing was stored",
+     "fix the critic (its outputs are NaN or infinite)", "rollout data, gamma, gae_lambda")
+def _(tmp: Path) -> Built:
+    rb = on_policy_buffer()
+    critic = lambda td: td.set("state_value", torch.full((*td.shape, 1), math.nan))  # noqa: E731
+    return on_policy_state(rb), lambda: rb.compute_returns(critic)
+
+
 @row("nstep-gamma", "`NStepSampler`", "`NStepSampler(3, gamma=1.5)`", ValueError,
      r"gamma must be a number in \[0, 1\], got gamma=1\.5", "use gamma in [0, 1]")
 def _(tmp: Path) -> Built:
@@ -1098,6 +1118,39 @@ def _(tmp: Path) -> Built:
     bad = torch.zeros(2, 3)
     bad[1, 2] = math.nan
     return (lambda: freeze(norm.state_dict())), lambda: norm.update(bad)
+
+
+@row("l2r-last-val", "`l2r_ppo_buffer.finish_path`", "`finish_path(float('nan'))`", ValueError,
+     r"last_val must be finite, got last_val=nan", "pass 0 at a terminal state, else a finite V(s_T)",
+     "len, storage, open path")
+def _(tmp: Path) -> Built:
+    rb = l2r_ppo_buffer(1, 1, 10, 2)
+    rb.store(TensorDict({"observation": torch.zeros(1), "state_value": torch.ones(1),
+                         "next": {"reward": torch.ones(1)}}, []))
+    return (lambda: freeze({"len": len(rb), "storage": rb.storage.state_dict(), "path": rb._path_length,
+                            "finished": rb._finished})), lambda: rb.finish_path(math.nan)
+
+
+@row("demo-track-layout", "`DemoStore.track`", "an observation of shape `(5,)` for an episode of `(2,)`",
+     ValueError, r"observation. of env 0 has shape \(5,\) and dtype torch\.float32, but its running "
+     r"episode has \(2,\)", "pass the same layout every step, or `discard_running(env)`", "store state")
+def _(tmp: Path) -> Built:
+    store = DemoStore()
+    store.track(0, torch.zeros(2), torch.zeros(1), torch.tensor(1.0), torch.tensor(0.5), torch.tensor(False))
+    return (lambda: freeze(store.state_dict())), lambda: store.track(
+        0, torch.zeros(5), torch.zeros(1), torch.tensor(1.0), torch.tensor(0.5), torch.tensor(True))
+
+
+@row("dedup-stack-shift", "`DedupEnvRingStorage`", "a `('next', obs)` stack that is not `obs` shifted by one frame",
+     ValueError, r"\('next', 'pixels'\) is not 'pixels' shifted by one frame along stack_dim=0",
+     "write stacks that slide one frame per step, or use `EnvRingStorage`", "len, storage, writer")
+def _(tmp: Path) -> Built:
+    rb = EnvRingReplayBuffer(storage=DedupEnvRingStorage(1, 4, obs_key="pixels", num_stack=2))
+    rb.extend(TensorDict({"pixels": torch.zeros(1, 2, 3), "next": {"pixels": torch.zeros(1, 2, 3),
+                                                                  "done": torch.tensor([False])}}, [1]))
+    bad = TensorDict({"pixels": torch.zeros(1, 2, 3), "next": {"pixels": torch.ones(1, 2, 3),
+                                                               "done": torch.tensor([False])}}, [1])
+    return buffer_state(rb), lambda: rb.extend(bad)
 
 
 # ---- configs

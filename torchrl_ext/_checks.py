@@ -35,7 +35,7 @@ def check_real(name: str, value: Any, *, low: float, high: float | None = None) 
     if math.isinf(value):
         raise ValueError(f"{name} must be a finite number, got {name}={value}.")
     if math.isnan(value) or value < low or (high is not None and value > high):
-        interval = f"[{low}, {high}]" if high is not None else f">= {low}"
+        interval = f"a number in [{low:g}, {high:g}]" if high is not None else f">= {low}"
         raise ValueError(f"{name} must be {interval}, got {name}={value}.")
     return value
 

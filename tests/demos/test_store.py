@@ -411,8 +411,54 @@ def _assert_same(a, b) -> None:
 
 
 def test_load_state_dict_rejects_partial_state() -> None:
-    with pytest.raises(KeyError, match="state is missing"):
+    with pytest.raises(ValueError, match="state is missing"):
         DemoStore().load_state_dict({"rho": 0.1})
+
+
+def _store_with_a_running_episode() -> DemoStore:
+    store = DemoStore(rho=0.3, phi=0.3, capacity=3, id_factory=iter(f"d{k}" for k in range(99)).__next__)
+    store.track(0, torch.zeros(2), torch.zeros(1), torch.tensor(1.0), torch.tensor(0.5), torch.tensor(False))
+    return store
+
+
+@pytest.mark.parametrize("obs, reward, match", [
+    (torch.zeros(5), torch.tensor(1.0), "`observation` of env 0 has shape \\(5,\\)"),
+    (torch.zeros(2), torch.tensor(math.nan), "`reward` holds non-finite values"),
+])
+def test_a_step_that_cannot_join_its_episode_is_refused_before_tracking(obs, reward, match) -> None:
+    store = _store_with_a_running_episode()
+    before = store.state_dict()
+    with pytest.raises(ValueError, match=match):
+        store.track(0, obs, torch.zeros(1), reward, torch.tensor(0.5), torch.tensor(True))
+    _assert_same(before, store.state_dict())
+    assert store.running_length(0) == 1
+
+
+def test_one_malformed_supplementary_demo_adds_none() -> None:
+    store = DemoStore(capacity=5)
+    good = {"observation": torch.zeros(2, 2), "action": torch.zeros(2, 1), "reward": torch.ones(2)}
+    bad = {"observation": torch.zeros(2, 2), "action": torch.zeros(3, 1), "reward": torch.ones(2)}
+    with pytest.raises(ValueError, match="supplementary demo #1 has mismatched lengths"):
+        store.add_supplementary_demos([good, bad])
+    assert len(store) == 0
+
+
+@pytest.mark.parametrize("damage", ["tensor", "meta", "generator"])
+def test_a_damaged_state_loads_nothing(damage) -> None:
+    store = _store_with_a_running_episode()
+    state = _store_with_a_running_episode().state_dict()
+    state["rho"] = 0.05
+    if damage == "tensor":
+        state["running"]["observation"] = ["not a tensor"]
+    elif damage == "meta":
+        state["value_demos"]["meta"] = [{"id": "x"}]
+    else:
+        store.generator = torch.Generator()
+        state["generator_state"] = [torch.zeros(3)]
+    before = store.state_dict()
+    with pytest.raises(ValueError, match="nothing was loaded"):
+        store.load_state_dict(state)
+    _assert_same(before, store.state_dict())
 
 
 # --------------------------------------------------------------------------- property

@@ -271,3 +271,48 @@ def test_pytorchrl_preset_picks_the_storage():
     assert isinstance(rb, VTraceReplayBuffer) and (rb.rho_thresh, rb.c_thresh) == (0.8, 1.3)
     with pytest.raises(ValueError, match="storage must be 'gae', 'vanilla' or 'vtrace'.*got storage='ppo'"):
         pytorchrl_on_policy_buffer(8, storage="ppo")
+
+
+def _rollout(cls=OnPolicyReplayBuffer, truncated=False):
+    rb = cls(2, normalize_advantage=False)
+    rb.insert(step([1.0, 2.0], [0.1, 0.2], [1.0, 1.0], [truncated, False], [False, False], log_prob=[-1.0, -1.0]))
+    rb.insert(step([3.0, 4.0], [0.3, 0.4], [1.0, 1.0], [False, False], log_prob=[-2.0, -2.0]))
+    return rb
+
+
+def _stored(rb):
+    return rb.storage.data.clone(), getattr(rb, "behaviour_log_prob", None)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (lambda td: td.set("state_value", torch.zeros(*td.shape, 3)), "of shape \\[2, 3\\]; expected \\[2, 1\\]"),
+    (lambda td: td.set("state_value", torch.full((*td.shape, 1), float("nan"))), "non-finite"),
+    (lambda td: td.exclude("state_value"), "value_network must return the steps with 'state_value' set"),
+])
+@pytest.mark.parametrize("truncated", [False, True])
+def test_a_bad_critic_output_stores_nothing(bad, match, truncated):
+    """compute_returns checks the critic's outputs before it writes the bootstrap or any target."""
+    rb = _rollout(truncated=truncated)
+    before, _ = _stored(rb)
+    with pytest.raises(ValueError, match=match):
+        rb.compute_returns(bad)
+    after, _ = _stored(rb)
+    assert (before == after).all()
+
+
+def test_a_bad_refresh_stores_nothing_in_vtrace():
+    rb = _rollout(VTraceReplayBuffer)
+    rb.compute_returns()
+    before, behaviour = _stored(rb)
+    with pytest.raises(ValueError, match="refresh wrote 'state_value' of shape"):
+        rb.compute_returns(refresh=lambda td: td.set("state_value", torch.zeros(*td.shape, 3)))
+    after, kept = _stored(rb)
+    assert (before == after).all() and torch.equal(behaviour, kept)
+
+
+@pytest.mark.parametrize("name, value", [("advantage_eps", float("inf")), ("gamma", float("nan")),
+                                         ("rho_thresh", float("inf"))])
+def test_non_finite_parameters_are_refused(name, value):
+    rb = VTraceReplayBuffer(2)
+    with pytest.raises(ValueError, match=f"{name} must be"):
+        rb.update_storage_parameter(name, value)

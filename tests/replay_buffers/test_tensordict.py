@@ -416,3 +416,20 @@ def test_a_prioritized_sampler_smaller_than_its_storage_is_refused_at_constructi
                                          r"build the sampler with max_capacity=100"):
         TensorDictReplayBuffer(storage=FastTensorStorage(100), sampler=sampler_cls(50, 0.6, 0.4))
     TensorDictReplayBuffer(storage=FastTensorStorage(100), sampler=sampler_cls(100, 0.6, 0.4))
+
+
+@pytest.mark.parametrize("last_val, error, match", [
+    (float("nan"), ValueError, "last_val must be finite"),
+    ([1.0, 2.0], ValueError, "last_val must hold 1 value"),
+    ("0", TypeError, "last_val must be a number or a tensor"),
+])
+def test_finish_path_refuses_a_bad_last_value_and_keeps_the_path(last_val, error, match):
+    from torchrl_ext.presets import l2r_ppo_buffer
+
+    rb = l2r_ppo_buffer(obs_dim=1, act_dim=1, size=4, batch_size=2)
+    rb.store(TensorDict({"observation": torch.zeros(2, 1), "state_value": torch.ones(2, 1),
+                         "next": {"reward": torch.ones(2, 1)}}, [2]))
+    with pytest.raises(error, match=match):
+        rb.finish_path(last_val)
+    rb.finish_path(0.0)  # the path is still open: the refused call did not close it
+    assert rb._finished[:2].all()

@@ -197,7 +197,7 @@ def test_bad_priorities_raise_and_change_nothing(bad):
 def test_bad_constructor_arguments():
     with pytest.raises(ValueError, match="weights must be 'alf' or 'per'"):
         PrioritizedTrajectorySampler(weights="max")
-    with pytest.raises(ValueError, match=r"beta must be \[0.0, 1.0\], got beta=2.0"):
+    with pytest.raises(ValueError, match=r"beta must be a number in \[0, 1\], got beta=2.0"):
         PrioritizedTrajectorySampler(beta=2.0)
     with pytest.raises(ValueError, match="alpha must be >= 0.0, got alpha=-1.0"):
         PrioritizedTrajectorySampler(alpha=-1.0)

@@ -330,3 +330,51 @@ def test_reads_gather_the_stored_frames_of_stacked_observations_only_once(obs_ke
     assert parent_keys == [[("next", "done")]]
     assert got[obs_key][:, :, 0].tolist() == [[0.0, 1.0], [1.0, 2.0]]
     assert got[next_key][:, :, 0].tolist() == [[1.0, 2.0], [2.0, 3.0]]
+
+
+def _two_steps(padding: str, blocks: bool):
+    streams = Streams(1, 3, 0, padding, random.Random(5))
+    steps = [streams.step(0, p_done=0.0) for _ in range(2)]
+    return to_td([0], [steps], blocks=True) if blocks else [to_td([0], [[s]], blocks=False) for s in steps]
+
+
+@pytest.mark.parametrize("padding", ["reset", "zero"])
+@pytest.mark.parametrize("damage, match", [
+    ("older_frame_of_next", "is not 'observation' shifted by one frame"),
+    ("older_frame_of_first", "first 'observation' stack of an episode must be padded"),
+    ("older_frame_of_second", "is not \\('next', 'observation'\\) of the previous step"),
+])
+def test_stacks_that_reads_would_not_give_back_are_refused(padding, damage, match):
+    """Only each stack's newest frame is stored: every other frame must be what reads rebuild."""
+    rb = EnvRingReplayBuffer(storage=DedupEnvRingStorage(1, 6, num_stack=3, padding=padding))
+    (first, ids), (second, _) = _two_steps(padding, blocks=False)
+    if damage == "older_frame_of_next":
+        first["next", "observation"][0, 0] += 7  # next must be obs shifted by one frame
+    elif damage == "older_frame_of_first":
+        first["observation"][0, 0] += 7
+        first["next", "observation"][0, :2] = first["observation"][0, 1:]
+    if damage == "older_frame_of_second":
+        rb.extend(first, env_ids=ids)
+        second["observation"][0, 0] += 7
+        second["next", "observation"][0, :2] = second["observation"][0, 1:]
+        target = second
+    else:
+        target = first
+    before = rb.storage.state_dict()
+    with pytest.raises(ValueError, match=match):
+        rb.extend(target, env_ids=ids)
+    written = damage == "older_frame_of_second"
+    assert rb.storage.current_pos.tolist() == ([1] if written else [0])
+    if written:
+        after = rb.storage.state_dict()
+        assert all(torch.equal(a, b) for a, b in zip(before["data"]["leaves"], after["data"]["leaves"]))
+
+
+def test_stacks_inside_a_block_must_follow_each_other_frame_for_frame():
+    rb = EnvRingReplayBuffer(storage=DedupEnvRingStorage(1, 6, num_stack=3))
+    block, ids = _two_steps("reset", blocks=True)
+    block["observation"][0, 1, 0] += 7
+    block["next", "observation"][0, 1, :2] = block["observation"][0, 1, 1:]
+    with pytest.raises(ValueError, match="of the step before it in the batch"):
+        rb.extend(block, env_ids=ids)
+    assert len(rb) == 0

@@ -6,7 +6,7 @@ TorchRL's buffer over :class:`FastTensorStorage` (the storage swap alone), and
 torchrl_ext's ``TensorDictReplayBuffer`` over :class:`FastTensorStorage` (both swaps).
 The calls: ``extend`` (including zero-row batches), ``add``, default and explicit
 ``sample(n)`` with ``return_info``, ``rb[index]`` reads, iteration, ``empty``,
-``state_dict`` and ``dumps``/``loads`` round trips. Entries include a per-item scalar
+``state_dict`` and ``dumps``/``loads`` round trips, with and without ``prefetch``. Entries include a per-item scalar
 (0-dim items) and a zero-size ``[N, 0]`` leaf. After every call everything observable is
 compared: return values, lengths, stored rows, writer cursors and write counts; the three
 buffers sample with identically seeded generators, so their samples must be equal too.
@@ -63,19 +63,22 @@ class FastVsTorchRLMachine(RuleBasedStateMachine):
         super().__init__()
         self.written = 0
 
-    @initialize(capacity=st.integers(1, 12), seed=st.integers(0, 2**16))
-    def build(self, capacity: int, seed: int) -> None:
-        self.capacity, self.seed = capacity, seed
+    @initialize(capacity=st.integers(1, 12), seed=st.integers(0, 2**16), prefetch=st.sampled_from([None, 1]))
+    def build(self, capacity: int, seed: int, prefetch: int | None) -> None:
+        # prefetch=1: one worker thread draws the queued samples in order, so the three
+        # buffers stay comparable draw for draw (more workers would race for the generator).
+        self.capacity, self.seed, self.prefetch = capacity, seed, prefetch
         self.buffers = self._new_buffers()
 
     def _new_buffers(self) -> list:
+        common = {"batch_size": BATCH, "prefetch": self.prefetch}
         return [
-            TorchRLBuffer(storage=LazyTensorStorage(self.capacity), batch_size=BATCH,
-                          generator=torch.Generator().manual_seed(self.seed)),
-            TorchRLBuffer(storage=FastTensorStorage(self.capacity), batch_size=BATCH,
-                          generator=torch.Generator().manual_seed(self.seed)),
-            TensorDictReplayBuffer(storage=FastTensorStorage(self.capacity), batch_size=BATCH,
-                                   generator=torch.Generator().manual_seed(self.seed)),
+            TorchRLBuffer(storage=LazyTensorStorage(self.capacity),
+                          generator=torch.Generator().manual_seed(self.seed), **common),
+            TorchRLBuffer(storage=FastTensorStorage(self.capacity),
+                          generator=torch.Generator().manual_seed(self.seed), **common),
+            TensorDictReplayBuffer(storage=FastTensorStorage(self.capacity),
+                                   generator=torch.Generator().manual_seed(self.seed), **common),
         ]
 
     def each(self, call):

@@ -205,6 +205,8 @@ def step_batch(
                 f"`{name}` has shape {tuple(x.shape)} but observation has {n} rows; "
                 f"`{name}` must be {want}, one row per selected env."
             )
+    if not bool(torch.isfinite(rew).all()):
+        raise ValueError(f"`reward` holds non-finite values {rew.flatten().tolist()}; pass finite rewards.")
     return (
         ids,
         obs.detach().to(device, copy=True),
@@ -252,8 +254,12 @@ def demos_state(demos: list[dict[str, Any]]) -> dict[str, Any]:
 def demos_from_state(state: dict[str, Any], device: torch.device) -> list[dict[str, Any]]:
     """Inverse of :func:`demos_state` (tensors moved to ``device``)."""
     demos = []
+    if any(len(state[key]) != len(state["meta"]) for key in DEMO_KEYS):
+        raise ValueError(f"{[len(state[key]) for key in DEMO_KEYS]} tensors for {len(state['meta'])} demos.")
     for k, meta in enumerate(state["meta"]):
         demo = {key: state[key][k].to(device) for key in DEMO_KEYS}
+        if not {"id", "length", "total_reward", "human"} <= set(meta):
+            raise ValueError(f"demo #{k} lacks id, length, total_reward or human: {sorted(meta)}.")
         demo.update(meta)
         demos.append(demo)
     return demos

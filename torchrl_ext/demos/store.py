@@ -209,8 +209,8 @@ class DemoStore:
         runs afterwards. Returns the ids of the demos added.
         """
         added = []
-        for k, demo in enumerate(demos):
-            record = self._checked(demo, f"supplementary demo #{k}", False)
+        records = [self._checked(demo, f"supplementary demo #{k}", False) for k, demo in enumerate(demos)]
+        for record in records:  # all checked first: a malformed demo adds none of them
             if record["total_reward"] >= self.reward_threshold:
                 self._reward_demos.append(record)
                 added.append(record["id"])
@@ -252,6 +252,7 @@ class DemoStore:
         ids, obs, act, rew, values, dones = step_batch(
             env_ids, observation, action, reward, value, done, self.device
         )
+        self._check_continues(ids, obs, act)
         outcomes = []
         for j, env in enumerate(ids):
             run = self._running.setdefault(
@@ -264,6 +265,21 @@ class DemoStore:
             if dones[j]:
                 outcomes.append(self._finish(env))
         return outcomes
+
+    def _check_continues(self, ids: list[int], obs: Tensor, act: Tensor) -> None:
+        """Refuses a step whose rows cannot be stacked onto their env's running episode."""
+        for j, env in enumerate(ids):
+            run = self._running.get(env)
+            if not run or not run["action"]:
+                continue
+            for name, new, old in (("observation", obs[j], run["observation"][0]),
+                                   ("action", act[j], run["action"][0])):
+                if new.shape != old.shape or new.dtype != old.dtype:
+                    raise ValueError(
+                        f"`{name}` of env {env} has shape {tuple(new.shape)} and dtype {new.dtype}, but "
+                        f"its running episode has {tuple(old.shape)} and {old.dtype}; pass the same "
+                        "layout every step (or discard_running(env) after a change)."
+                    )
 
     def discard_running(self, env_ids: int | Sequence[int] | Tensor | None = None) -> None:
         """Forgets the running episode of the given envs (all if ``None``), e.g. on a reset."""
@@ -408,12 +424,25 @@ class DemoStore:
         """Restores what :meth:`state_dict` returned (the id factory and device stay as built)."""
         missing = sorted({*_SCALARS, "reward_demos", "value_demos", "running"} - set(state))
         if missing:
-            raise KeyError(f"state is missing {missing}; pass DemoStore.state_dict() output.")
-        for name in _SCALARS:
-            value = state[name]
-            setattr(self, name, value if value is None or name in _INTS else float(value))
-        self._reward_demos = demos_from_state(state["reward_demos"], self.device)
-        self._value_demos = demos_from_state(state["value_demos"], self.device)
-        self._running = running_from_state(state["running"], self.device)
-        if state.get("generator_state") and self.generator is not None:
-            self.generator.set_state(state["generator_state"][0].to("cpu", torch.uint8))
+            raise ValueError(f"state is missing {missing}; pass DemoStore.state_dict() output.")
+        try:  # everything is rebuilt and checked before the store changes
+            scalars = {name: state[name] if state[name] is None or name in _INTS else float(state[name])
+                       for name in _SCALARS}
+            reward_demos = demos_from_state(state["reward_demos"], self.device)
+            value_demos = demos_from_state(state["value_demos"], self.device)
+            running = running_from_state(state["running"], self.device)
+            generator_state = None
+            if state.get("generator_state") and self.generator is not None:
+                generator_state = state["generator_state"][0].to("cpu", torch.uint8)
+                torch.Generator(self.generator.device).set_state(generator_state)  # a trial on a scratch one
+        except (AttributeError, IndexError, KeyError, TypeError, ValueError, RuntimeError) as error:
+            raise ValueError(
+                f"state is not a DemoStore.state_dict() ({type(error).__name__}: {error}); nothing was loaded."
+            ) from error
+        check_settings(scalars["rho"], scalars["phi"], scalars["alpha"], scalars["num_demos_to_save"],
+                       scalars["initial_reward_threshold"])
+        if generator_state is not None:
+            self.generator.set_state(generator_state)
+        for name, value in scalars.items():
+            setattr(self, name, value)
+        self._reward_demos, self._value_demos, self._running = reward_demos, value_demos, running

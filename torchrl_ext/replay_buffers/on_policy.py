@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator
 import torch
 from tensordict import TensorDictBase
 
+from torchrl_ext._checks import check_real
 from torchrl_ext._keys import nested_key
 from torchrl_ext.replay_buffers.tensordict import TensorDictReplayBuffer
 from torchrl_ext.samplers.minibatch import FeedForwardMinibatchSampler, NaiveRecurrentMinibatchSampler
@@ -55,13 +56,11 @@ class OnPolicyKeys:
 
 
 def _check_unit(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-        raise ValueError(f"{name} must be a number in [0, 1], got {name}={value!r}.")
-    return float(value)
+    return check_real(name, value, low=0.0, high=1.0)
 
 
 def _check_positive(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+    if check_real(name, value, low=0.0) == 0:
         raise ValueError(f"{name} must be a positive number, got {name}={value!r}.")
     return float(value)
 
@@ -193,7 +192,7 @@ class OnPolicyReplayBuffer(TensorDictReplayBuffer):
             checker = _check_positive if name.endswith("_thresh") else _check_unit
             value = checker(name, value)
         elif name == "advantage_eps":
-            value = _check_positive(name, value) if value != 0 else 0.0
+            value = check_real(name, value, low=0.0)
         elif name == "normalize_advantage":
             value = bool(value)
         setattr(self, name, value)
@@ -205,6 +204,10 @@ class OnPolicyReplayBuffer(TensorDictReplayBuffer):
     def compute_returns(self, value_network: Callable[[TensorDictBase], Any] | None = None) -> None:
         """Value targets and advantages of the filled steps (pytorchrl's ``before_gradients``).
 
+        Everything is computed and checked before anything is stored: if
+        ``value_network`` returns a missing key, another shape or a non-finite
+        value, the call raises ``ValueError`` and the rollout is unchanged.
+
         Args:
             value_network: a TensorDict module writing ``keys.value`` (and
                 ``keys.intrinsic_value``) from a step's observation. It runs on
@@ -212,36 +215,49 @@ class OnPolicyReplayBuffer(TensorDictReplayBuffer):
                 final ``"next"`` entries of truncated steps. Without it the
                 values already stored there are used.
         """
-        storage, keys = self._storage, self.keys
-        filled = storage.step
-        if filled == 0:
+        if self._storage.step == 0:
             raise RuntimeError("the rollout is empty: insert steps before compute_returns().")
-        data = storage.data
+        self._commit(self._returns(self._storage.data, value_network))
+
+    def _returns(self, data: TensorDictBase, value_network: Any) -> dict[Any, torch.Tensor]:
+        """The entries :meth:`compute_returns` stores, computed without storing any."""
+        keys, filled = self.keys, self._storage.step
+        stored = data.keys(True, True)
+        intrinsic = keys.intrinsic_reward in stored and keys.intrinsic_value in stored
+        value = data.get(keys.value)[: filled + 1].clone()
+        ivalue = data.get(keys.intrinsic_value)[: filled + 1].clone() if intrinsic else None
+        updates: dict[Any, torch.Tensor] = {}
         if value_network is not None:
             boot = value_network(data[filled].clone())
-            for key in (keys.value, keys.intrinsic_value):
-                if key in data.keys(True, True) and key in boot.keys(True, True):
-                    data.get(key)[filled] = boot.get(key)
+            value[filled] = _network_values(boot, keys.value, value[filled].shape, "value_network")
+            updates[keys.value] = value[filled]
+            if ivalue is not None and keys.intrinsic_value in boot.keys(True, True):
+                ivalue[filled] = _network_values(boot, keys.intrinsic_value, ivalue[filled].shape,
+                                                 "value_network")
+                updates[keys.intrinsic_value] = ivalue[filled]
         steps = data[:filled]
         done = steps.get(keys.done)
         terminated = steps.get(keys.terminated, done)
-        value = data.get(keys.value)
-        next_value = self._next_values(steps, value[1: filled + 1], done & ~terminated, value_network)
+        next_value = self._next_values(steps, value[1:], done & ~terminated, value_network)
         advantage, target = self._estimate(steps, value[:filled], next_value, done, terminated)
-        self._store(keys.advantage, advantage, filled)
-        self._store(keys.value_target, target, filled)
-        stored = data.keys(True, True)
-        if keys.intrinsic_reward in stored and keys.intrinsic_value in stored:
+        derived = {keys.advantage: advantage, keys.value_target: target}
+        if ivalue is not None:
+            # Last: the normalizer updates its running statistics (all-or-nothing itself).
             reward = self.intrinsic_normalizer(steps.get(keys.intrinsic_reward))
-            ivalue = data.get(keys.intrinsic_value)
             never = torch.zeros_like(done)
             lmbda = 1.0 if self.gae_lambda is None else self.gae_lambda
             advantage, target = generalized_advantage_estimate(
-                self.gamma_intrinsic, lmbda, ivalue[:filled], ivalue[1: filled + 1], reward,
-                never, never, time_dim=0,
+                self.gamma_intrinsic, lmbda, ivalue[:filled], ivalue[1:], reward, never, never, time_dim=0,
             )
-            self._store(keys.intrinsic_advantage, advantage, filled)
-            self._store(keys.intrinsic_value_target, target, filled)
+            derived.update({keys.intrinsic_advantage: advantage, keys.intrinsic_value_target: target})
+        return {"bootstrap": updates, "derived": derived}
+
+    def _commit(self, results: dict[str, dict[Any, torch.Tensor]]) -> None:
+        data, filled = self._storage.data, self._storage.step
+        for key, value in results["bootstrap"].items():
+            data.get(key)[filled] = value
+        for key, value in results["derived"].items():
+            self._store(key, value, filled)
 
     def _next_values(
         self, steps: TensorDictBase, next_value: torch.Tensor, truncated: torch.Tensor, value_network: Any
@@ -254,7 +270,9 @@ class OnPolicyReplayBuffer(TensorDictReplayBuffer):
         if stored_next is not None:
             final = stored_next[rows]
         elif value_network is not None:
-            final = value_network(steps.get("next")[rows].clone()).get(self.keys.value)
+            shape = next_value[rows].shape
+            final = _network_values(value_network(steps.get("next")[rows].clone()), self.keys.value, shape,
+                                    "value_network (on the final observations of truncated steps)")
         else:
             raise ValueError(
                 "some steps are truncated (done but not terminated): their bootstrap needs V of the "
@@ -355,7 +373,11 @@ class VTraceReplayBuffer(OnPolicyReplayBuffer):
         value_network: Callable[[TensorDictBase], Any] | None = None,
         refresh: Callable[[TensorDictBase], TensorDictBase] | None = None,
     ) -> None:
-        """V-trace ``vs`` (``value_target``) and advantages; see the class docstring for ``refresh``."""
+        """V-trace ``vs`` (``value_target``) and advantages; see the class docstring for ``refresh``.
+
+        As in :meth:`OnPolicyReplayBuffer.compute_returns`, nothing is stored
+        unless every output of ``refresh`` and ``value_network`` checks out.
+        """
         storage, keys = self._storage, self.keys
         filled = storage.step
         if filled == 0:
@@ -366,25 +388,53 @@ class VTraceReplayBuffer(OnPolicyReplayBuffer):
                 f"the steps carry no {keys.log_prob!r}: insert the behaviour policy's log-prob of each "
                 "action there (or set keys=OnPolicyKeys(log_prob=...) to where your actor writes it)."
             )
-        #: Log-probs of the stored actions under the behaviour policy, ``[L, N, ...]``.
-        self.behaviour_log_prob = data.get(keys.log_prob)[:filled].clone()
+        behaviour = data.get(keys.log_prob)[:filled].clone()
+        view = data
         if refresh is not None:
-            refreshed = refresh(data[:filled].clone())
+            out = refresh(data[:filled].clone())
+            view = data.clone(False)  # the refreshed entries, without touching the rollout yet
             for key in (keys.log_prob, keys.value):
-                if key not in refreshed.keys(True, True):
-                    raise ValueError(f"refresh must return the steps with {key!r} set by the current actor.")
-                stored = data.get(key)
-                stored[:filled] = refreshed.get(key).reshape(stored[:filled].shape)
-        super().compute_returns(value_network)
+                leaf = data.get(key).clone()
+                leaf[:filled] = _network_values(out, key, leaf[:filled].shape, "refresh")
+                view.set(key, leaf)
+        self._behaviour = behaviour
+        try:
+            results = self._returns(view, value_network)
+        finally:
+            del self._behaviour
+        if view is not data:
+            for key in (keys.log_prob, keys.value):
+                data.get(key)[:filled] = view.get(key)[:filled]
+        #: Log-probs of the stored actions under the behaviour policy, ``[L, N, ...]``.
+        self.behaviour_log_prob = behaviour
+        self._commit(results)
 
     def _estimate(self, steps, value, next_value, done, terminated) -> tuple[torch.Tensor, torch.Tensor]:
         # Actors write log-probs [L, N]; values are [L, N, 1]: align them.
         log_pi = steps.get(self.keys.log_prob).reshape(value.shape)
-        log_mu = self.behaviour_log_prob.reshape(value.shape)
+        log_mu = self._behaviour.reshape(value.shape)
         return vtrace_advantage_estimate(
             self.gamma, log_pi, log_mu, value, next_value,
             steps.get(self.keys.reward), done, terminated, self.rho_thresh, self.c_thresh, time_dim=0,
         )
+
+
+def _network_values(out: Any, key: Any, shape: torch.Size, source: str) -> torch.Tensor:
+    """``out[key]`` reshaped to ``shape``; a missing key, another size or a non-finite value raises."""
+    if not isinstance(out, TensorDictBase) or key not in out.keys(True, True):
+        raise ValueError(
+            f"{source} must return the steps with {key!r} set (the TensorDict it was given); "
+            f"got {type(out).__name__} without it."
+        )
+    value = out.get(key)
+    if value.numel() != shape.numel():
+        raise ValueError(
+            f"{source} wrote {key!r} of shape {list(value.shape)}; expected {list(shape)} "
+            "(one value per env, as stored)."
+        )
+    if not bool(torch.isfinite(value).all()):
+        raise ValueError(f"{source} wrote non-finite {key!r} values; nothing was stored.")
+    return value.reshape(shape)
 
 
 def _tuple(key: Any) -> tuple:

@@ -120,15 +120,15 @@ class PathGAEReplayBuffer(TensorDictReplayBuffer):
         """
         size = self._storage.max_size
         length = min(self._path_length, size)  # older steps of a longer path were overwritten
-        self._path_length = 0
         if length == 0:
+            self._path_length = 0
             return
         end = self._writer._cursor  # one past the newest step
         index = (end - length + torch.arange(length)) % size
         stored = self._storage._storage
         reward = stored.get(self.reward_key)[index]
         value = stored.get(self.value_key)[index]
-        last = torch.as_tensor(last_val, dtype=value.dtype, device=value.device).reshape(1, *value.shape[1:])
+        last = _last_value(last_val, value)
         next_value = torch.cat([value[1:], last.expand(1, *value.shape[1:])])
         never = torch.zeros_like(reward, dtype=torch.bool)
         advantage, _ = generalized_advantage_estimate(
@@ -137,6 +137,7 @@ class PathGAEReplayBuffer(TensorDictReplayBuffer):
         advantage_1, _ = generalized_advantage_estimate(
             self.gamma, 1.0, value, next_value, reward, never, never, time_dim=0
         )
+        self._path_length = 0
         stored.get("advantage")[index] = advantage
         stored.get("value_target")[index] = advantage_1 + value  # bootstrapped rewards-to-go
         self._finished[index] = True
@@ -168,3 +169,21 @@ class PathGAEReplayBuffer(TensorDictReplayBuffer):
             )
         self._finished.copy_(finished)
         self._path_length = int(state["path_length"])
+
+
+def _last_value(last_val: Any, value: torch.Tensor) -> torch.Tensor:
+    """``last_val`` as one row shaped like a stored value, checked finite."""
+    try:
+        if isinstance(last_val, (str, bytes)):
+            raise TypeError
+        last = torch.as_tensor(last_val, dtype=value.dtype, device=value.device)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise TypeError(f"last_val must be a number or a tensor, got last_val={last_val!r}.") from error
+    width = value.shape[1:].numel()
+    if last.numel() != width:
+        raise ValueError(
+            f"last_val must hold {width} value(s) (one V(s_T) per stored value), got shape {list(last.shape)}."
+        )
+    if not bool(torch.isfinite(last).all()):
+        raise ValueError(f"last_val must be finite, got last_val={last_val!r}.")
+    return last.reshape(1, *value.shape[1:])

@@ -50,9 +50,11 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
         stack_dim: dim of the stack within one observation (e.g. 0 for ``[4, 84, 84]``).
         padding: ``"reset"`` (repeat the episode's first frame) or ``"zero"``.
         done_key: the step ends its episode (the next step begins a new one).
-        check_next: verify on write that ``("next", obs)`` of a step equals
-            ``obs`` of the following step of its env (a stream that breaks this
-            cannot be deduplicated); a mismatch raises before anything is written.
+        check_next: verify on write that every stack is what reads rebuild:
+            ``("next", obs)`` is ``obs`` shifted by one frame, an episode's first
+            ``obs`` is padding, and ``obs`` of a step equals ``("next", obs)`` of
+            the previous step of its env, frame for frame (a stream that breaks
+            this cannot be deduplicated); a mismatch raises before anything is written.
         record_episodic_return, gamma, reward_clip, default_return,
         discount_key, reward_key, device: see :class:`EpisodicEnvRingStorage`.
         time_major: see :class:`EnvRingStorage`; env-major by default here, so that
@@ -112,6 +114,11 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
         self._terminal: torch.Tensor | None = None  # [C, *frame]: next frames at episode ends
         self._terminal_row = torch.full((num_envs * max_length,), -1, dtype=torch.long)
         self._free_rows: list[int] = []
+        # check_next: each env's newest ("next", obs) stack as written, valid while that step
+        # is still the env's newest and nothing was loaded since (else rebuilt by a read).
+        self._pending_stack: torch.Tensor | None = None
+        self._pending_at = np.full(num_envs, -1, dtype=np.int64)
+        self._pending_loads = -1
 
     # ------------------------------------------------------------------
     # Writes
@@ -162,10 +169,13 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
         every_env = _is_every_env((env if env.ndim == 1 else env[:, 0]).cpu().numpy(), self._num_envs)
         if self.check_next:
             self._check_continuity(env, frames, next_frames, done, first, every_env)
+            self._check_stacks(env, obs, next_obs, done, first)
         stored = data.exclude(self.next_key).set(self.obs_key, frames)
         table_rows = self._table_rows(env, position).reshape(-1)
         super()._write(env, position, stored, set_cursor=set_cursor, first=first)  # checks the layout first
         self._store_next_frames(env, table_rows, next_frames, done, every_env)
+        if self.check_next and self.num_stack > 1:
+            self._keep_pending_stacks(env, position, next_obs)
 
     def _check_continuity(self, env, frames, next_frames, done, first, every_env: bool) -> None:
         rows = env if env.ndim == 1 else env[:, 0]
@@ -193,6 +203,83 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
                     f"steps of each env in order with {self.done_key!r} set at episode ends, or "
                     "use EnvRingStorage."
                 )
+
+    def _check_stacks(self, env, obs, next_obs, done, first) -> None:
+        """Refuses stacks that reads would not give back: reads rebuild every stack from
+        the newest frames, so ``next`` must be ``obs`` shifted by one frame, an episode's
+        first stack must be padding, and a continuing stack must be the previous step's
+        ``next``."""
+        if self.num_stack == 1:
+            return
+        batch_dims, stack = env.ndim, self.num_stack
+        dim = batch_dims + (self.stack_dim % (obs.dim() - batch_dims))
+        if not _equal(obs.narrow(dim, 1, stack - 1), next_obs.narrow(dim, 0, stack - 1)):
+            raise ValueError(
+                f"('next', {self.obs_key!r}) is not {self.obs_key!r} shifted by one frame along "
+                f"stack_dim={self.stack_dim}; only each stack's newest frame is stored, so stacks "
+                "must slide one frame per step (or use EnvRingStorage)."
+            )
+        rows = env if batch_dims == 1 else env[:, 0]
+        head_first = first.reshape(env.shape[0], -1)[:, 0] | torch.from_numpy(self._pos_np[rows.cpu().numpy()] == 0)
+        starts = first.reshape(env.shape).clone()
+        starts.reshape(env.shape[0], -1)[:, 0] = head_first
+        item_dim = dim - batch_dims + 1
+        if bool(starts.any()):
+            begun = obs[starts.to(obs.device)]  # [k, *item]
+            older = begun.narrow(item_dim, 0, stack - 1)
+            pad = (torch.zeros_like(older) if self.padding == "zero"
+                   else begun.narrow(item_dim, stack - 1, 1).expand_as(older))
+            if not _equal(pad, older.contiguous()):
+                raise ValueError(
+                    f"the first {self.obs_key!r} stack of an episode must be padded with "
+                    f"{'zeros' if self.padding == 'zero' else 'its first frame'} (padding={self.padding!r}); "
+                    "reads rebuild it that way, so write it that way or set padding to match your env."
+                )
+        if batch_dims == 2 and env.shape[1] > 1:
+            cont = ~done[:, :-1].to(obs.device)
+            if not _equal(next_obs[:, :-1][cont], obs[:, 1:][cont]):
+                raise ValueError(
+                    f"{self.obs_key!r} of a step is not ('next', {self.obs_key!r}) of the step before it "
+                    "in the batch, frame for frame; steps of an env must follow each other."
+                )
+        go_on = ~head_first
+        if bool(go_on.any()) and self._max_length >= stack:
+            head = obs if batch_dims == 1 else obs[:, 0]
+            if not bool(go_on.all()):
+                rows, head = rows.cpu()[go_on], head[go_on.to(head.device)]
+            if not _equal(self._previous_next_stacks(rows.cpu()), head):
+                raise ValueError(
+                    f"{self.obs_key!r} of a step is not ('next', {self.obs_key!r}) of the previous step "
+                    "of its env, frame for frame; write each env's steps in order with "
+                    f"{self.done_key!r} set at episode ends."
+                )
+
+    def _previous_next_stacks(self, rows: torch.Tensor) -> torch.Tensor:
+        """The ``("next", obs)`` stack of each row's env's newest step: as kept at its write,
+        or rebuilt by a read where the env moved or the storage was loaded since."""
+        rows_np = rows.numpy()
+        kept = self._pending_stack is not None and self._pending_loads == self._loads and bool(
+            (self._pending_at[rows_np] == self._pos_np[rows_np]).all())
+        if kept:
+            every_env = _is_every_env(rows_np, self._num_envs)
+            return self._pending_stack if every_env else self._pending_stack[rows.to(self._device)]
+        pos = self._current_pos[rows] - 1
+        return self._stack(rows, pos, self._begin(rows, pos), shift=1)
+
+    def _keep_pending_stacks(self, env: torch.Tensor, position: torch.Tensor, next_obs: torch.Tensor) -> None:
+        rows = (env if env.ndim == 1 else env[:, 0]).cpu()
+        newest_at = (position if env.ndim == 1 else position[:, -1]).cpu().numpy() + 1
+        newest = next_obs if env.ndim == 1 else next_obs[:, -1]
+        if self._pending_stack is None or self._pending_loads != self._loads:
+            self._pending_stack = torch.zeros(self._num_envs, *newest.shape[1:], dtype=newest.dtype,
+                                              device=self._device)
+            self._pending_at[:] = -1
+            self._pending_loads = self._loads
+        if _is_every_env(rows.numpy(), self._num_envs):
+            self._pending_stack.copy_(newest)
+        else:
+            self._pending_stack[rows.to(self._device)] = newest.to(self._device)
+        self._pending_at[rows.numpy()] = newest_at  # the env's position once this step is its newest
 
     def _store_next_frames(self, env, table_rows, next_frames, done, every_env: bool) -> None:
         frame_shape = next_frames.shape[env.ndim:]
