@@ -90,6 +90,10 @@ class FastVsTorchRLMachine(RuleBasedStateMachine):
                 outcomes.append((call(rb), None))
             except Exception as error:  # compared below: TorchRL's own errors included
                 outcomes.append((None, type(error)))
+            # The synchronisation point: queued prefetch draws finish before the next call, so
+            # they read the same buffer state in all three (else the worker races the caller).
+            for future in tuple(getattr(rb, "_prefetch_queue", ())):
+                future.exception()
         errors = [error for _, error in outcomes]
         assert errors == [errors[0]] * len(errors), f"exceptions differ: {errors}"
         results = [result for result, _ in outcomes]
