@@ -14,13 +14,15 @@ code, constructors) have no state to check.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
 import re
 import shutil
 import sys
-from collections.abc import Callable, Mapping
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -173,6 +175,28 @@ def flip_bit(path: Path, offset: int) -> None:
     data = bytearray(path.read_bytes())
     data[offset % len(data)] ^= 0x10
     path.write_bytes(bytes(data))
+
+
+def assert_refused(snapshot: Snapshot, call: Callable[[], Any], errors: Any = (ValueError, TypeError)) -> None:
+    """``call()`` raises one of ``errors`` and ``snapshot()`` is the same after it as before."""
+    before = snapshot()
+    with pytest.raises(errors):
+        call()
+    assert_same(before, snapshot(), "state after a refused call")
+
+
+@contextlib.contextmanager
+def damaged_checkpoint(save: Callable[[Path], Any], where: str) -> Iterator[Path]:
+    """A temporary folder holding what ``save(folder)`` wrote, with one bit flipped in the middle
+    of its smallest (``where="first"``) or largest (``"largest"``) file (``.complete`` aside)."""
+    with tempfile.TemporaryDirectory() as path:
+        folder = Path(path)
+        save(folder)
+        files = sorted((p for p in folder.rglob("*") if p.is_file() and p.name != ".complete"),
+                       key=lambda p: (p.stat().st_size, p.as_posix()))
+        target = files[0] if where == "first" else files[-1]
+        flip_bit(target, target.stat().st_size // 2)
+        yield folder
 
 
 def copy_of_good(tmp: Path, name: str) -> Path:
@@ -1024,7 +1048,8 @@ def _(tmp: Path) -> Built:
 
 
 @row("onpolicy-critic-nan", "`OnPolicyReplayBuffer.compute_returns`", "`value_network` writing NaN values",
-     ValueError, r"value_network wrote non-finite 'state_value' values; nothing was stored",
+     ValueError,
+     r"state_value. holds 2 NaN or infinite value\(s\) of 2; value_network wrote them and nothing was stored",
      "fix the critic (its outputs are NaN or infinite)", "rollout data, gamma, gae_lambda")
 def _(tmp: Path) -> Built:
     rb = on_policy_buffer()
@@ -1121,7 +1146,8 @@ def _(tmp: Path) -> Built:
 
 
 @row("l2r-last-val", "`l2r_ppo_buffer.finish_path`", "`finish_path(float('nan'))`", ValueError,
-     r"last_val must be finite, got last_val=nan", "pass 0 at a terminal state, else a finite V(s_T)",
+     r"last_val. holds 1 NaN or infinite value\(s\) of 1; the path is still open",
+     "pass 0 at a terminal state, else a finite V(s_T)",
      "len, storage, open path")
 def _(tmp: Path) -> Built:
     rb = l2r_ppo_buffer(1, 1, 10, 2)

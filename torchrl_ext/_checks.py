@@ -8,7 +8,7 @@ import torch
 
 from torchrl_ext._host import bounds
 
-__all__ = ["check_batch_size", "check_int", "check_priorities", "check_real"]
+__all__ = ["check_batch_size", "check_finite", "check_int", "check_priorities", "check_real"]
 
 
 def check_int(name: str, value: Any, *, minimum: int) -> None:
@@ -38,6 +38,14 @@ def check_real(name: str, value: Any, *, low: float, high: float | None = None) 
         interval = f"a number in [{low:g}, {high:g}]" if high is not None else f">= {low}"
         raise ValueError(f"{name} must be {interval}, got {name}={value}.")
     return value
+
+
+def check_finite(name: str, values: torch.Tensor, then: str) -> None:
+    """``ValueError`` naming ``name`` and counting the NaN / infinite entries of ``values``;
+    ``then`` says what was left unchanged and how to fix it."""
+    bad = int((~torch.isfinite(values)).sum())
+    if bad:
+        raise ValueError(f"`{name}` holds {bad} NaN or infinite value(s) of {values.numel()}; {then}")
 
 
 def check_priorities(name: str, values: torch.Tensor) -> float:

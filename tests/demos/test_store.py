@@ -423,7 +423,7 @@ def _store_with_a_running_episode() -> DemoStore:
 
 @pytest.mark.parametrize("obs, reward, match", [
     (torch.zeros(5), torch.tensor(1.0), "`observation` of env 0 has shape \\(5,\\)"),
-    (torch.zeros(2), torch.tensor(math.nan), "`reward` holds non-finite values"),
+    (torch.zeros(2), torch.tensor(math.nan), r"`reward` holds 1 NaN or infinite value\(s\) of 1; nothing was tracked"),
 ])
 def test_a_step_that_cannot_join_its_episode_is_refused_before_tracking(obs, reward, match) -> None:
     store = _store_with_a_running_episode()
@@ -443,7 +443,7 @@ def test_one_malformed_supplementary_demo_adds_none() -> None:
     assert len(store) == 0
 
 
-@pytest.mark.parametrize("damage", ["tensor", "meta", "generator"])
+@pytest.mark.parametrize("damage", ["tensor", "meta", "generator", "capacity"])
 def test_a_damaged_state_loads_nothing(damage) -> None:
     store = _store_with_a_running_episode()
     state = _store_with_a_running_episode().state_dict()
@@ -452,11 +452,14 @@ def test_a_damaged_state_loads_nothing(damage) -> None:
         state["running"]["observation"] = ["not a tensor"]
     elif damage == "meta":
         state["value_demos"]["meta"] = [{"id": "x"}]
-    else:
+    elif damage == "generator":
         store.generator = torch.Generator()
         state["generator_state"] = [torch.zeros(3)]
+    else:
+        state["capacity"] = 0
     before = store.state_dict()
-    with pytest.raises(ValueError, match="nothing was loaded"):
+    with pytest.raises(ValueError, match="capacity. must be an int >= 1, got 0" if damage == "capacity"
+                       else "nothing was loaded"):
         store.load_state_dict(state)
     _assert_same(before, store.state_dict())
 

@@ -286,7 +286,7 @@ def _stored(rb):
 
 @pytest.mark.parametrize("bad, match", [
     (lambda td: td.set("state_value", torch.zeros(*td.shape, 3)), "of shape \\[2, 3\\]; expected \\[2, 1\\]"),
-    (lambda td: td.set("state_value", torch.full((*td.shape, 1), float("nan"))), "non-finite"),
+    (lambda td: td.set("state_value", torch.full((*td.shape, 1), float("nan"))), r"`state_value` holds 2 NaN or infinite value\(s\) of 2; value_network wrote them"),
     (lambda td: td.exclude("state_value"), "value_network must return the steps with 'state_value' set"),
 ])
 @pytest.mark.parametrize("truncated", [False, True])

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import tempfile
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,7 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 from tensordict import TensorDict
 
 from tests._hypothesis import machine_settings
-from tests.test_errors import assert_same, flip_bit, freeze
+from tests.test_errors import assert_refused, assert_same, damaged_checkpoint, freeze
 from torchrl_ext.presets import alf_replay_buffer
 from torchrl_ext.replay_buffers import EnvRingReplayBuffer, PrioritizedReplayBuffer, TensorDictReplayBuffer
 from torchrl_ext.samplers import FeedForwardMinibatchSampler, TrajectorySampler
@@ -105,10 +104,7 @@ class RefusedCallsMachine(RuleBasedStateMachine):
     def refused(self, call, errors=(ValueError, TypeError)) -> None:
         if self.kind == "rollout" and self.rb.storage.step >= ROLLOUT_STEPS:
             errors = (*errors, RuntimeError)  # a full rollout refuses any insert first
-        before = snapshot(self.rb)
-        with pytest.raises(errors):
-            call()
-        assert_same(before, snapshot(self.rb), "state after a refused call")
+        assert_refused(lambda: snapshot(self.rb), call, errors)
 
     # ------------------------------------------------------------------ valid calls
     @rule(n=st.integers(1, CAPACITY))
@@ -229,13 +225,7 @@ class RefusedCallsMachine(RuleBasedStateMachine):
     def load_a_damaged_checkpoint(self, where: str) -> None:
         if not len(self.rb):
             return
-        with tempfile.TemporaryDirectory() as path:
-            folder = Path(path)
-            self.rb.dumps(folder)
-            files = sorted((p for p in folder.rglob("*") if p.is_file() and p.name != ".complete"),
-                           key=lambda p: (p.stat().st_size, p.as_posix()))
-            target = files[0] if where == "first" else files[-1]
-            flip_bit(target, target.stat().st_size // 2)
+        with damaged_checkpoint(self.rb.dumps, where) as folder:
             self.refused(lambda: self.rb.loads(folder))
 
 

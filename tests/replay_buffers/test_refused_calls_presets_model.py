@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import tempfile
-from pathlib import Path
 
 import pytest
 import torch
@@ -21,7 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 from tensordict import TensorDict
 
 from tests._hypothesis import machine_settings
-from tests.test_errors import assert_same, flip_bit, freeze
+from tests.test_errors import assert_refused, assert_same, damaged_checkpoint, freeze
 from torchrl_ext.demos import DemoStore
 from torchrl_ext.presets import harl_off_policy_buffer, velora_replay_buffer
 from torchrl_ext.replay_buffers import EnvRingReplayBuffer
@@ -71,10 +70,7 @@ class PresetRefusedCallsMachine(RuleBasedStateMachine):
         return f"demo-{self.counter:g}"
 
     def refused(self, call) -> None:
-        before = snapshot(self.target)
-        with pytest.raises((ValueError, TypeError)):
-            call()
-        assert_same(before, snapshot(self.target), "state after a refused call")
+        assert_refused(lambda: snapshot(self.target), call)
 
     # ------------------------------------------------------------------ batches
     def _velora_args(self, n: int, state_dim: int = 2):
@@ -260,14 +256,9 @@ class PresetRefusedCallsMachine(RuleBasedStateMachine):
     def load_a_damaged_checkpoint(self, where: str) -> None:
         if self.kind in ("demos",) or not len(self.target):
             return
-        with tempfile.TemporaryDirectory() as path:
-            folder = Path(path)
-            (self.target.save if self.kind == "velora" else self.target.dumps)(folder)
-            files = sorted((p for p in folder.rglob("*") if p.is_file() and p.name != ".complete"),
-                           key=lambda p: (p.stat().st_size, p.as_posix()))
-            target = files[0] if where == "first" else files[-1]
-            flip_bit(target, target.stat().st_size // 2)
-            self.refused(lambda: (self.target.load if self.kind == "velora" else self.target.loads)(folder))
+        velora = self.kind == "velora"
+        with damaged_checkpoint(self.target.save if velora else self.target.dumps, where) as folder:
+            self.refused(lambda: (self.target.load if velora else self.target.loads)(folder))
 
 
 TestPresetRefusedCalls = PresetRefusedCallsMachine.TestCase

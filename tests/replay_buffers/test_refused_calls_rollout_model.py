@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import tempfile
-from pathlib import Path
 
 import pytest
 import torch
@@ -22,7 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 from tensordict import TensorDict
 
 from tests._hypothesis import machine_settings
-from tests.test_errors import assert_same, flip_bit, freeze
+from tests.test_errors import assert_refused, assert_same, damaged_checkpoint, freeze
 from torchrl_ext.presets import l2r_ppo_buffer
 from torchrl_ext.replay_buffers.on_policy import OnPolicyReplayBuffer, VTraceReplayBuffer
 
@@ -104,10 +103,7 @@ class RolloutRefusedCallsMachine(RuleBasedStateMachine):
         return bool((data["next", "done"] & ~data["next", "terminated"]).any())
 
     def refused(self, call) -> None:
-        before = snapshot(self.rb)
-        with pytest.raises((ValueError, TypeError)):
-            call()
-        assert_same(before, snapshot(self.rb), "state after a refused call")
+        assert_refused(lambda: snapshot(self.rb), call)
 
     # ------------------------------------------------------------------ valid calls
     @rule(truncated=st.booleans())
@@ -224,13 +220,7 @@ class RolloutRefusedCallsMachine(RuleBasedStateMachine):
     def load_a_damaged_checkpoint(self, where: str) -> None:
         if not self._saveable():
             return
-        with tempfile.TemporaryDirectory() as path:
-            folder = Path(path)
-            self.rb.dumps(folder)
-            files = sorted((p for p in folder.rglob("*") if p.is_file() and p.name != ".complete"),
-                           key=lambda p: (p.stat().st_size, p.as_posix()))
-            target = files[0] if where == "first" else files[-1]
-            flip_bit(target, target.stat().st_size // 2)
+        with damaged_checkpoint(self.rb.dumps, where) as folder:
             self.refused(lambda: self.rb.loads(folder))
 
 

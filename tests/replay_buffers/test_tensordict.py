@@ -419,7 +419,7 @@ def test_a_prioritized_sampler_smaller_than_its_storage_is_refused_at_constructi
 
 
 @pytest.mark.parametrize("last_val, error, match", [
-    (float("nan"), ValueError, "last_val must be finite"),
+    (float("nan"), ValueError, r"`last_val` holds 1 NaN or infinite value\(s\) of 1; the path is still open"),
     ([1.0, 2.0], ValueError, "last_val must hold 1 value"),
     ("0", TypeError, "last_val must be a number or a tensor"),
 ])

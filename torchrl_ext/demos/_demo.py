@@ -19,6 +19,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from torchrl_ext._checks import check_finite
+
 __all__ = [
     "DEMO_KEYS",
     "check_settings",
@@ -205,8 +207,7 @@ def step_batch(
                 f"`{name}` has shape {tuple(x.shape)} but observation has {n} rows; "
                 f"`{name}` must be {want}, one row per selected env."
             )
-    if not bool(torch.isfinite(rew).all()):
-        raise ValueError(f"`reward` holds non-finite values {rew.flatten().tolist()}; pass finite rewards.")
+    check_finite("reward", rew, "nothing was tracked; pass finite rewards.")
     return (
         ids,
         obs.detach().to(device, copy=True),

@@ -441,6 +441,7 @@ class DemoStore:
             ) from error
         check_settings(scalars["rho"], scalars["phi"], scalars["alpha"], scalars["num_demos_to_save"],
                        scalars["initial_reward_threshold"])
+        self.capacity = scalars.pop("capacity")  # its setter checks it: the first (and last) change that can fail
         if generator_state is not None:
             self.generator.set_state(generator_state)
         for name, value in scalars.items():

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 import torch
 from tensordict import TensorDictBase
 
-from torchrl_ext._checks import check_real
+from torchrl_ext._checks import check_finite, check_real
 from torchrl_ext._keys import nested_key
 from torchrl_ext.replay_buffers.tensordict import TensorDictReplayBuffer
 from torchrl_ext.samplers.minibatch import FeedForwardMinibatchSampler, NaiveRecurrentMinibatchSampler
@@ -60,9 +60,10 @@ def _check_unit(name: str, value: Any) -> float:
 
 
 def _check_positive(name: str, value: Any) -> float:
-    if check_real(name, value, low=0.0) == 0:
+    value = check_real(name, value, low=0.0)
+    if value == 0:
         raise ValueError(f"{name} must be a positive number, got {name}={value!r}.")
-    return float(value)
+    return value
 
 
 class OnPolicyReplayBuffer(TensorDictReplayBuffer):
@@ -219,8 +220,11 @@ class OnPolicyReplayBuffer(TensorDictReplayBuffer):
             raise RuntimeError("the rollout is empty: insert steps before compute_returns().")
         self._commit(self._returns(self._storage.data, value_network))
 
-    def _returns(self, data: TensorDictBase, value_network: Any) -> dict[Any, torch.Tensor]:
-        """The entries :meth:`compute_returns` stores, computed without storing any."""
+    def _returns(
+        self, data: TensorDictBase, value_network: Any, **estimate: Any
+    ) -> dict[str, dict[Any, torch.Tensor]]:
+        """The entries :meth:`compute_returns` stores, computed without storing any
+        (``estimate``: extra inputs of :meth:`_estimate`)."""
         keys, filled = self.keys, self._storage.step
         stored = data.keys(True, True)
         intrinsic = keys.intrinsic_reward in stored and keys.intrinsic_value in stored
@@ -239,7 +243,7 @@ class OnPolicyReplayBuffer(TensorDictReplayBuffer):
         done = steps.get(keys.done)
         terminated = steps.get(keys.terminated, done)
         next_value = self._next_values(steps, value[1:], done & ~terminated, value_network)
-        advantage, target = self._estimate(steps, value[:filled], next_value, done, terminated)
+        advantage, target = self._estimate(steps, value[:filled], next_value, done, terminated, **estimate)
         derived = {keys.advantage: advantage, keys.value_target: target}
         if ivalue is not None:
             # Last: the normalizer updates its running statistics (all-or-nothing itself).
@@ -397,11 +401,7 @@ class VTraceReplayBuffer(OnPolicyReplayBuffer):
                 leaf = data.get(key).clone()
                 leaf[:filled] = _network_values(out, key, leaf[:filled].shape, "refresh")
                 view.set(key, leaf)
-        self._behaviour = behaviour
-        try:
-            results = self._returns(view, value_network)
-        finally:
-            del self._behaviour
+        results = self._returns(view, value_network, behaviour=behaviour)
         if view is not data:
             for key in (keys.log_prob, keys.value):
                 data.get(key)[:filled] = view.get(key)[:filled]
@@ -409,10 +409,12 @@ class VTraceReplayBuffer(OnPolicyReplayBuffer):
         self.behaviour_log_prob = behaviour
         self._commit(results)
 
-    def _estimate(self, steps, value, next_value, done, terminated) -> tuple[torch.Tensor, torch.Tensor]:
+    def _estimate(
+        self, steps, value, next_value, done, terminated, behaviour
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         # Actors write log-probs [L, N]; values are [L, N, 1]: align them.
         log_pi = steps.get(self.keys.log_prob).reshape(value.shape)
-        log_mu = self._behaviour.reshape(value.shape)
+        log_mu = behaviour.reshape(value.shape)
         return vtrace_advantage_estimate(
             self.gamma, log_pi, log_mu, value, next_value,
             steps.get(self.keys.reward), done, terminated, self.rho_thresh, self.c_thresh, time_dim=0,
@@ -432,8 +434,7 @@ def _network_values(out: Any, key: Any, shape: torch.Size, source: str) -> torch
             f"{source} wrote {key!r} of shape {list(value.shape)}; expected {list(shape)} "
             "(one value per env, as stored)."
         )
-    if not bool(torch.isfinite(value).all()):
-        raise ValueError(f"{source} wrote non-finite {key!r} values; nothing was stored.")
+    check_finite(str(key), value, f"{source} wrote them and nothing was stored; fix the network's outputs.")
     return value.reshape(shape)
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
+from torchrl_ext._checks import check_finite
 from torchrl_ext.replay_buffers.tensordict import TensorDictReplayBuffer
 from torchrl_ext.samplers.uniform import DistinctUniformSampler
 from torchrl_ext.storages.fast import FastTensorStorage
@@ -173,17 +174,17 @@ class PathGAEReplayBuffer(TensorDictReplayBuffer):
 
 def _last_value(last_val: Any, value: torch.Tensor) -> torch.Tensor:
     """``last_val`` as one row shaped like a stored value, checked finite."""
+    refused = f"last_val must be a number or a tensor, got last_val={last_val!r}."
+    if isinstance(last_val, (str, bytes)):
+        raise TypeError(refused)
     try:
-        if isinstance(last_val, (str, bytes)):
-            raise TypeError
         last = torch.as_tensor(last_val, dtype=value.dtype, device=value.device)
     except (TypeError, ValueError, RuntimeError) as error:
-        raise TypeError(f"last_val must be a number or a tensor, got last_val={last_val!r}.") from error
+        raise TypeError(refused) from error
     width = value.shape[1:].numel()
     if last.numel() != width:
         raise ValueError(
             f"last_val must hold {width} value(s) (one V(s_T) per stored value), got shape {list(last.shape)}."
         )
-    if not bool(torch.isfinite(last).all()):
-        raise ValueError(f"last_val must be finite, got last_val={last_val!r}.")
+    check_finite("last_val", last, "the path is still open; pass 0 at a terminal state, else a finite V(s_T).")
     return last.reshape(1, *value.shape[1:])

@@ -168,8 +168,7 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
         # side tables' rows as they stand, so neither needs gathering or scattering.
         every_env = _is_every_env((env if env.ndim == 1 else env[:, 0]).cpu().numpy(), self._num_envs)
         if self.check_next:
-            self._check_continuity(env, frames, next_frames, done, first, every_env)
-            self._check_stacks(env, obs, next_obs, done, first)
+            self._check_continuity(env, obs, next_obs, frames, next_frames, done, first, every_env)
         stored = data.exclude(self.next_key).set(self.obs_key, frames)
         table_rows = self._table_rows(env, position).reshape(-1)
         super()._write(env, position, stored, set_cursor=set_cursor, first=first)  # checks the layout first
@@ -177,40 +176,41 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
         if self.check_next and self.num_stack > 1:
             self._keep_pending_stacks(env, position, next_obs)
 
-    def _check_continuity(self, env, frames, next_frames, done, first, every_env: bool) -> None:
-        rows = env if env.ndim == 1 else env[:, 0]
+    def _check_continuity(self, env, obs, next_obs, frames, next_frames, done, first, every_env: bool) -> None:
+        """Refuses steps whose stacks reads would not give back. Only each stack's newest frame
+        is stored and reads rebuild the rest, so ``next`` must be ``obs`` shifted by one frame,
+        an episode's first stack must be padding, and ``obs`` of a continuing step must be
+        ``next`` of the step before it, frame for frame."""
+        rows = (env if env.ndim == 1 else env[:, 0]).cpu()
+        head_first = first.reshape(env.shape[0], -1)[:, 0] | torch.from_numpy(self._pos_np[rows.numpy()] == 0)
+        # Whole stacks, unless the ring is too short to rebuild the newest one: newest frames then.
+        whole = self.num_stack == 1 or self._max_length >= self.num_stack
+        got, ahead = (obs, next_obs) if whole else (frames, next_frames)
         pairs = []
-        if self._pending_next is not None:
-            # The newest stored step's next frame must be this step's frame.
-            rows_np = rows.cpu().numpy()
-            cont = ~first.reshape(env.shape[0], -1)[:, 0].numpy() & (self._pos_np[rows_np] > 0)
-            head = frames if env.ndim == 1 else frames[:, 0]
-            if every_env and cont.all():
-                pairs.append((self._pending_next, head))
-            elif cont.any():
-                keep = torch.from_numpy(cont)
-                pairs.append((self._pending_next[rows[keep]], head[keep.to(head.device)]))
+        go_on = ~head_first
+        if self._pending_next is not None and bool(go_on.any()):
+            head = got if env.ndim == 1 else got[:, 0]
+            every = every_env and bool(go_on.all())
+            if not every:
+                rows, head = rows[go_on], head[go_on.to(head.device)]
+            pairs.append((self._previous_next(rows, every, whole), head))
         if env.ndim == 2 and env.shape[1] > 1:
-            cont = ~done[:, :-1]
+            cont = ~done[:, :-1].to(got.device)
             if bool(cont.any()):
-                pairs.append((next_frames[:, :-1][cont.to(frames.device)],
-                              frames[:, 1:][cont.to(frames.device)]))
-        for expected, got in pairs:
-            if not _equal(expected, got):
+                pairs.append((ahead[:, :-1][cont], got[:, 1:][cont]))
+        for expected, actual in pairs:
+            if not _equal(expected, actual):
                 raise ValueError(
                     f"('next', {self.obs_key!r}) of a step differs from {self.obs_key!r} of the "
                     "following step of the same env, so the stream cannot be deduplicated; write "
                     f"steps of each env in order with {self.done_key!r} set at episode ends, or "
                     "use EnvRingStorage."
                 )
+        if self.num_stack > 1:
+            self._check_stack_layout(env, obs, next_obs, first, head_first)
 
-    def _check_stacks(self, env, obs, next_obs, done, first) -> None:
-        """Refuses stacks that reads would not give back: reads rebuild every stack from
-        the newest frames, so ``next`` must be ``obs`` shifted by one frame, an episode's
-        first stack must be padding, and a continuing stack must be the previous step's
-        ``next``."""
-        if self.num_stack == 1:
-            return
+    def _check_stack_layout(self, env, obs, next_obs, first, head_first) -> None:
+        """``next`` is ``obs`` shifted by one frame; an episode's first stack is padding."""
         batch_dims, stack = env.ndim, self.num_stack
         dim = batch_dims + (self.stack_dim % (obs.dim() - batch_dims))
         if not _equal(obs.narrow(dim, 1, stack - 1), next_obs.narrow(dim, 0, stack - 1)):
@@ -219,13 +219,11 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
                 f"stack_dim={self.stack_dim}; only each stack's newest frame is stored, so stacks "
                 "must slide one frame per step (or use EnvRingStorage)."
             )
-        rows = env if batch_dims == 1 else env[:, 0]
-        head_first = first.reshape(env.shape[0], -1)[:, 0] | torch.from_numpy(self._pos_np[rows.cpu().numpy()] == 0)
         starts = first.reshape(env.shape).clone()
         starts.reshape(env.shape[0], -1)[:, 0] = head_first
-        item_dim = dim - batch_dims + 1
         if bool(starts.any()):
             begun = obs[starts.to(obs.device)]  # [k, *item]
+            item_dim = dim - batch_dims + 1
             older = begun.narrow(item_dim, 0, stack - 1)
             pad = (torch.zeros_like(older) if self.padding == "zero"
                    else begun.narrow(item_dim, stack - 1, 1).expand_as(older))
@@ -235,34 +233,17 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
                     f"{'zeros' if self.padding == 'zero' else 'its first frame'} (padding={self.padding!r}); "
                     "reads rebuild it that way, so write it that way or set padding to match your env."
                 )
-        if batch_dims == 2 and env.shape[1] > 1:
-            cont = ~done[:, :-1].to(obs.device)
-            if not _equal(next_obs[:, :-1][cont], obs[:, 1:][cont]):
-                raise ValueError(
-                    f"{self.obs_key!r} of a step is not ('next', {self.obs_key!r}) of the step before it "
-                    "in the batch, frame for frame; steps of an env must follow each other."
-                )
-        go_on = ~head_first
-        if bool(go_on.any()) and self._max_length >= stack:
-            head = obs if batch_dims == 1 else obs[:, 0]
-            if not bool(go_on.all()):
-                rows, head = rows.cpu()[go_on], head[go_on.to(head.device)]
-            if not _equal(self._previous_next_stacks(rows.cpu()), head):
-                raise ValueError(
-                    f"{self.obs_key!r} of a step is not ('next', {self.obs_key!r}) of the previous step "
-                    "of its env, frame for frame; write each env's steps in order with "
-                    f"{self.done_key!r} set at episode ends."
-                )
 
-    def _previous_next_stacks(self, rows: torch.Tensor) -> torch.Tensor:
-        """The ``("next", obs)`` stack of each row's env's newest step: as kept at its write,
-        or rebuilt by a read where the env moved or the storage was loaded since."""
+    def _previous_next(self, rows: torch.Tensor, every: bool, whole: bool) -> torch.Tensor:
+        """``("next", obs)`` of each row's env's newest step (its newest frame unless ``whole``):
+        as kept at its write, or rebuilt by a read where the env moved or the storage was
+        loaded since. ``every``: ``rows`` is every env in order."""
+        if self.num_stack == 1 or not whole:
+            return self._pending_next if every else self._pending_next[rows.to(self._device)]
         rows_np = rows.numpy()
-        kept = self._pending_stack is not None and self._pending_loads == self._loads and bool(
-            (self._pending_at[rows_np] == self._pos_np[rows_np]).all())
-        if kept:
-            every_env = _is_every_env(rows_np, self._num_envs)
-            return self._pending_stack if every_env else self._pending_stack[rows.to(self._device)]
+        if self._pending_stack is not None and self._pending_loads == self._loads and bool(
+                (self._pending_at[rows_np] == self._pos_np[rows_np]).all()):
+            return self._pending_stack if every else self._pending_stack[rows.to(self._device)]
         pos = self._current_pos[rows] - 1
         return self._stack(rows, pos, self._begin(rows, pos), shift=1)
 

@@ -17,6 +17,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
+from torchrl_ext._checks import check_finite
 from torchrl_ext.value.functional import discounted_cumsum
 
 __all__ = ["ValueNorm", "RunningMeanStd", "IntrinsicRewardNormalizer"]
@@ -50,13 +51,8 @@ def _as_float_tensor(x: Any, name: str, device: torch.device) -> Tensor:
 def _check_finite(x: Tensor, name: str) -> None:
     """Refuses NaN / infinite values before they reach running statistics, which they would
     turn NaN for good (and every normalised value and GAE result after them)."""
-    bad = int((~torch.isfinite(x)).sum())
-    if bad:
-        raise ValueError(
-            f"`{name}` holds {bad} NaN or infinite value(s) of {x.numel()}; the running "
-            f"statistics were left unchanged. Drop them first, e.g. `{name}[torch.isfinite({name})]`, "
-            "or fix what produced them."
-        )
+    check_finite(name, x, "the running statistics were left unchanged. Drop them first, e.g. "
+                 f"`{name}[torch.isfinite({name})]`, or fix what produced them.")
 
 
 def _check_trailing(x: Tensor, shape: torch.Size, name: str, lead: int | None) -> None:
