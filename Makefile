@@ -1,8 +1,9 @@
 # The two commands of the README, each doing all set-up on a fresh machine:
 #   make demo   create the venv, install torchrl_ext with the examples extra, train PPO on CartPole
 #   make test   create the venv, install the test extras, run the whole test suite
-# `make test-nightly` runs the same suite against torchrl-nightly + tensordict-nightly, and
-# `make test-soak` reruns the model-based hypothesis machines with SOAK examples each (both
+# `make test-nightly` runs the same suite against torchrl-nightly + tensordict-nightly,
+# `make test-plain` runs it with every fast path off (TORCHRL_EXT_FASTPATH=0), and
+# `make test-soak` reruns the model-based hypothesis machines with SOAK examples each (all
 # called by .ci/run). Override the venv locations with VENV=... / NIGHTLY_VENV=...
 
 PYTHON ?= python3
@@ -20,7 +21,7 @@ PYTEST := -m pytest -n $(PYTEST_WORKERS) --durations=15
 # torch is pinned here as well so pip never resolves a CUDA build of another release.
 TORCH_SPEC := torch>=2.14,<2.15
 
-.PHONY: demo test test-soak test-nightly bench bench-quick clean
+.PHONY: demo test test-plain test-soak test-nightly bench bench-quick clean
 
 $(VENV)/.installed-%: pyproject.toml setup.py torchrl_ext/_stream.c
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +36,10 @@ demo: $(VENV)/.installed-examples
 
 test: $(VENV)/.installed-test+examples+ray
 	$(VENV)/bin/python $(PYTEST) $(PYTEST_ARGS)
+
+# The same suite with every fast path off (torchrl_ext.fastpath): results must not change.
+test-plain: $(VENV)/.installed-test+examples+ray
+	TORCHRL_EXT_FASTPATH=0 $(VENV)/bin/python $(PYTEST) $(PYTEST_ARGS)
 
 test-soak: $(VENV)/.installed-test+examples+ray
 	TORCHRL_EXT_SOAK=$(SOAK) $(VENV)/bin/python $(PYTEST) -m soak $(PYTEST_ARGS)

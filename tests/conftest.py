@@ -44,3 +44,17 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(
                     pytest.mark.xfail(reason=f"nightly upstream: {reason}", strict=False)
                 )
+
+
+@pytest.fixture(autouse=True)
+def _fastpath_for_marked_tests(request):
+    """Tests marked ``fastpath`` check a fast path itself (that it is taken, what it caches),
+    so they run with the fast paths on even in the switch-off run (``TORCHRL_EXT_FASTPATH=0``);
+    every other test runs with the process's setting, so the suite proves both equal."""
+    if request.node.get_closest_marker("fastpath") is None:
+        yield
+        return
+    import torchrl_ext
+
+    with torchrl_ext.fastpath(True):
+        yield

@@ -642,7 +642,7 @@ def _(tmp: Path) -> Built:
 
 
 @row("traj-batch-size", "`TrajectorySampler`", "`rb.sample(0)`", ValueError,
-     r"batch_size must be a positive int, got batch_size=0", "pass `batch_size >= 1`", RING)
+     r"batch_size must be an int >= 1, got batch_size=0", "pass `batch_size >= 1`", RING)
 def _(tmp: Path) -> Built:
     rb = ring_buffer()
     return buffer_state(rb), lambda: rb.sample(0)
@@ -755,7 +755,7 @@ def _(tmp: Path) -> Built:
 
 
 @row("prio-batch-size", "`PrioritizedReplayBuffer`", "`rb.sample(0)`", ValueError,
-     r"batch_size must be a positive int, got batch_size=0", "pass `batch_size >= 1`", PRIO)
+     r"batch_size must be an int >= 1, got batch_size=0", "pass `batch_size >= 1`", PRIO)
 def _(tmp: Path) -> Built:
     rb = prioritized_buffer()
     return buffer_state(rb), lambda: rb.sample(0)
@@ -891,25 +891,31 @@ def _(tmp: Path) -> Built:
 
 # ---- value functional core, estimators, on-policy buffers, n-step samplers
 @row("gae-gamma", "`functional.generalized_advantage_estimate`", "`gamma=1.5`", ValueError,
-     r"gamma must lie in \[0, 1\], got gamma=1\.5", "use gamma in [0, 1]")
+     r"gamma must be a number in \[0, 1\], got gamma=1\.5", "use gamma in [0, 1]")
 def _(tmp: Path) -> Built:
     return pure(lambda: F.generalized_advantage_estimate(**gae_args(gamma=1.5)))
 
 
 @row("gae-gamma-nan", "`functional.generalized_advantage_estimate`", "`gamma=nan`", ValueError,
-     r"gamma must lie in \[0, 1\], got gamma=nan", "use gamma in [0, 1]")
+     r"gamma must be a number in \[0, 1\], got gamma=nan", "use gamma in [0, 1]")
 def _(tmp: Path) -> Built:
     return pure(lambda: F.generalized_advantage_estimate(**gae_args(gamma=math.nan)))
 
 
+@row("gae-gamma-type", "`functional.generalized_advantage_estimate`", "`gamma='0.9'`", TypeError,
+     r"gamma must be a real number or a tensor of them, got '0\.9'", "pass a float or a real tensor")
+def _(tmp: Path) -> Built:
+    return pure(lambda: F.generalized_advantage_estimate(**gae_args(gamma="0.9")))
+
+
 @row("gae-gamma-tensor", "`functional.generalized_advantage_estimate`", "`gamma=torch.full((5, 1), 1.5)`",
-     ValueError, r"gamma must lie in \[0, 1\], got values in \[1\.5, 1\.5\]", "use gamma in [0, 1]")
+     ValueError, r"gamma must be a number in \[0, 1\], got values in \[1\.5, 1\.5\]", "use gamma in [0, 1]")
 def _(tmp: Path) -> Built:
     return pure(lambda: F.generalized_advantage_estimate(**gae_args(gamma=torch.full((5, 1), 1.5))))
 
 
 @row("gae-lambda", "`functional.generalized_advantage_estimate`", "`lmbda=-0.1`", ValueError,
-     r"lmbda must lie in \[0, 1\], got lmbda=-0\.1", "use lmbda in [0, 1]")
+     r"lmbda must be a number in \[0, 1\], got lmbda=-0\.1", "use lmbda in [0, 1]")
 def _(tmp: Path) -> Built:
     return pure(lambda: F.generalized_advantage_estimate(**gae_args(lmbda=-0.1)))
 
@@ -936,26 +942,28 @@ def _(tmp: Path) -> Built:
 
 
 @row("td-lambda", "`functional.td_lambda_return_estimate`", "`lmbda=2.0`", ValueError,
-     r"lmbda must lie in \[0, 1\], got lmbda=2\.0", "use lmbda in [0, 1]")
+     r"lmbda must be a number in \[0, 1\], got lmbda=2\.0", "use lmbda in [0, 1]")
 def _(tmp: Path) -> Built:
     zeros = torch.zeros(5, 1)
     return pure(lambda: F.td_lambda_return_estimate(0.9, 2.0, zeros, zeros, zeros.bool()))
 
 
 @row("cumsum-gamma", "`functional.discounted_cumsum`", "`gamma=1.01`", ValueError,
-     r"gamma must lie in \[0, 1\], got gamma=1\.01", "use gamma in [0, 1]")
+     r"gamma must be a number in \[0, 1\], got gamma=1\.01", "use gamma in [0, 1]")
 def _(tmp: Path) -> Built:
     return pure(lambda: F.discounted_cumsum(torch.zeros(3, 1), 1.01, torch.zeros(3, 1, dtype=torch.bool)))
 
 
 @row("vtrace-rho", "`functional.vtrace_advantage_estimate`", "`rho_thresh=0.0`", ValueError,
-     r"rho_thresh must be > 0, got rho_thresh=0\.0", "use a positive clipping threshold (1.0 is the IMPALA default)")
+     r"rho_thresh must be > 0\.0, got rho_thresh=0\.0; e\.g\. 1\.0, the IMPALA default",
+     "use a positive clipping threshold (1.0 is the IMPALA default)")
 def _(tmp: Path) -> Built:
     return pure(lambda: F.vtrace_advantage_estimate(**vtrace_args(), rho_thresh=0.0))
 
 
 @row("vtrace-c", "`functional.vtrace_advantage_estimate`", "`c_thresh=-1.0`", ValueError,
-     r"c_thresh must be > 0, got c_thresh=-1\.0", "use a positive clipping threshold (1.0 is the IMPALA default)")
+     r"c_thresh must be > 0\.0, got c_thresh=-1\.0; e\.g\. 1\.0, the IMPALA default",
+     "use a positive clipping threshold (1.0 is the IMPALA default)")
 def _(tmp: Path) -> Built:
     return pure(lambda: F.vtrace_advantage_estimate(**vtrace_args(), c_thresh=-1.0))
 
@@ -967,19 +975,19 @@ def _(tmp: Path) -> Built:
 
 
 @row("est-gae-gamma", "`GAE` estimator", "`GAE(gamma=1.5, lmbda=0.9, value_network=None)`", ValueError,
-     r"gamma must lie in \[0, 1\], got gamma=1\.5", "use gamma in [0, 1]")
+     r"gamma must be a number in \[0, 1\], got gamma=1\.5", "use gamma in [0, 1]")
 def _(tmp: Path) -> Built:
     return pure(lambda: GAE(gamma=1.5, lmbda=0.9, value_network=None))
 
 
 @row("est-gae-lambda", "`GAE` estimator", "`GAE(gamma=0.9, lmbda=1.5, value_network=None)`", ValueError,
-     r"lmbda must lie in \[0, 1\], got lmbda=1\.5", "use lmbda in [0, 1]")
+     r"lmbda must be a number in \[0, 1\], got lmbda=1\.5", "use lmbda in [0, 1]")
 def _(tmp: Path) -> Built:
     return pure(lambda: GAE(gamma=0.9, lmbda=1.5, value_network=None))
 
 
 @row("est-vtrace-rho", "`VTrace` estimator", "`VTrace(..., rho_thresh=-1.0)`", ValueError,
-     r"rho_thresh must be > 0, got rho_thresh=-1\.0", "use a positive clipping threshold")
+     r"rho_thresh must be > 0\.0, got rho_thresh=-1\.0", "use a positive clipping threshold")
 def _(tmp: Path) -> Built:
     return pure(lambda: VTrace(gamma=0.9, value_network=None, actor_network=None, rho_thresh=-1.0))
 
@@ -1015,7 +1023,7 @@ def _(tmp: Path) -> Built:
 
 
 @row("vtrace-buffer-clip", "`VTraceReplayBuffer`", "`VTraceReplayBuffer(3, c_thresh=0)`", ValueError,
-     r"c_thresh must be a positive number, got c_thresh=0", "use a positive clip value")
+     r"c_thresh must be > 0\.0, got c_thresh=0\.0", "use a positive clip value")
 def _(tmp: Path) -> Built:
     return pure(lambda: VTraceReplayBuffer(3, c_thresh=0))
 
@@ -1165,6 +1173,18 @@ def _(tmp: Path) -> Built:
     store.track(0, torch.zeros(2), torch.zeros(1), torch.tensor(1.0), torch.tensor(0.5), torch.tensor(False))
     return (lambda: freeze(store.state_dict())), lambda: store.track(
         0, torch.zeros(5), torch.zeros(1), torch.tensor(1.0), torch.tensor(0.5), torch.tensor(True))
+
+
+@row("demo-alpha", "`DemoStore`", "`DemoStore(alpha=0.0)`", ValueError,
+     r"alpha must be > 0\.0, got alpha=0\.0; the default is 10", "use a positive alpha (10 by default)")
+def _(tmp: Path) -> Built:
+    return pure(lambda: DemoStore(alpha=0.0))
+
+
+@row("demo-rho-type", "`DemoStore`", "`DemoStore(rho='0.1')`", TypeError,
+     r"rho must be a real number, got '0\.1'", "pass a float in [0, 1]")
+def _(tmp: Path) -> Built:
+    return pure(lambda: DemoStore(rho="0.1"))
 
 
 @row("dedup-stack-shift", "`DedupEnvRingStorage`", "a `('next', obs)` stack that is not `obs` shifted by one frame",

@@ -1,7 +1,6 @@
 """Host-side numbers from small tensors: numpy on the CPU, torch elsewhere, same answers."""
 import math
 
-import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings

@@ -292,10 +292,10 @@ def test_min_tree_rejects_nan():
 @pytest.mark.parametrize(
     "kwargs,error,match",
     [
-        ({"capacity": 0}, ValueError, "capacity must be >= 1"),
-        ({"capacity": 2.0}, TypeError, "capacity must be an int"),
+        ({"capacity": 0}, ValueError, "capacity must be an int >= 1, got capacity=0"),
+        ({"capacity": 2.0}, ValueError, "capacity must be an int >= 1, got capacity=2.0"),
         ({"capacity": 4, "fanout": 3}, ValueError, "power of two"),
-        ({"capacity": 4, "fanout": 1}, ValueError, "fanout must be >= 2"),
+        ({"capacity": 4, "fanout": 1}, ValueError, "fanout must be an int >= 2, got fanout=1"),
         ({"capacity": 4, "dtype": torch.int32}, TypeError, "floating"),
     ],
 )

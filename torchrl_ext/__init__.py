@@ -6,6 +6,7 @@ value-estimator registry (``ext_gae``, ``ext_vtrace``) and routes
 It also registers its Hydra configs in TorchRL's ConfigStore groups (see
 :mod:`torchrl_ext.configs`).
 """
+from torchrl_ext._fastpath import fastpath, fastpath_enabled, set_fastpath
 from torchrl_ext.replay_buffers import (
     EnvRingReplayBuffer,
     PrioritizedReplayBuffer,
@@ -93,4 +94,7 @@ __all__ = [
     "SafetensorsCheckpointer",
     "VeloraCheckpointer",
     "configs",
+    "fastpath",
+    "fastpath_enabled",
+    "set_fastpath",
 ]

@@ -1,43 +1,153 @@
-"""Argument checks shared across components (errors name the argument, the value and the bound)."""
+"""Every reusable argument check: one function per rule, so the same bad input raises the same
+exception type with the same kind of message in every component.
+
+Conventions (each message names the argument, the value given and the bound or the fix):
+
+* a non-number where a real number is expected: ``TypeError``
+  ``"<name> must be a real number, got <value>."``;
+* NaN, an infinity or a number out of range: ``ValueError``
+  ``"<name> must be a number in [lo, hi], got <name>=<v>."`` (or ``">= lo"``, ``"> lo"``;
+  infinities: ``"must be a finite number"``);
+* an int setting: ``ValueError`` ``"<name> must be an int >= <minimum>, got <name>=<v>."``
+  (a bool, a float or any other value is not an int);
+* tensors: a wrong dtype raises ``TypeError``, a wrong shape or a bad value ``ValueError``.
+"""
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Any
 
 import torch
 
 from torchrl_ext._host import bounds
 
-__all__ = ["check_batch_size", "check_finite", "check_int", "check_priorities", "check_real"]
+__all__ = [
+    "SHAPE_ERR",
+    "check_batch_size",
+    "check_finite",
+    "check_flag",
+    "check_floating",
+    "check_int",
+    "check_priorities",
+    "check_real",
+    "check_reals",
+    "check_same_shape",
+    "check_signals",
+    "resolve_time_dim",
+]
+
+SHAPE_ERR = (
+    "All input tensors (state_value, next_state_value, reward, done, terminated"
+    "{extra}) must share one shape [*B, T, *F]; got {shapes}."
+)
 
 
-def check_int(name: str, value: Any, *, minimum: int) -> None:
-    """``value`` must be an int (not a bool) ``>= minimum``; ``ValueError`` otherwise."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {name}={value!r}.")
+def _end(hint: str) -> str:
+    """The end of a message: ``"; <hint>."`` or ``"."``."""
+    return f"; {hint}." if hint else "."
 
 
-def check_batch_size(batch_size: Any) -> None:
-    """A sampler's ``batch_size``: a positive int; ``ValueError`` otherwise."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive int, got batch_size={batch_size!r}.")
+########################################################################
+# Numbers
+# -------
 
 
-def check_real(name: str, value: Any, *, low: float, high: float | None = None) -> float:
-    """``value`` (a number or a one-element tensor) as a finite float in ``[low, high]``;
-    ``TypeError`` / ``ValueError`` otherwise (NaN and infinities are refused: they turn
-    priorities, weights and discounts into NaN later, far from the call that set them)."""
+def check_int(name: str, value: Any, *, minimum: int, maximum: int | None = None, hint: str = "") -> int:
+    """``value`` must be an int (not a bool) in ``[minimum, maximum]``; ``ValueError`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (
+        maximum is not None and value > maximum
+    ):
+        bound = f"an int >= {minimum}" if maximum is None else f"an int in [{minimum}, {maximum}]"
+        raise ValueError(f"{name} must be {bound}, got {name}={value!r}{_end(hint)}")
+    return value
+
+
+def check_batch_size(batch_size: Any) -> int:
+    """A sampler's ``batch_size``: an int ``>= 1``; ``ValueError`` otherwise."""
+    return check_int("batch_size", batch_size, minimum=1)
+
+
+def _bound(low: float, high: float | None, open_low: bool) -> str:
+    if high is not None:
+        return f"a number in {'(' if open_low else '['}{low:g}, {high:g}]"
+    if low == -math.inf:
+        return "a real number"
+    return f"{'>' if open_low else '>='} {low}"
+
+
+def check_real(
+    name: str,
+    value: Any,
+    *,
+    low: float,
+    high: float | None = None,
+    open_low: bool = False,
+    finite: bool = True,
+    hint: str = "",
+) -> float:
+    """``value`` (a number or a one-element tensor) as a float in ``[low, high]`` (``(low, high]``
+    with ``open_low``). ``TypeError`` for a non-number (bools included), ``ValueError`` for NaN,
+    for infinities (unless ``finite=False``) and out of range: NaN and infinities turn priorities,
+    weights and discounts into NaN later, far from the call that set them. ``hint`` ends the
+    message (e.g. the default value)."""
     if isinstance(value, torch.Tensor) and value.numel() == 1:
         value = value.item()
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a real number, got {value!r}.")
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {value!r}{_end(hint)}")
     value = float(value)
-    if math.isinf(value):
-        raise ValueError(f"{name} must be a finite number, got {name}={value}.")
-    if math.isnan(value) or value < low or (high is not None and value > high):
-        interval = f"a number in [{low:g}, {high:g}]" if high is not None else f">= {low}"
-        raise ValueError(f"{name} must be {interval}, got {name}={value}.")
+    if finite and math.isinf(value):
+        raise ValueError(f"{name} must be a finite number, got {name}={value}{_end(hint)}")
+    if math.isnan(value) or value < low or (open_low and value == low) or (high is not None and value > high):
+        raise ValueError(f"{name} must be {_bound(low, high, open_low)}, got {name}={value}{_end(hint)}")
     return value
+
+
+def check_reals(
+    name: str,
+    value: Any,
+    *,
+    low: float,
+    high: float | None = None,
+    open_low: bool = False,
+    shape: torch.Size | None = None,
+    hint: str = "",
+) -> None:
+    """:func:`check_real` for a number, elementwise for a tensor of real numbers (per-step or
+    per-env discounts, clip thresholds), which must also broadcast to ``shape`` when given.
+    Every element must be finite and in range; the messages are :func:`check_real`'s."""
+    if not isinstance(value, torch.Tensor):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{name} must be a real number or a tensor of them, got {value!r}{_end(hint)}")
+        check_real(name, value, low=low, high=high, open_low=open_low, hint=hint)
+        return
+    if value.dtype is torch.bool or value.is_complex():
+        raise TypeError(f"{name} must be a real number or a tensor of them, got dtype={value.dtype}{_end(hint)}")
+    if shape is not None:
+        try:
+            broadcast = torch.broadcast_shapes(value.shape, shape)
+        except RuntimeError:
+            broadcast = None
+        if broadcast != shape:
+            raise ValueError(
+                f"{name} of shape {tuple(value.shape)} does not broadcast to the data "
+                f"shape {tuple(shape)}; pass a scalar or a tensor broadcastable to it."
+            )
+    # One fused reduction: NaN fails every comparison, so it is caught too.
+    ok = value > low if open_low else value >= low
+    ok = ok & (value <= high if high is not None else value < math.inf)
+    if not bool(ok.all()):
+        what = _bound(low, high, open_low)
+        if bool(torch.isinf(value).any()) and not bool(torch.isnan(value).any()):
+            what = "a finite number"
+        raise ValueError(
+            f"{name} must be {what}, got values in [{value.min().item()}, {value.max().item()}]{_end(hint)}"
+        )
+
+
+########################################################################
+# Tensors
+# -------
 
 
 def check_finite(name: str, values: torch.Tensor, then: str) -> None:
@@ -57,3 +167,75 @@ def check_priorities(name: str, values: torch.Tensor) -> float:
             "use e.g. td_error.abs() and replace NaN/inf before updating."
         )
     return high
+
+
+def check_floating(name: str, tensor: object) -> None:
+    """``tensor`` must be a floating-point ``torch.Tensor``; ``TypeError`` otherwise."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}.")
+    if not tensor.is_floating_point():
+        raise TypeError(
+            f"{name} must be a floating-point tensor, got dtype={tensor.dtype}; "
+            f"convert it first, e.g. {name}.float()."
+        )
+
+
+def check_flag(name: str, tensor: object) -> None:
+    """``tensor`` must be a boolean ``torch.Tensor``; ``TypeError`` otherwise."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{name} must be a boolean torch.Tensor, got {type(tensor).__name__}.")
+    if tensor.dtype is not torch.bool:
+        raise TypeError(
+            f"{name} must be a boolean tensor, got dtype={tensor.dtype}; "
+            f"convert it first, e.g. {name}.bool() or ({name} != 0)."
+        )
+
+
+def check_same_shape(extra: str = "", **tensors: torch.Tensor) -> None:
+    """The ``tensors`` share one shape; ``ValueError`` listing every shape (:data:`SHAPE_ERR`)."""
+    first, *others = (t.shape for t in tensors.values())
+    if all(shape == first for shape in others):
+        return  # the common case, without building the message's pieces
+    described = ", ".join(f"{name}={tuple(t.shape)}" for name, t in tensors.items())
+    raise ValueError(SHAPE_ERR.format(extra=extra, shapes=described))
+
+
+def resolve_time_dim(time_dim: Any, ndim: int) -> int:
+    """``time_dim`` as a non-negative dim of ``ndim``-dim tensors; ``ValueError`` for a non-int
+    (as :func:`check_int`) or a dim out of range."""
+    if isinstance(time_dim, bool) or not isinstance(time_dim, int):
+        check_int("time_dim", time_dim, minimum=-ndim, maximum=ndim - 1)
+    if not -ndim <= time_dim < ndim:
+        raise ValueError(
+            f"time_dim={time_dim} is out of range for tensors with {ndim} dims; "
+            f"use a value in [{-ndim}, {ndim - 1}]."
+        )
+    return time_dim % ndim
+
+
+def check_signals(
+    value: torch.Tensor,
+    next_value: torch.Tensor,
+    reward: torch.Tensor,
+    done: torch.Tensor,
+    terminated: torch.Tensor,
+    **extra_floats: torch.Tensor,
+) -> None:
+    """The value kernels' inputs: floating values and rewards (and ``extra_floats``), boolean
+    ``done`` / ``terminated``, all of one shape."""
+    shape = getattr(value, "shape", None)
+    if all(
+        isinstance(t, torch.Tensor) and t.is_floating_point() and t.shape == shape
+        for t in (value, next_value, reward, *extra_floats.values())
+    ) and all(
+        isinstance(t, torch.Tensor) and t.dtype is torch.bool and t.shape == shape
+        for t in (done, terminated)
+    ):
+        return  # all valid: skip building the per-argument error messages
+    floats = {"state_value": value, "next_state_value": next_value, "reward": reward, **extra_floats}
+    for name, tensor in floats.items():
+        check_floating(name, tensor)
+    check_flag("done", done)
+    check_flag("terminated", terminated)
+    extra = "".join(f", {name}" for name in extra_floats)
+    check_same_shape(extra, **floats, done=done, terminated=terminated)

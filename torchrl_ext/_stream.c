@@ -18,13 +18,6 @@
  * dst[i] = src[rows[i]], the same way: a sample of megabytes gathered from a
  * large storage, whose output lines are not in cache either. It copies eight
  * rows at a time, interleaved (see stream_rows).
- *
- * write_row(row, destinations, addresses) is the other end of the scale: one
- * step of every env (a few kilobytes per leaf) written into row `row` of each
- * stored array, from source memory given by address (a CPU tensor's
- * data_ptr()), with plain memmove. Getting a numpy view of each source tensor
- * costs more than its copy there; the caller checks each source's dtype,
- * shape and contiguity against its destination before passing the address.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -276,69 +269,6 @@ done:
     return result;
 }
 
-/* The most leaves one write_row call takes (the Py_buffers live on the stack). */
-#define MAX_ROW_LEAVES 64
-
-static PyObject *
-stream_write_row(PyObject *module, PyObject *args)
-{
-    Py_ssize_t row;
-    PyObject *dst_list, *address_list;
-    if (!PyArg_ParseTuple(args, "nO!O!:write_row", &row, &PyList_Type, &dst_list, &PyList_Type, &address_list)) {
-        return NULL;
-    }
-    Py_ssize_t count = PyList_GET_SIZE(dst_list);
-    if (count != PyList_GET_SIZE(address_list)) {
-        PyErr_Format(PyExc_ValueError, "write_row: %zd destinations but %zd addresses; pass one address "
-                     "per destination", count, PyList_GET_SIZE(address_list));
-        return NULL;
-    }
-    if (count > MAX_ROW_LEAVES) {
-        PyErr_Format(PyExc_ValueError, "write_row: %zd destinations, at most %d; write the others "
-                     "with numpy", count, MAX_ROW_LEAVES);
-        return NULL;
-    }
-    Py_buffer dst[MAX_ROW_LEAVES];
-    const char *src[MAX_ROW_LEAVES];
-    Py_ssize_t held = 0;
-    PyObject *result = NULL;
-    /* Everything is checked before any byte is written: an error leaves every destination as it was. */
-    for (; held < count; held++) {
-        if (PyObject_GetBuffer(PyList_GET_ITEM(dst_list, held), &dst[held],
-                               PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
-            goto done;
-        }
-        if (dst[held].ndim < 1 || row < 0 || row >= dst[held].shape[0]) {
-            PyErr_Format(PyExc_IndexError, "write_row: row %zd is out of range for destination %zd "
-                         "(%zd rows)", row, held, dst[held].ndim < 1 ? (Py_ssize_t)0 : dst[held].shape[0]);
-            held++;
-            goto done;
-        }
-        src[held] = (const char *)PyLong_AsVoidPtr(PyList_GET_ITEM(address_list, held));
-        /* An empty tensor's data_ptr() is 0: fine for a row of no bytes. */
-        if (src[held] == NULL && (PyErr_Occurred() || dst[held].len / dst[held].shape[0])) {
-            if (!PyErr_Occurred()) {
-                PyErr_Format(PyExc_ValueError, "write_row: address %zd is null; pass data_ptr() of a "
-                             "tensor that holds the row", held);
-            }
-            held++;
-            goto done;
-        }
-    }
-    for (Py_ssize_t i = 0; i < count; i++) {
-        size_t row_bytes = (size_t)(dst[i].len / dst[i].shape[0]);
-        /* memmove: a source may be a view of the stored array itself. */
-        memmove((char *)dst[i].buf + (size_t)row * row_bytes, src[i], row_bytes);
-    }
-    result = Py_None;
-    Py_INCREF(result);
-done:
-    for (Py_ssize_t i = 0; i < held; i++) {
-        PyBuffer_Release(&dst[i]);
-    }
-    return result;
-}
-
 static PyMethodDef stream_methods[] = {
     {"copy", stream_copy, METH_VARARGS,
      "copy(dst, src): the bytes of src into dst (C-contiguous buffers of the same size) with "
@@ -347,18 +277,12 @@ static PyMethodDef stream_methods[] = {
      "gather(dst, src, rows): dst[i] = src[rows[i]] along src's first dim (C-contiguous buffers, "
      "int64 rows, negative rows counted from the end) with streaming stores where the CPU has them; "
      "rows are all checked before any is copied."},
-    {"write_row", stream_write_row, METH_VARARGS,
-     "write_row(row, destinations, addresses): for each C-contiguous writable array "
-     "destinations[i], its row `row` (along the first dim) = the bytes at addresses[i] (an int, "
-     "e.g. a CPU tensor's data_ptr(), holding one row of that array); plain memmove, everything "
-     "checked before any byte is written. The caller vouches for the addresses."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef stream_module = {
     PyModuleDef_HEAD_INIT, "_stream",
-    "Streaming (non-temporal) copies for large storage writes and sample outputs, and one-row "
-    "writes from tensor addresses.", -1, stream_methods,
+    "Streaming (non-temporal) copies for large storage writes and sample outputs.", -1, stream_methods,
 };
 
 PyMODINIT_FUNC

@@ -40,8 +40,8 @@ from typing import Any, Sequence
 
 import torch
 
+from torchrl_ext._checks import check_int
 from torchrl_ext._host import bounds, last, smallest
-from torchrl_ext._huge_pages import empty_huge
 
 __all__ = ["MaxSegmentTree", "MinSegmentTree", "SegmentTree", "SumSegmentTree"]
 
@@ -82,9 +82,9 @@ class SegmentTree:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
     ) -> None:
-        _check_int("capacity", capacity, minimum=1)
-        _check_int("fanout", fanout, minimum=2)
-        _check_int("top_size", top_size, minimum=1)
+        check_int("capacity", capacity, minimum=1)
+        check_int("fanout", fanout, minimum=2)
+        check_int("top_size", top_size, minimum=1)
         if fanout & (fanout - 1):
             raise ValueError(f"fanout must be a power of two, got fanout={fanout}; try 32.")
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
@@ -109,11 +109,10 @@ class SegmentTree:
         for _ in sizes[:-1]:
             lengths.insert(0, lengths[0] * fanout)
         top_dtype = self._top_dtype if len(sizes) > 1 and self._top_dtype else dtype
-        # Searches walk the levels at random places: huge pages spare the TLB walks.
         self._levels = [
-            empty_huge(
-                (n,), dtype=top_dtype if k == len(sizes) - 1 else dtype, device=self._device,
-            ).fill_(self._neutral)
+            torch.full(
+                (n,), self._neutral, dtype=top_dtype if k == len(sizes) - 1 else dtype, device=self._device,
+            )
             for k, n in enumerate(lengths)
         ]
         self._scratch_buffers: dict[tuple[str, torch.dtype], torch.Tensor] = {}
@@ -620,13 +619,6 @@ class MaxSegmentTree(SegmentTree):
 
 
 # ----------------------------------------------------------------------
-def _check_int(name: str, value: object, *, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r}.")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {name}={value}.")
-
-
 def _store(level: torch.Tensor, values: torch.Tensor, parents: torch.Tensor | None) -> None:
     if parents is None:
         level[: values.shape[0]] = values

@@ -91,7 +91,7 @@ def test_frame_skip_mismatch_and_bad_frame_skip(tmp_path: Path) -> None:
                      Reward=np.zeros(1), FrameSkip=np.array([1, 2]))
     with pytest.raises(ValueError, match=r"key 'FrameSkip' must be one integer"):
         load_demo(bad)
-    with pytest.raises(ValueError, match=r"`frame_skip` must be an int >= 1"):
+    with pytest.raises(ValueError, match=r"frame_skip must be an int >= 1, got frame_skip=0"):
         save_demo(tmp_path / "x.npz", _demo(), frame_skip=0)
 
 

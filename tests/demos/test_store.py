@@ -329,11 +329,11 @@ def test_same_seed_same_draws() -> None:
     "kwargs, match",
     [
         (dict(rho=0.8, phi=0.3), r"rho \+ phi <= 1.*rho=0.8 and phi=0.3.*lower one"),
-        (dict(rho=-0.1), r"must each be in \[0, 1\].*rho=-0.1"),
+        (dict(rho=-0.1), r"rho must be a number in \[0, 1\], got rho=-0.1"),
         (dict(phi=1.5), r"phi=1.5"),
-        (dict(capacity=0), r"`capacity` must be an int >= 1"),
-        (dict(alpha=0.0), r"`alpha` must be > 0"),
-        (dict(alpha=float("nan")), r"`alpha` must be a real number"),
+        (dict(capacity=0), r"capacity must be an int >= 1, got capacity=0; the default is 51"),
+        (dict(alpha=0.0), r"alpha must be > 0.0, got alpha=0.0"),
+        (dict(alpha=float("nan")), r"alpha must be > 0.0, got alpha=nan"),
         (dict(num_demos_to_save=-1), r"num_demos_to_save"),
     ],
 )
@@ -458,7 +458,7 @@ def test_a_damaged_state_loads_nothing(damage) -> None:
     else:
         state["capacity"] = 0
     before = store.state_dict()
-    with pytest.raises(ValueError, match="capacity. must be an int >= 1, got 0" if damage == "capacity"
+    with pytest.raises(ValueError, match="capacity must be an int >= 1, got capacity=0" if damage == "capacity"
                        else "nothing was loaded"):
         store.load_state_dict(state)
     _assert_same(before, store.state_dict())

@@ -66,7 +66,7 @@ def test_any_subset_of_threads_per_insert():
 def test_bad_arguments():
     with pytest.raises(ValueError, match="state_type must be 'EP' .* or 'FP' .*, got state_type='ep'"):
         harl_off_policy_buffer(10, 2, state_type="ep")
-    with pytest.raises(ValueError, match="n_rollout_threads must be a positive int, got n_rollout_threads=0"):
+    with pytest.raises(ValueError, match="n_rollout_threads must be an int >= 1, got n_rollout_threads=0"):
         harl_off_policy_buffer(10, 0)
     with pytest.raises(ValueError, match="n_step must be an int >= 1, got n_step=0"):
         harl_off_policy_buffer(10, 1, n_step=0)

@@ -122,7 +122,7 @@ def test_simple_replay_ring_and_distinct_batches():
 
 
 def test_bad_input():
-    with pytest.raises(ValueError, match="obs_dim must be a positive int, got obs_dim=0"):
+    with pytest.raises(ValueError, match="obs_dim must be an int >= 1, got obs_dim=0"):
         l2r_ppo_buffer(0, 1, 10, 2)
     with pytest.raises(ValueError, match=r"lam must be a number in \[0, 1\], got lam=1.5"):
         l2r_ppo_buffer(1, 1, 10, 2, lam=1.5)

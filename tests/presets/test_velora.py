@@ -139,7 +139,7 @@ def test_bad_inputs_name_the_argument():
         rb.add_multi(states, actions, rewards[:3], next_states, dones, hiddens)
     with pytest.raises(TypeError, match="add_multi: missing argument 'dones'"):
         rb.add_multi(states, actions, rewards, next_states, None, hiddens)
-    with pytest.raises(ValueError, match="hidden_dim must be a positive int, got hidden_dim=0"):
+    with pytest.raises(ValueError, match="hidden_dim must be an int >= 1, got hidden_dim=0"):
         velora_replay_buffer(5, 3, 2, 0)
     assert len(rb) == 0  # nothing was written
 

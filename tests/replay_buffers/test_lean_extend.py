@@ -12,6 +12,9 @@ from torchrl.data import TensorDictReplayBuffer as TorchRLTensorDictReplayBuffer
 from torchrl_ext.replay_buffers import PrioritizedReplayBuffer, TensorDictReplayBuffer
 from torchrl_ext.storages import FastMemmapStorage, FastTensorStorage
 
+# This module checks a fast path itself: it runs with the fast paths on (see tests/conftest.py).
+pytestmark = pytest.mark.fastpath
+
 
 def batch(first: int, n: int, td_error: bool = False) -> TensorDict:
     data = TensorDict({"obs": torch.arange(first, first + n, dtype=torch.float32).unsqueeze(-1),

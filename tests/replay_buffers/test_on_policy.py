@@ -258,7 +258,7 @@ def test_vtrace_against_a_float64_reference(rho_bar, c_bar):
     torch.testing.assert_close(got["action_log_prob"][:steps, :, 0], torch.from_numpy(log_pi).float())
     with pytest.raises(ValueError, match="refresh must return the steps with 'action_log_prob'"):
         rb.compute_returns(refresh=lambda td: td.exclude("action_log_prob"))
-    with pytest.raises(ValueError, match="rho_thresh must be a positive number, got rho_thresh=0"):
+    with pytest.raises(ValueError, match="rho_thresh must be > 0.0, got rho_thresh=0.0"):
         VTraceReplayBuffer(3, rho_thresh=0)
 
 

@@ -291,7 +291,6 @@ from torchrl.data import RandomSampler, SamplerWithoutReplacement, SliceSampler 
 from torchrl.data import TensorDictReplayBuffer as TorchRLTensorDictReplayBuffer  # noqa: E402
 
 from torchrl_ext.replay_buffers import TensorDictReplayBuffer  # noqa: E402
-from torchrl_ext.storages import FastTensorStorage  # noqa: E402
 
 SAMPLERS = {
     "random": RandomSampler,

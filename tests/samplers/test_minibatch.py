@@ -163,9 +163,9 @@ def test_bad_input():
         FeedForwardMinibatchSampler()
     with pytest.raises(ValueError, match="give exactly one of num_mini_batch and mini_batch_size"):
         FeedForwardMinibatchSampler(2, mini_batch_size=4)
-    with pytest.raises(ValueError, match="num_mini_batch must be a positive int, got num_mini_batch=0"):
+    with pytest.raises(ValueError, match="num_mini_batch must be an int >= 1, got num_mini_batch=0"):
         FeedForwardMinibatchSampler(0)
-    with pytest.raises(ValueError, match="data_chunk_length must be a positive int"):
+    with pytest.raises(ValueError, match="data_chunk_length must be an int >= 1"):
         ChunkedRecurrentMinibatchSampler(2, data_chunk_length=0)
     rb = make_buffer(numbered((6, 2)), ChunkedRecurrentMinibatchSampler(2, data_chunk_length=8))
     with pytest.raises(ValueError, match="data_chunk_length=8 must divide the rollout length T=6"):

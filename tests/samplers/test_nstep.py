@@ -163,7 +163,7 @@ def test_bad_input():
     rb.extend(transition([0.0], [1.0], [1.0], [False]))
     with pytest.raises(ValueError, match="needs at least batch_size=4 stored transitions, the buffer holds 1"):
         rb.sample(4)
-    with pytest.raises(ValueError, match="batch_size must be a positive int, got batch_size=0"):
+    with pytest.raises(ValueError, match="batch_size must be an int >= 1, got batch_size=0"):
         rb._sampler.sample(rb.storage, 0)
     rb = EnvRingReplayBuffer(num_envs=1, max_length=5, sampler=NStepSampler(2, done_key="finished"))
     rb.extend(transition([0.0], [1.0], [1.0], [False]))

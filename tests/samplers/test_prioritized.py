@@ -338,7 +338,7 @@ def test_float_index_is_a_type_error():
         ({"eps": -1.0}, ValueError, "eps must be >= 0"),
         ({"weights": "nope"}, ValueError, "weights must be one of"),
         ({"reduction": "prod"}, ValueError, "reduction must be one of"),
-        ({"max_capacity": 0}, ValueError, "max_capacity must be >= 1"),
+        ({"max_capacity": 0}, ValueError, "max_capacity must be an int >= 1, got max_capacity=0"),
         ({"dtype": torch.float16}, TypeError, "float32 or torch.float64"),
     ],
 )
@@ -369,7 +369,7 @@ def test_sampling_when_every_priority_is_zero_raises():
 
 @pytest.mark.parametrize("batch_size", [0, -3, 2.5])
 def test_bad_batch_size(batch_size):
-    with pytest.raises(ValueError, match="batch_size must be a positive int"):
+    with pytest.raises(ValueError, match=f"batch_size must be an int >= 1, got batch_size={batch_size}"):
         filled_sampler([1.0]).sample(FullStorage(1), batch_size)
 
 

@@ -293,7 +293,7 @@ def test_empty_resets_the_priorities():
     ({"alpha": -1.0}, ValueError, r"alpha must be >= 0.0, got alpha=-1.0"),
     ({"beta": 2.0}, ValueError, r"beta must be a number in \[0, 1\], got beta=2.0"),
     ({"eps": -1.0}, ValueError, r"eps must be >= 0.0, got eps=-1.0"),
-    ({"max_capacity": 0}, ValueError, r"max_capacity must be >= 1, got max_capacity=0"),
+    ({"max_capacity": 0}, ValueError, r"max_capacity must be an int >= 1, got max_capacity=0"),
     ({"weights": "rank"}, ValueError, r"weights must be one of \('per', 'alf'\), got weights='rank'"),
     ({"agent_group": 3}, TypeError, r"agent_group must be the name of the agents' group key"),
 ])
@@ -318,7 +318,7 @@ def test_bad_storages_and_sizes_raise():
                                          r"\(4 rows x 3 envs\): build the sampler with max_capacity=12"):
         small.extend(collect(random.Random(0), [[], [], []], 2))
     rb, _, _ = fill("fast", seed=0, steps=2)
-    with pytest.raises(ValueError, match="batch_size must be a positive int, got batch_size=0"):
+    with pytest.raises(ValueError, match="batch_size must be an int >= 1, got batch_size=0"):
         rb.sample(0)
     assert rb.sample(7)["index"].shape == (7, 2)  # with replacement: no minimum fill
     with pytest.raises(ValueError, match="needs .'next', 'reward'. in the stored data"):

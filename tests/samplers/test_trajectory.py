@@ -151,7 +151,7 @@ def test_bad_arguments_raise(kwargs, message):
 def test_bad_batch_size_and_storage_raise():
     sampler = TrajectorySampler(1)
     rb = ring_buffer([3], max_length=3, sampler=sampler)
-    with pytest.raises(ValueError, match="batch_size must be a positive int, got batch_size=0"):
+    with pytest.raises(ValueError, match="batch_size must be an int >= 1, got batch_size=0"):
         sampler.sample(rb.storage, 0)
     with pytest.raises(TypeError, match="samples windows from an EnvRingStorage, got LazyTensorStorage"):
         sampler.sample(LazyTensorStorage(4), 2)

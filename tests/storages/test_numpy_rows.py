@@ -6,12 +6,12 @@ import pickle
 
 import pytest
 import torch
-from tensordict import MemoryMappedTensor, TensorDict
+from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage
 
 from torchrl_ext.replay_buffers import TensorDictReplayBuffer
 from torchrl_ext.storages import FastMemmapStorage, FastTensorStorage
-from torchrl_ext.storages._numpy_rows import ColumnCache, leaf_items, matching_addresses, matching_arrays, numpy_columns
+from torchrl_ext.storages._numpy_rows import ColumnCache, leaf_items, matching_arrays, numpy_columns
 
 
 def batch(n: int, start: float = 0.0, nested: bool = True) -> TensorDict:
@@ -212,48 +212,3 @@ def test_leaf_items_list_what_items_lists_in_the_same_order():
     assert [key for key, _ in leaf_items(non_tensor)][-1] == "note"
 
 
-# ---------------------------------------------------------------- matching_addresses (write_row's sources)
-
-@pytest.mark.parametrize("nested", [True, False])
-def test_matching_addresses_pairs_every_column_with_its_source_address(nested):
-    columns = stored_columns(nested=nested)
-    data = batch(3, 10.0, nested=nested)
-    arrays, addresses = matching_addresses(data, columns, rows=3)
-    by_array = dict(zip(map(id, arrays), addresses))
-    assert len(by_array) == len(columns.by_key)
-    for key, (stored, _, _) in columns.by_key.items():
-        assert by_array[id(stored)] == data.get(key).data_ptr()
-
-
-@pytest.mark.parametrize(
-    "change",
-    DIFFERENCES + [
-        lambda td: td.set("obs", torch.zeros(2, 3).t()),                      # not contiguous
-        lambda td: td.set("obs", torch._neg_view(td.get("obs"))),            # memory holds -values
-        lambda td: td.set("obs", MemoryMappedTensor.from_tensor(td.get("obs"))),  # a tensor subclass
-    ],
-)
-@pytest.mark.parametrize("nested", [True, False])
-def test_matching_addresses_refuses_any_difference(change, nested):
-    data = change(batch(3, nested=nested))
-    assert matching_addresses(data, stored_columns(nested=nested), rows=3) is None
-
-
-def test_matching_addresses_refuses_other_tensordicts_and_skips_a_key():
-    columns = stored_columns()
-    data = batch(2).set(("meta", "env_id"), torch.arange(2))
-    assert matching_addresses(data, columns, rows=2) is None
-    arrays, _ = matching_addresses(data, columns, rows=2, skip_key=("meta", "env_id"))
-    assert len(arrays) == len(columns.by_key)
-    assert matching_addresses(batch(2).to_lazystack(0), columns, rows=2) is None
-    assert matching_addresses(batch(3), columns, rows=2) is None  # row count
-
-
-def test_matching_addresses_needs_contiguous_writable_columns():
-    leaf = torch.zeros(5, 2)
-    assert numpy_columns([("obs", leaf)], 1).torch_sized(3) is not None
-    assert numpy_columns([("obs", leaf.t().contiguous().t())], 1).torch_sized(3) is None  # column-major rows
-    read_only = numpy_columns([("obs", leaf)], 1)
-    read_only.by_key["obs"][0].flags.writeable = False
-    assert read_only.torch_sized(3) is None
-    assert matching_addresses(TensorDict({"obs": torch.ones(3, 2)}, [3]), read_only, rows=3) is None

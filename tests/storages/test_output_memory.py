@@ -20,6 +20,9 @@ from torchrl_ext.storages import (DedupEnvRingStorage, EnvRingStorage, FastTenso
                                   OutputRecycler, output_recycler)
 from torchrl_ext.storages._gathers import select_rows, take
 
+# This module checks a fast path itself: it runs with the fast paths on (see tests/conftest.py).
+pytestmark = pytest.mark.fastpath
+
 KB = 1024
 
 

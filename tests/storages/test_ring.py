@@ -9,7 +9,8 @@ from tensordict import TensorDict
 from torchrl.data import RandomSampler, ReplayBuffer, TensorDictReplayBuffer
 
 from torchrl_ext.replay_buffers import EnvRingReplayBuffer
-from torchrl_ext.storages import EnvRingStorage, _ring_steps
+import torchrl_ext
+from torchrl_ext.storages import EnvRingStorage
 from torchrl_ext.writers import EnvRingWriter
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -321,40 +322,33 @@ def test_each_write_bumps_the_revision_once_whatever_torchrl_counts_it_with():
     assert storage._mutation_revision == 2
 
 
-@pytest.mark.skipif(_ring_steps.write_row is None, reason="torchrl_ext._stream not built (no C compiler at install)")
 @pytest.mark.parametrize("time_major", [True, False])
-def test_every_env_steps_store_the_same_from_addresses_numpy_views_or_the_general_write(time_major, monkeypatch):
-    """A step of every env is copied from the batch's tensor addresses (the C helper, when a
-    slot is one block per leaf), through numpy views, or by the general write (envs given out
-    of order): all three store the same, a batch the address path refuses included."""
-    real, rows_written = _ring_steps.write_row, []
-
-    def recording(row, arrays, addresses):
-        rows_written.append(row)
-        return real(row, arrays, addresses)
-
+def test_every_env_steps_store_the_same_by_the_step_path_the_general_write_or_with_fastpath_off(time_major):
+    """A step of every env is copied through numpy views of one slot (the step fast path),
+    by the general write (envs given out of order), or with the fast paths off: all three
+    store the same, a batch with a non-contiguous leaf included."""
     order = torch.tensor([2, 0, 1])
     results = {}
-    for path in ("addresses", "numpy", "general"):
-        monkeypatch.setattr(_ring_steps, "write_row", recording if path == "addresses" else None)
+    for path in ("step", "general", "fastpath off"):
         rb = EnvRingReplayBuffer(storage=EnvRingStorage(3, 4, time_major=time_major))
-        for k in range(10):  # wraps twice
-            data = steps([0, 1, 2], [k, 10 + k, 20 + k]).exclude("env_id")
-            if k == 6:  # a non-contiguous leaf: the address path refuses it, numpy views take it
-                data.set("obs", data["obs"].t().contiguous().t())
-            if path == "general":
-                rb.extend(data[order], env_ids=order)
-            else:
-                rb.extend(data)
+        with torchrl_ext.fastpath(path != "fastpath off"):
+            for k in range(10):  # wraps twice
+                data = steps([0, 1, 2], [k, 10 + k, 20 + k]).exclude("env_id")
+                if k == 6:
+                    data.set("obs", data["obs"].t().contiguous().t())
+                if path == "general":
+                    rb.extend(data[order], env_ids=order)
+                else:
+                    rb.extend(data)
         results[path] = rb.storage
     want = results["general"]
-    for path in ("addresses", "numpy"):
+    for path in ("step", "fastpath off"):
         got = results[path]
         assert got.current_pos.tolist() == want.current_pos.tolist() == [10, 10, 10]
         for key, leaf in want._storage.items(True, True):
             assert torch.equal(got._storage[key], leaf), (path, key)
-    # Time-major, every step but the first (which allocates) and the refused one took the addresses.
-    assert rows_written == ([k % 4 for k in range(1, 10) if k != 6] if time_major else [])
+    assert "_step_columns_cache" in results["step"].__dict__
+    assert "_step_columns_cache" not in results["fastpath off"].__dict__
 
 
 def test_the_memory_layout_is_fixed_at_construction():

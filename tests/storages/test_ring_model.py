@@ -255,7 +255,7 @@ class EnvRingMachine(RuleBasedStateMachine):
         expected = self.model.dequeue(n, env_ids)
         if expected is None:
             before = self.snapshot()
-            with pytest.raises(ValueError, match="n must be a positive int|cannot dequeue"):
+            with pytest.raises(ValueError, match="n must be an int >= 1|cannot dequeue"):
                 self.rb.dequeue(n, env_ids=env_ids)
             assert self.snapshot() == before  # a refused dequeue removes nothing
             return

@@ -17,9 +17,13 @@ from hypothesis import strategies as st
 from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer as TorchRLBuffer
 
+import torchrl_ext
 from torchrl_ext.replay_buffers import TensorDictReplayBuffer
 from torchrl_ext.storages import FastMemmapStorage, FastTensorStorage, StreamingWrites, streaming_writes
 from torchrl_ext.storages import _streaming
+
+# This module checks a fast path itself: it runs with the fast paths on (see tests/conftest.py).
+pytestmark = pytest.mark.fastpath
 
 _stream = _streaming._stream
 needs_helper = pytest.mark.skipif(_stream is None, reason="torchrl_ext._stream not built (no C compiler at install)")
@@ -361,55 +365,23 @@ def test_streamed_frame_stacks_equal_the_plain_storage(streamed_outputs, num_sta
     assert streamed_outputs
 
 
-# ---------------------------------------------------------------- write_row: one row from tensor addresses
+# ---------------------------------------------------------------- the fast-path switch
 
 @needs_helper
-@settings(max_examples=40, deadline=None)
-@given(rows=st.integers(1, 9), shapes=st.lists(st.tuples(st.integers(1, 5), st.integers(0, 4)), min_size=1,
-                                               max_size=5), seed=st.integers(0, 2**31 - 1))
-def test_write_row_copies_each_source_into_its_row(rows, shapes, seed):
-    g = torch.Generator().manual_seed(seed)
-    dtypes = [torch.float32, torch.int64, torch.uint8, torch.bool, torch.float16]
-    stored = [torch.randint(0, 2, (rows, a, b), generator=g).to(dtypes[i % len(dtypes)])
-              for i, (a, b) in enumerate(shapes)]
-    sources = [torch.randint(0, 100, leaf.shape[1:], generator=g).to(leaf.dtype) for leaf in stored]
-    row = int(torch.randint(0, rows, (), generator=g))
-    want = [leaf.clone() for leaf in stored]
-    for leaf, source in zip(want, sources):
-        leaf[row] = source
-    _stream.write_row(row, [leaf.numpy() for leaf in stored], [source.data_ptr() for source in sources])
-    for got, expected in zip(stored, want):
-        assert torch.equal(got, expected)
-
-
-@needs_helper
-def test_write_row_from_a_view_of_the_destination_itself():
-    stored = np.arange(12, dtype=np.int64).reshape(4, 3)
-    source = torch.from_numpy(stored)[1]  # row 1, written into row 2
-    _stream.write_row(2, [stored], [source.data_ptr()])
-    assert stored[2].tolist() == [3, 4, 5] and stored[1].tolist() == [3, 4, 5]
-    _stream.write_row(2, [stored], [source.data_ptr()])  # onto itself
-    assert stored.tolist() == [[0, 1, 2], [3, 4, 5], [3, 4, 5], [9, 10, 11]]
-
-
-@needs_helper
-def test_write_row_refuses_what_it_cannot_write_and_leaves_every_destination_as_it_was():
-    first, second = np.full((3, 2), -1.0, np.float32), np.full((4, 5), -1, np.int64)
-    ok = [torch.ones(2).data_ptr(), torch.ones(5, dtype=torch.int64).data_ptr()]
-    for args, error, match in [
-        ((3, [first, second], ok), IndexError, r"row 3 is out of range for destination 0 \(3 rows\)"),
-        ((-1, [first, second], ok), IndexError, "row -1 is out of range for destination 0"),
-        ((3, [second, first], ok[::-1]), IndexError, r"row 3 is out of range for destination 1 \(3 rows\)"),
-        ((0, [first, second], ok[:1]), ValueError, "2 destinations but 1 addresses; pass one address per"),
-        ((0, [first, second], [ok[0], 0]), ValueError, "address 1 is null; pass data_ptr"),
-        ((0, [first, second], [ok[0], "x"]), TypeError, "integer"),
-        ((0, [first, second[:, ::2]], ok), ValueError, "not C-contiguous"),
-        ((0, [first, np.frombuffer(bytes(40), np.int64).reshape(1, 5)], ok), ValueError, "read-only"),
-        ((0, [first, np.zeros((), np.int64)], ok), IndexError, r"out of range for destination 1 \(0 rows\)"),
-        ((0, (first,), ok[:1]), TypeError, "must be list"),
-        ((0, [first] * 65, ok[:1] * 65), ValueError, "65 destinations, at most 64; write the others with numpy"),
-    ]:
-        with pytest.raises(error, match=match):
-            _stream.write_row(*args)
-    assert (first == -1.0).all() and (second == -1).all()
-    _stream.write_row(0, [], [])  # nothing to write
+def test_the_fastpath_switch_turns_streaming_off_and_stores_the_same(recorded):
+    """With the fast paths off, no copy or gather goes through the C helper, and the storage
+    holds and returns the same as with them on."""
+    results = {}
+    for enabled in (True, False):
+        recorded["copy"].clear()
+        recorded["gather"].clear()
+        with streaming_from(1), torchrl_ext.fastpath(enabled):
+            storage = FastTensorStorage(30)
+            rb = TensorDictReplayBuffer(storage=storage, batch_size=16)
+            for start in range(0, 40, 10):
+                rb.extend(_frames(start, 10))
+            rows = torch.tensor([0, 5, 29, 7])
+            results[enabled] = storage.get(rows)
+            calls = len(recorded["copy"]) + len(recorded["gather"])
+        assert (calls > 0) is enabled
+    assert (results[True] == results[False]).all()

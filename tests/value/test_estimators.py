@@ -175,10 +175,10 @@ def test_vtrace_missing_log_prob_is_a_clear_error():
 @pytest.mark.parametrize(
     "cls,kwargs,match",
     [
-        (GAE, dict(gamma=1.5, lmbda=0.9), "gamma must lie in"),
-        (GAE, dict(gamma=0.9, lmbda=-0.1), "lmbda must lie in"),
-        (VTrace, dict(gamma=0.9, actor_network=None, rho_thresh=0.0), "rho_thresh must be > 0"),
-        (VTrace, dict(gamma=0.9, actor_network=None, c_thresh=-2.0), "c_thresh must be > 0"),
+        (GAE, dict(gamma=1.5, lmbda=0.9), r"gamma must be a number in \[0, 1\], got gamma=1.5"),
+        (GAE, dict(gamma=0.9, lmbda=-0.1), r"lmbda must be a number in \[0, 1\]"),
+        (VTrace, dict(gamma=0.9, actor_network=None, rho_thresh=0.0), "rho_thresh must be > 0.0, got rho_thresh=0.0"),
+        (VTrace, dict(gamma=0.9, actor_network=None, c_thresh=-2.0), "c_thresh must be > 0.0, got c_thresh=-2.0"),
     ],
 )
 def test_constructor_validation(cls, kwargs, match):

@@ -162,14 +162,14 @@ def test_valuenorm_to_dtype_keeps_state_dict() -> None:
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        (dict(beta=0.0), r"`beta` must be in \(0, 1\], got 0.0"),
-        (dict(beta=1.5), r"`beta` must be in \(0, 1\], got 1.5"),
-        (dict(beta=-0.1), r"`beta`"),
-        (dict(epsilon=0.0), r"`epsilon` must be > 0, got 0.0"),
-        (dict(epsilon=-1e-5), r"`epsilon`"),
-        (dict(norm_axes=0), r"`norm_axes` must be an int >= 1, got 0"),
-        (dict(norm_axes=1.0), r"`norm_axes`.*got 1.0"),
-        (dict(norm_axes=True), r"`norm_axes`.*got True"),
+        (dict(beta=0.0), r"beta must be a number in \(0, 1\], got beta=0.0"),
+        (dict(beta=1.5), r"beta must be a number in \(0, 1\], got beta=1.5"),
+        (dict(beta=-0.1), r"beta must be .*got beta=-0.1"),
+        (dict(epsilon=0.0), r"epsilon must be > 0.0, got epsilon=0.0; the default is 1e-5"),
+        (dict(epsilon=-1e-5), r"epsilon must be > 0.0, got epsilon=-1e-05"),
+        (dict(norm_axes=0), r"norm_axes must be an int >= 1, got norm_axes=0"),
+        (dict(norm_axes=1.0), r"norm_axes must be an int >= 1, got norm_axes=1.0"),
+        (dict(norm_axes=True), r"norm_axes must be an int >= 1, got norm_axes=True"),
         (dict(input_shape=0), r"`input_shape`.*got 0"),
         (dict(input_shape=(2, -1)), r"`input_shape`"),
     ],
@@ -302,9 +302,9 @@ def test_running_mean_std_validation() -> None:
         rms.update(torch.zeros(5, 2))
     with pytest.raises(TypeError, match="torch.bool"):
         rms.update(torch.zeros(5, 3, dtype=torch.bool))
-    with pytest.raises(ValueError, match="`batch_count` must be a finite number >= 0, got -1"):
+    with pytest.raises(ValueError, match="batch_count must be >= 0.0, got batch_count=-1.0"):
         rms.update_from_moments(torch.zeros(3), torch.ones(3), -1)
-    with pytest.raises(ValueError, match="`epsilon` must be > 0"):
+    with pytest.raises(ValueError, match="epsilon must be > 0.0, got epsilon=0.0; the default is 1e-4"):
         RunningMeanStd(epsilon=0.0)
     with pytest.raises(ValueError, match="`shape`"):
         RunningMeanStd((0,))
@@ -430,9 +430,15 @@ def test_intrinsic_forward_rejects_changed_num_envs() -> None:
         norm(torch.ones(2, 4))
 
 
-@pytest.mark.parametrize("gamma", [-0.1, 1.01, float("nan"), True])
+@pytest.mark.parametrize("gamma", [-0.1, 1.01, float("nan")])
 def test_intrinsic_rejects_bad_gamma(gamma) -> None:
-    with pytest.raises(ValueError, match="`gamma` must be a number in \\[0, 1\\]"):
+    with pytest.raises(ValueError, match=f"gamma must be a number in \\[0, 1\\], got gamma={gamma}; e.g. gamma=0.99"):
+        IntrinsicRewardNormalizer(gamma)
+
+
+@pytest.mark.parametrize("gamma", [True, "0.9", None])
+def test_intrinsic_rejects_a_gamma_that_is_not_a_number(gamma) -> None:
+    with pytest.raises(TypeError, match="gamma must be a real number"):
         IntrinsicRewardNormalizer(gamma)
 
 
@@ -487,7 +493,7 @@ def test_non_finite_moments_are_refused():
         rms.update_from_moments(torch.zeros(2), torch.tensor([math.inf, 1.0]), 3)
     with pytest.raises(ValueError, match="`batch_var` must be >= 0"):
         rms.update_from_moments(torch.zeros(2), torch.tensor([-1.0, 1.0]), 3)
-    with pytest.raises(ValueError, match="`batch_count` must be a finite number >= 0, got inf"):
+    with pytest.raises(ValueError, match="batch_count must be a finite number, got batch_count=inf"):
         rms.update_from_moments(torch.zeros(2), torch.ones(2), math.inf)
     _assert_state(rms, state)
 

@@ -99,7 +99,7 @@ def test_dequeue_returns_the_oldest_steps_and_frees_room():
     with pytest.raises(ValueError, match="cannot dequeue n=2 steps: env 1 holds only 1"):
         rb.dequeue(2)
     assert rb.storage.current_size.tolist() == [3, 1]  # unchanged by the failed call
-    with pytest.raises(ValueError, match="n must be a positive int"):
+    with pytest.raises(ValueError, match="n must be an int >= 1"):
         rb.dequeue(0)
 
 

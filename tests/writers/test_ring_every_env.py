@@ -126,6 +126,7 @@ def test_fast_path_leaves_the_state_the_general_write_leaves(kind, time_major, o
         assert (fast.storage.get((env, pos)) == slow.storage.get((env, pos))).all()
 
 
+@pytest.mark.fastpath
 @pytest.mark.parametrize("time_major", [True, False])
 @pytest.mark.parametrize("how", ["implicit", "env_ids", "entry"])
 def test_every_env_in_order_at_one_position_takes_the_fast_path(spy, how, time_major):

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from torchrl_ext._checks import check_finite
+from torchrl_ext._checks import check_finite, check_int, check_real
 
 __all__ = [
     "DEMO_KEYS",
@@ -32,7 +32,6 @@ __all__ = [
     "env_index",
     "make_demo",
     "priority_weights",
-    "real",
     "running_from_state",
     "running_state",
     "step_batch",
@@ -122,33 +121,23 @@ def copy_demo(demo: dict[str, Any]) -> dict[str, Any]:
     return copy.deepcopy(demo)
 
 
-def real(value: Any, name: str) -> float:
-    """``value`` as a float; ``ValueError`` naming ``name`` for bools, non-numbers and NaN."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value):
-        raise ValueError(f"`{name}` must be a real number, got {value!r}.")
-    return float(value)
-
-
 def check_settings(
     rho: Any, phi: Any, alpha: Any, num_demos_to_save: Any, initial_reward_threshold: Any
 ) -> tuple[float, float, float, float | None]:
     """Validates :class:`DemoStore` settings; returns ``rho, phi, alpha, threshold`` as floats."""
-    rho, phi = real(rho, "rho"), real(phi, "phi")
-    if not (0.0 <= rho <= 1.0 and 0.0 <= phi <= 1.0) or rho + phi > 1.0 + 1e-12:
+    rho, phi = check_real("rho", rho, low=0.0, high=1.0), check_real("phi", phi, low=0.0, high=1.0)
+    if rho + phi > 1.0 + 1e-12:
         raise ValueError(
-            f"`rho` and `phi` must each be in [0, 1] with rho + phi <= 1 (1 - rho - phi is "
-            f"the probability of a real env episode), got rho={rho} and phi={phi} "
-            f"(sum {rho + phi:g}); lower one of them, e.g. phi={max(0.0, 1.0 - rho):g}."
+            "rho and phi must satisfy rho + phi <= 1 (1 - rho - phi is the probability of a real env "
+            f"episode), got rho={rho} and phi={phi} (sum {rho + phi:g}); lower one of them, e.g. "
+            f"phi={1.0 - rho:g}."
         )
-    alpha = real(alpha, "alpha")
-    if not alpha > 0:
-        raise ValueError(f"`alpha` must be > 0, got {alpha!r}; the default is 10.")
-    if isinstance(num_demos_to_save, bool) or not isinstance(num_demos_to_save, int) or (
-        num_demos_to_save < 0
-    ):
-        raise ValueError(f"`num_demos_to_save` must be an int >= 0, got {num_demos_to_save!r}.")
-    if initial_reward_threshold is not None:
-        initial_reward_threshold = real(initial_reward_threshold, "initial_reward_threshold")
+    alpha = check_real("alpha", alpha, low=0.0, open_low=True, hint="the default is 10")
+    check_int("num_demos_to_save", num_demos_to_save, minimum=0)
+    if initial_reward_threshold is not None:  # -inf (every episode qualifies) is a threshold too
+        initial_reward_threshold = check_real(
+            "initial_reward_threshold", initial_reward_threshold, low=-math.inf, finite=False
+        )
     return rho, phi, alpha, initial_reward_threshold
 
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
 
+from torchrl_ext._checks import check_int
 from torchrl_ext.demos._demo import demo_tensors
 from torchrl_ext.io.state_files import atomic_write
 
@@ -34,11 +35,9 @@ _RANKED = re.compile(r"reward_demo_(\d+)\.npz")
 
 
 def _check_frame_skip(frame_skip: Any, name: str = "frame_skip") -> int:
-    if isinstance(frame_skip, bool) or not isinstance(frame_skip, (int, np.integer)) or (
-        frame_skip < 1
-    ):
-        raise ValueError(f"`{name}` must be an int >= 1, got {frame_skip!r}.")
-    return int(frame_skip)
+    if isinstance(frame_skip, np.integer):  # as read from a demo file
+        frame_skip = int(frame_skip)
+    return check_int(name, frame_skip, minimum=1)
 
 
 def save_demo(path: str | Path, demo: Any, frame_skip: int) -> Path:

@@ -15,8 +15,8 @@ import torch
 from tensordict import TensorDictBase
 from torch import Tensor
 
+from torchrl_ext._checks import check_int
 from torchrl_ext._keys import nested_key
-from torchrl_ext.demos._demo import copy_demo
 from torchrl_ext.demos.store import DemoStore, EpisodeOutcome
 
 __all__ = ["DemoMixer"]
@@ -115,8 +115,7 @@ class DemoMixer:
     ) -> None:
         if not isinstance(store, DemoStore):
             raise TypeError(f"`store` must be a DemoStore, got {type(store).__name__}.")
-        if isinstance(num_envs, bool) or not isinstance(num_envs, int) or num_envs < 1:
-            raise ValueError(f"`num_envs` must be an int >= 1, got {num_envs!r}.")
+        check_int("num_envs", num_envs, minimum=1)
         self.store = store
         self.num_envs = num_envs
         self.observation_key = nested_key(observation_key, "observation_key")

@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterable, Literal, NamedTuple, Sequence
 import torch
 from torch import Tensor
 
+from torchrl_ext._checks import check_int, check_real
 from torchrl_ext.demos._demo import (
     check_settings,
     copy_demo,
@@ -23,7 +24,6 @@ from torchrl_ext.demos._demo import (
     env_index,
     make_demo,
     priority_weights,
-    real,
     running_from_state,
     running_state,
     step_batch,
@@ -146,8 +146,7 @@ class DemoStore:
 
     @capacity.setter
     def capacity(self, value: int) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"`capacity` must be an int >= 1, got {value!r}; the default is 51.")
+        check_int("capacity", value, minimum=1, hint="the default is 51")
         self._capacity = value
 
     @property
@@ -332,7 +331,7 @@ class DemoStore:
         """
         for demo in self._value_demos:
             if demo["id"] == demo_id:
-                demo["max_value"] = real(max_value, "max_value")
+                demo["max_value"] = check_real("max_value", max_value, low=-math.inf, finite=False)
                 return True
         return False
 

@@ -22,6 +22,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data.replay_buffers.checkpointers import StorageCheckpointerBase
 
+from torchrl_ext import _compat
 from torchrl_ext.io.checkpoint_pair import CheckpointPair, check_prefix, read_pair, write_pair
 
 __all__ = ["SafetensorsCheckpointer", "restore_storage", "ring_fields", "storage_position"]
@@ -55,17 +56,14 @@ def restore_storage(storage: Any, data: TensorDictBase, size: int, position: int
             )
     device = storage._storage.device
     storage._storage.update_(data if device is None else data.to(device))
-    storage._len = size
-    storage._set_last_cursor(None if size == 0 else (position - 1) % capacity)
-    storage._bump_mutation_revision()
+    _compat.set_length(storage, size)
+    _compat.set_last_written(storage, None if size == 0 else (position - 1) % capacity)
+    _compat.bump_mutation_revision(storage)
 
 
 def storage_position(storage: Any) -> int:
     """The next ring slot the storage will be written at (velora's ``position``)."""
-    last = getattr(storage, "_last_cursor_index", None)
-    if last is None and getattr(storage, "_last_cursor", None) is not None:
-        storage._set_last_cursor(storage._last_cursor)
-        last = storage._last_cursor_index
+    last = _compat.last_written(storage)
     if last is None:  # never written through ``set``: a ring filled from 0
         return len(storage) % storage.max_size
     return (int(last) + 1) % storage.max_size
@@ -116,7 +114,7 @@ class SafetensorsCheckpointer(StorageCheckpointerBase):
 
     def dumps(self, storage: Any, path: str | Path) -> None:
         """Writes ``storage`` atomically to ``path`` (created if needed)."""
-        if self._save_hooks:
+        if _compat.checkpointer_hooks(self)[0]:
             raise ValueError(f"{type(self).__name__} does not run save hooks; remove them.")
         _check_tensor_storage(storage)
         if not storage.initialized:
@@ -126,7 +124,7 @@ class SafetensorsCheckpointer(StorageCheckpointerBase):
 
     def loads(self, storage: Any, path: str | Path) -> None:
         """Reads the pair at ``path`` into ``storage`` (contents, length, cursor)."""
-        if self._load_hooks:
+        if _compat.checkpointer_hooks(self)[1]:
             raise ValueError(f"{type(self).__name__} does not run load hooks; remove them.")
         pair = self.pair(path)
         metadata, tensors, _ = read_pair(pair)

@@ -6,6 +6,7 @@ from typing import Any, Sequence
 
 import torch
 
+from torchrl_ext._checks import check_int
 from torchrl_ext.replay_buffers.env_ring import EnvRingReplayBuffer
 from torchrl_ext.replay_buffers.tensordict import TensorDictReplayBuffer
 from torchrl_ext.samplers.minibatch import (
@@ -148,9 +149,8 @@ def harl_off_policy_buffer(
             f"state_type must be 'EP' (environment-provided state, env-level reward/done) or "
             f"'FP' (per-agent), got state_type={state_type!r}."
         )
-    for name, value in (("buffer_size", buffer_size), ("n_rollout_threads", n_rollout_threads)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {name}={value!r}.")
+    check_int("buffer_size", buffer_size, minimum=1)
+    check_int("n_rollout_threads", n_rollout_threads, minimum=1)
     sampler = NStepSampler(n_step, gamma, agent_group=agent_group if state_type == "FP" else None)
     return EnvRingReplayBuffer(
         num_envs=n_rollout_threads,

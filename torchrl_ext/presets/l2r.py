@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from torchrl_ext._checks import check_int
 from torchrl_ext.replay_buffers.segments import PathGAEReplayBuffer
 from torchrl_ext.replay_buffers.tensordict import TensorDictReplayBuffer
 from torchrl_ext.samplers.uniform import DistinctUniformSampler
@@ -12,9 +13,8 @@ __all__ = ["l2r_ppo_buffer", "l2r_simple_replay_buffer"]
 
 
 def _check_dims(obs_dim: int, act_dim: int) -> None:
-    for name, value in (("obs_dim", obs_dim), ("act_dim", act_dim)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {name}={value!r}.")
+    check_int("obs_dim", obs_dim, minimum=1)
+    check_int("act_dim", act_dim, minimum=1)
 
 
 def l2r_ppo_buffer(
@@ -76,9 +76,8 @@ def l2r_simple_replay_buffer(
         ('DistinctUniformSampler', 5)
     """
     _check_dims(obs_dim, act_dim)
-    for name, value in (("size", size), ("batch_size", batch_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {name}={value!r}.")
+    check_int("size", size, minimum=1)
+    check_int("batch_size", batch_size, minimum=1)
     return TensorDictReplayBuffer(
         storage=FastTensorStorage(size, device=device),
         sampler=DistinctUniformSampler(),

@@ -56,6 +56,8 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 from torchrl.data import RandomSampler, RoundRobinWriter
 
+from torchrl_ext import _compat
+from torchrl_ext._checks import check_int
 from torchrl_ext.io.velora import VeloraCheckpointer, read_velora_metadata, velora_item_layout
 from torchrl_ext.replay_buffers.tensordict import TensorDictReplayBuffer
 from torchrl_ext.storages.fast import FastTensorStorage
@@ -87,8 +89,7 @@ class VeloraReplayBuffer(TensorDictReplayBuffer):
     ) -> None:
         for name, value in (("capacity", capacity), ("state_dim", state_dim),
                             ("action_dim", action_dim), ("hidden_dim", hidden_dim)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {name}={value!r}.")
+            check_int(name, value, minimum=1)
         checkpointer = VeloraCheckpointer(keys=keys)
         storage = FastTensorStorage(capacity, device="cpu" if device is None else device)
         super().__init__(storage=storage, sampler=RandomSampler(), writer=RoundRobinWriter(),
@@ -218,7 +219,7 @@ class VeloraReplayBuffer(TensorDictReplayBuffer):
     # -- files ---------------------------------------------------------------------------
     def save(self, dirpath: str | Path, prefix: str = "buffer_") -> None:
         """Writes velora's ``<prefix>metadata.json`` + ``<prefix>state.safetensors`` atomically."""
-        self._storage._set_last_cursor((self.position - 1) % self.capacity if len(self) else None)
+        _compat.set_last_written(self._storage, (self.position - 1) % self.capacity if len(self) else None)
         VeloraCheckpointer(prefix, keys=self.keys).dumps(self._storage, dirpath)
 
     def load(self, dirpath: str | Path, prefix: str = "buffer_") -> VeloraReplayBuffer:
@@ -265,8 +266,7 @@ class VeloraReplayBuffer(TensorDictReplayBuffer):
             progress: show a tqdm bar (a plain counter on stderr without tqdm).
             seed: passed to ``env.reset(seed=)`` / ``env.set_seed``.
         """
-        if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 0:
-            raise ValueError(f"warm: n_samples must be an int >= 0, got n_samples={n_samples!r}.")
+        check_int("n_samples", n_samples, minimum=0)
         target = max(0, n_samples - len(self))
         if target == 0:
             return 0

@@ -1,5 +1,6 @@
 """The common ``extend`` of a ``[N]`` batch into a 1-D fast storage, without TorchRL's layers.
 
+A fast path (:mod:`torchrl_ext._fastpath`): with the fast paths off, TorchRL's ``extend`` runs.
 A mixin for :class:`~torchrl_ext.replay_buffers.TensorDictReplayBuffer`: it reads the
 buffer's writer, storage, sampler, locks and transform, as TorchRL's ``extend`` does.
 """
@@ -10,8 +11,8 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase, unravel_key
 from torchrl.data.replay_buffers.writers import TensorDictRoundRobinWriter
-from torchrl.envs.transforms import Compose
 
+from torchrl_ext._fastpath import fastpath_enabled
 from torchrl_ext.storages.fast import FastMemmapStorage, FastTensorStorage, ring_index
 
 __all__ = ["LeanExtend"]
@@ -21,24 +22,16 @@ class LeanExtend:
     """``_lean_extend``: TorchRL's ``extend`` in one layer, where it provably does the same."""
 
     def _has_transform(self) -> bool:
-        """``self._transform is not None and len(self._transform) > 0``, without the cost.
-
-        TorchRL's ``Compose`` keeps its transforms in a ``ModuleList`` that ``len``
-        reaches through ``nn.Module.__getattr__``: about 5 us per call on this
-        path, as much as a 17 KB write. The list is read from ``_modules`` instead
-        (any other transform type: ``len`` as before).
-        """
+        """Whether the buffer applies a transform (TorchRL's test, as its ``extend`` makes it)."""
         transform = self._transform
-        if transform is None:
-            return False
-        listed = transform._modules.get("transforms") if type(transform) is Compose else None
-        return len(transform) > 0 if listed is None else len(listed._modules) > 0
+        return transform is not None and len(transform) > 0
 
     def _lean_extend_applies(self, data: Any) -> bool:
         """Whether :meth:`_lean_extend` does exactly what TorchRL's ``extend`` would."""
         storage, writer = self._storage, self._writer
         return (
-            type(writer) is TensorDictRoundRobinWriter  # exactly: subclasses may place data elsewhere
+            fastpath_enabled()
+            and type(writer) is TensorDictRoundRobinWriter  # exactly: subclasses may place data elsewhere
             and not writer.tracks_generations
             and isinstance(storage, (FastTensorStorage, FastMemmapStorage))
             and storage.ndim == 1

@@ -7,6 +7,7 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.data.replay_buffers.samplers import Sampler
 
+from torchrl_ext._fastpath import fastpath_enabled
 from torchrl_ext.replay_buffers.tensordict import TensorDictReplayBuffer, _check_sample_size
 from torchrl_ext.samplers.trajectory import TrajectorySampler
 from torchrl_ext.storages.ring import EnvRingStorage
@@ -82,7 +83,9 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
         writer = EnvRingWriter() if writer is None else writer
         if not isinstance(writer, EnvRingWriter):
             raise TypeError(f"writer must be an EnvRingWriter, got {type(writer).__name__}.")
-        kwargs.setdefault("dim_extend", 0)
+        if kwargs.get("dim_extend") is None:
+            # TorchRL reads None as storage.ndim - 1 = 1 (time); the rings extend along envs.
+            kwargs["dim_extend"] = 0
         super().__init__(
             storage=storage,
             writer=writer,
@@ -149,7 +152,7 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
                     return self._write(data, env_ids, update_priority)
 
     def _write(self, data: TensorDictBase, env_ids: Any, update_priority: bool | None) -> torch.Tensor:
-        if self._has_transform() or self._is_consuming():
+        if not fastpath_enabled() or self._has_transform() or self._is_consuming():
             if env_ids is not None:
                 data = data.copy()
                 ids = torch.as_tensor(env_ids)

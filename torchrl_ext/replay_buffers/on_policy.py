@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 import torch
 from tensordict import TensorDictBase
 
-from torchrl_ext._checks import check_finite, check_real
+from torchrl_ext._checks import check_finite, check_int, check_real
 from torchrl_ext._keys import nested_key
 from torchrl_ext.replay_buffers.tensordict import TensorDictReplayBuffer
 from torchrl_ext.samplers.minibatch import FeedForwardMinibatchSampler, NaiveRecurrentMinibatchSampler
@@ -53,17 +53,6 @@ class OnPolicyKeys:
     def __post_init__(self) -> None:
         for field in fields(self):
             object.__setattr__(self, field.name, nested_key(getattr(self, field.name), field.name))
-
-
-def _check_unit(name: str, value: Any) -> float:
-    return check_real(name, value, low=0.0, high=1.0)
-
-
-def _check_positive(name: str, value: Any) -> float:
-    value = check_real(name, value, low=0.0)
-    if value == 0:
-        raise ValueError(f"{name} must be a positive number, got {name}={value!r}.")
-    return value
 
 
 class OnPolicyReplayBuffer(TensorDictReplayBuffer):
@@ -187,11 +176,10 @@ class OnPolicyReplayBuffer(TensorDictReplayBuffer):
                 f"{type(self).__name__} has no parameter {name!r}; it can update "
                 f"{', '.join(self._parameters)}."
             )
-        if name in ("gamma", "gamma_intrinsic", "rho_thresh", "c_thresh") or (
-            name == "gae_lambda" and value is not None
-        ):
-            checker = _check_positive if name.endswith("_thresh") else _check_unit
-            value = checker(name, value)
+        if name in ("gamma", "gamma_intrinsic") or (name == "gae_lambda" and value is not None):
+            value = check_real(name, value, low=0.0, high=1.0)
+        elif name in ("rho_thresh", "c_thresh"):
+            value = check_real(name, value, low=0.0, open_low=True, hint="e.g. 1.0, the IMPALA default")
         elif name == "advantage_eps":
             value = check_real(name, value, low=0.0)
         elif name == "normalize_advantage":
@@ -333,8 +321,7 @@ class OnPolicyReplayBuffer(TensorDictReplayBuffer):
         when ``recurrent``); with neither, the constructor's split is used.
         Every filled step appears once per epoch.
         """
-        if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
-            raise ValueError(f"num_epochs must be a positive int, got num_epochs={num_epochs!r}.")
+        check_int("num_epochs", num_epochs, minimum=1)
         if num_mini_batch is not None or mini_batch_size is not None:
             self._sampler = self._make_sampler(num_mini_batch, mini_batch_size, shuffle)
             self._sampler._rng = getattr(self, "_rng", None)

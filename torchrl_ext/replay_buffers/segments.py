@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
-from torchrl_ext._checks import check_finite
+from torchrl_ext._checks import check_finite, check_int, check_real
 from torchrl_ext.replay_buffers.tensordict import TensorDictReplayBuffer
 from torchrl_ext.samplers.uniform import DistinctUniformSampler
 from torchrl_ext.storages.fast import FastTensorStorage
@@ -72,15 +72,11 @@ class PathGAEReplayBuffer(TensorDictReplayBuffer):
         device: torch.device | str = "cpu",
         generator: torch.Generator | None = None,
     ) -> None:
-        for name, value in (("size", size), ("batch_size", batch_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {name}={value!r}.")
-        for name, value in (("gamma", gamma), ("lam", lam)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
-                raise ValueError(f"{name} must be a number in [0, 1], got {name}={value!r}.")
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or eps < 0:
-            raise ValueError(f"eps must be a number >= 0, got eps={eps!r}.")
-        self.gamma, self.lam, self.eps = float(gamma), float(lam), float(eps)
+        check_int("size", size, minimum=1)
+        check_int("batch_size", batch_size, minimum=1)
+        self.gamma = check_real("gamma", gamma, low=0.0, high=1.0)
+        self.lam = check_real("lam", lam, low=0.0, high=1.0)
+        self.eps = check_real("eps", eps, low=0.0)
         self.reward_key, self.value_key = reward_key, value_key
         self._finished = torch.zeros(size, dtype=torch.bool)
         self._path_length = 0  # steps stored since the last finish_path

@@ -24,17 +24,18 @@ from typing import Any, Iterator
 
 import numpy as np
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDictBase, is_tensor_collection
 from tensordict.utils import expand_as_right
 from torchrl.data import TensorDictReplayBuffer as _TorchRLTensorDictReplayBuffer
-from torchrl.data.replay_buffers.replay_buffers.base import _storage_index
 from torchrl.data.replay_buffers.storages import Storage, TensorStorage
 
+from torchrl_ext import _compat
 from torchrl_ext._checks import check_int
+from torchrl_ext._fastpath import fastpath_enabled
 from torchrl_ext.io.atomic_dir import atomic_save_dir, committed_dir, verify_checkpoint
 from torchrl_ext.io.state_files import load_state, save_state
 from torchrl_ext.replay_buffers._lean_extend import LeanExtend
-from torchrl_ext.storages._gathers import assemble, gather_coordinates, gather_rows, take_rows
+from torchrl_ext.storages._gathers import assemble, check_info_leads, gather_coordinates, gather_rows, take_rows
 from torchrl_ext.storages._numpy_rows import ColumnCache, leaf_items
 from torchrl_ext.samplers.minibatch import _EpochMinibatchSampler
 from torchrl_ext.storages.rollout import RolloutStorage
@@ -221,7 +222,7 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
     # ------------------------------------------------------------------
     def _lean_path(self) -> bool:
         storage = self._storage
-        if self._sample_unit is not None or self._writer.tracks_generations:
+        if not fastpath_enabled() or self._sample_unit is not None or self._writer.tracks_generations:
             return False
         if getattr(storage, "returns_tensordicts", False):  # torchrl_ext storages read themselves
             return True
@@ -263,7 +264,11 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
 
     def _sample(self, batch_size: int) -> tuple[Any, dict]:
         if not self._lean_path():
-            return super()._sample(batch_size)
+            data, info = super()._sample(batch_size)
+            if is_tensor_collection(data):  # TorchRL would fail writing it, with a RuntimeError
+                for key, value in _info_entries(info, data.shape[0] if data.batch_dims else 1).items():
+                    check_info_leads(key, value, data.batch_size)
+            return data, info
         with self._replay_lock, self._write_lock:
             index, info = self._sampler.sample(self._storage, batch_size)
             info["index"] = index
@@ -276,7 +281,7 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
             elif _coordinates(index, storage):
                 data = self._gather_coordinates(index, info)
             else:  # anything else: the storage's own indexing, same info entries
-                data = self._storage.get(_storage_index(index, self._storage))
+                data = self._storage.get(_compat.storage_index(index, self._storage))
                 for key, value in _info_entries(info, data.shape[0]).items():
                     if value.ndim < data.ndim:  # per-item info over [B, T] windows, as TorchRL does
                         value = expand_as_right(value, data)
@@ -353,7 +358,7 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
         add theirs. Values are numbers, strings, ``None`` and lists of tensors
         (see :func:`torchrl_ext.io.save_state`).
         """
-        cursor = getattr(self._storage, "_last_cursor_index", None) if isinstance(self._storage, TensorStorage) \
+        cursor = _compat.last_written(self._storage) if isinstance(self._storage, TensorStorage) \
             else None
         return {"storage_last_cursor": None if cursor is None else int(cursor)}
 
@@ -361,7 +366,7 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
         """Restores what :meth:`_extra_state` returned."""
         cursor = state.get("storage_last_cursor")
         if cursor is not None and isinstance(self._storage, TensorStorage):
-            self._storage._set_last_cursor(int(cursor))
+            _compat.set_last_written(self._storage, int(cursor))
 
     def state_dict(self) -> dict[str, Any]:
         """TorchRL's ``state_dict`` plus :meth:`_extra_state` under ``"_torchrl_ext"``."""

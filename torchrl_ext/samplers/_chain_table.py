@@ -21,6 +21,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from torchrl_ext import _compat
 from torchrl_ext._host import numpy_view
 from torchrl_ext.storages._gathers import take
 
@@ -52,7 +53,7 @@ class ChainTable:
     def __init__(self, streams: Any, settings: tuple, chains: ChainFn) -> None:
         self.streams, self.settings, self._chains = streams, settings, chains
         self.storage = streams.storage
-        self.revision = self.storage._mutation_revision
+        self.revision = _compat.mutation_revision(self.storage)
         self.served = 0  # rows looked up since the build: what the build has paid for
         self.stop: torch.Tensor | None = None
         self.reward: torch.Tensor | None = None
@@ -66,7 +67,7 @@ class ChainTable:
         """Whether the table describes ``streams``' storage as it is now, for ``settings``."""
         return (
             streams is self.streams or streams.same_source(self.streams)
-        ) and settings == self.settings and self.revision == self.storage._mutation_revision
+        ) and settings == self.settings and self.revision == _compat.mutation_revision(self.storage)
 
     def lookup(self, flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
         # Every op here costs microseconds per sample: no copies or moves that are not needed.
@@ -89,7 +90,7 @@ class ChainTable:
         ``reported_twice``: the same write may already have been applied
         (TorchRL reports a write to ``mark_update`` and then to ``extend``).
         """
-        revision = self.storage._mutation_revision
+        revision = _compat.mutation_revision(self.storage)
         if self.revision == revision and reported_twice:
             return
         coordinates = self.streams.written(index)

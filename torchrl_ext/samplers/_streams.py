@@ -20,6 +20,7 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.data.replay_buffers.storages import TensorStorage
 
+from torchrl_ext import _compat
 from torchrl_ext.storages.ring import EnvRingStorage
 
 __all__ = ["GridStreams", "RingStreams", "streams_of"]
@@ -107,7 +108,7 @@ class GridStreams:
         return self.filled_rows() * self.num_envs
 
     def filled_rows(self) -> int:
-        return int(self.storage._len_along_dim0)
+        return _compat.filled_rows(self.storage)
 
     def draw(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         rng = getattr(self.storage, "_rng", None)
@@ -115,7 +116,7 @@ class GridStreams:
         return cell % self.num_envs, cell // self.num_envs
 
     def steps_to_newest(self, env: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
-        newest = int(self.storage._last_cursor_index)
+        newest = int(_compat.last_written(self.storage))
         return (newest - start) % self.rows
 
     def flat(self, env: torch.Tensor, position: torch.Tensor) -> torch.Tensor:

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torchrl.data.replay_buffers.samplers import Sampler
 
+from torchrl_ext._checks import check_int
 from torchrl_ext.io.state_files import load_component, save_state
 
 __all__ = [
@@ -61,8 +62,8 @@ class _EpochMinibatchSampler(Sampler):
                 f"num_mini_batch={num_mini_batch!r}, mini_batch_size={mini_batch_size!r}."
             )
         for name, value in (("num_mini_batch", num_mini_batch), ("mini_batch_size", mini_batch_size)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} must be a positive int, got {name}={value!r}.")
+            if value is not None:
+                check_int(name, value, minimum=1)
         self.num_mini_batch, self.mini_batch_size = num_mini_batch, mini_batch_size
         self.shuffle, self.drop_last = bool(shuffle), bool(drop_last)
         self._splits: list[torch.Tensor] | None = None
@@ -263,10 +264,7 @@ class ChunkedRecurrentMinibatchSampler(_EpochMinibatchSampler):
 
     def __init__(self, num_mini_batch: int | None = None, *, data_chunk_length: int, **kwargs: Any) -> None:
         super().__init__(num_mini_batch, **kwargs)
-        if isinstance(data_chunk_length, bool) or not isinstance(data_chunk_length, int) or data_chunk_length < 1:
-            raise ValueError(
-                f"data_chunk_length must be a positive int, got data_chunk_length={data_chunk_length!r}."
-            )
+        check_int("data_chunk_length", data_chunk_length, minimum=1)
         self.data_chunk_length = data_chunk_length
 
     def _units(self, steps: int, threads: int) -> int:

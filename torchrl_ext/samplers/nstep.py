@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from torchrl_ext._checks import check_batch_size, check_int
+from torchrl_ext._checks import check_batch_size, check_int, check_real
 from torchrl_ext._keys import nested_key
 from torchrl_ext.samplers._chain_table import ChainTable
 from torchrl_ext.samplers._streams import streams_of
@@ -111,8 +111,7 @@ class NStepSampler(StatelessSampler):
     ) -> None:
         super().__init__()
         check_int("n_step", n_step, minimum=1)
-        if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0 <= gamma <= 1:
-            raise ValueError(f"gamma must be a number in [0, 1], got gamma={gamma!r}.")
+        gamma = check_real("gamma", gamma, low=0.0, high=1.0)
         if agent_group is not None and (not isinstance(agent_group, str) or not agent_group):
             raise TypeError(
                 f"agent_group must be the name of the agents' group key (e.g. 'agents') or None, "

@@ -18,7 +18,8 @@ import torch
 from torchrl.data import PrioritizedSampler as _TorchRLPrioritizedSampler
 from torchrl.data.replay_buffers.storages import Storage
 
-from torchrl_ext._checks import check_batch_size, check_priorities, check_real
+from torchrl_ext import _compat
+from torchrl_ext._checks import check_batch_size, check_int, check_priorities, check_real
 from torchrl_ext._host import bounds, last
 from torchrl_ext.samplers._priority_state import SHARING_REFUSED, PriorityCheckpoints
 from torchrl_ext.samplers._priority_tree import PrioritySegmentTree, reduce_per_item
@@ -107,10 +108,7 @@ class PrioritizedSampler(PriorityCheckpoints, _TorchRLPrioritizedSampler):
         fanout: int = 32,
     ) -> None:
         # TorchRL's __init__ is not called: it would build its C++ trees.
-        if isinstance(max_capacity, bool) or not isinstance(max_capacity, int):
-            raise TypeError(f"max_capacity must be an int, got {max_capacity!r}.")
-        if max_capacity < 1:
-            raise ValueError(f"max_capacity must be >= 1, got max_capacity={max_capacity}.")
+        check_int("max_capacity", max_capacity, minimum=1)
         if reduction not in REDUCTIONS:
             raise ValueError(
                 f"reduction must be one of {REDUCTIONS}, got reduction={reduction!r}."
@@ -222,7 +220,7 @@ class PrioritizedSampler(PriorityCheckpoints, _TorchRLPrioritizedSampler):
     # ------------------------------------------------------------------
     # Sampling
     def sample(self, storage: Storage, batch_size: int) -> tuple[Any, dict[str, torch.Tensor]]:
-        self._maybe_init_from_storage(storage)
+        _compat.trees_on_storage_device(self, storage)
         stored = len(storage)
         if stored == 0:
             raise RuntimeError(
@@ -440,11 +438,9 @@ _INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
 def _register_replacement_dispatch() -> None:
     # TorchRL routes ``Cls(replacement=False)`` through this (private) table.
-    try:
-        from torchrl.data.replay_buffers.samplers.base import _REPLACEMENT_DISPATCH
-    except ImportError:  # pragma: no cover - depends on the TorchRL version
-        return
-    _REPLACEMENT_DISPATCH[PrioritizedSampler] = PrioritizedSamplerWithoutReplacement
+    table = _compat.replacement_dispatch()
+    if table is not None:
+        table[PrioritizedSampler] = PrioritizedSamplerWithoutReplacement
 
 
 _register_replacement_dispatch()

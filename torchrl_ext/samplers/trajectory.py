@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torchrl.data.replay_buffers.samplers import Sampler
 
-from torchrl_ext._checks import check_batch_size, check_int
+from torchrl_ext._checks import check_batch_size, check_int, check_real
 from torchrl_ext.storages.ring import EnvRingStorage
 
 __all__ = ["TrajectorySampler"]
@@ -112,11 +112,7 @@ class TrajectorySampler(StatelessSampler):
         self.batch_length = batch_length
         check_int("num_earliest_frames_ignored", num_earliest_frames_ignored, minimum=0)
         check_int("recent_data_steps", recent_data_steps, minimum=1)
-        ratio = recent_data_ratio
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 <= ratio <= 1:
-            raise ValueError(
-                f"recent_data_ratio must be a number in [0, 1], got recent_data_ratio={ratio!r}."
-            )
+        ratio = check_real("recent_data_ratio", recent_data_ratio, low=0.0, high=1.0)
         self.num_earliest_frames_ignored = num_earliest_frames_ignored
         self.with_replacement = bool(with_replacement)
         self.recent_data_steps = recent_data_steps

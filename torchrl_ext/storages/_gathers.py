@@ -27,6 +27,16 @@ __all__ = ["assemble", "gather_coordinates", "gather_rows", "new_output", "selec
 _NEW_UNSAFE = getattr(TensorDict, "_new_unsafe", None)
 
 
+def check_info_leads(key: Any, value: torch.Tensor, batch_size: torch.Size) -> None:
+    """Refuses sampler info that does not lead with the sample's batch size (on the dims it has)."""
+    lead = batch_size[: value.ndim]
+    if value.shape[: len(lead)] != lead:
+        raise ValueError(
+            f"sampler info {key!r} has shape {list(value.shape)}, which does not lead with the "
+            f"sample's batch size {list(lead)}; return per-item info from the sampler."
+        )
+
+
 def assemble(entries: dict[Any, torch.Tensor], batch_size: torch.Size, device: Any,
              extra: dict[Any, torch.Tensor] | None = None) -> TensorDict:
     """``TensorDict({**entries, **extra}, batch_size, device)`` without re-checking ``entries``.
@@ -45,11 +55,7 @@ def assemble(entries: dict[Any, torch.Tensor], batch_size: torch.Size, device: A
     if device is not None and not isinstance(device, torch.device):
         device = torch.device(device)
     for key, value in (extra or {}).items():
-        if value.shape[: len(batch_size)] != batch_size:
-            raise ValueError(
-                f"sampler info {key!r} has shape {list(value.shape)}, which does not lead with the "
-                f"sample's batch size {list(batch_size)}; return per-item info from the sampler."
-            )
+        check_info_leads(key, value, batch_size)
         entries[key] = value if device is None or value.device == device else value.to(device)
     if _NEW_UNSAFE is None:
         return TensorDict(entries, batch_size=batch_size, device=device)

@@ -17,7 +17,8 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase, is_leaf_nontensor
 
-from torchrl_ext._host import TORCH_DTYPES, numpy_view
+from torchrl_ext import _compat
+from torchrl_ext._host import numpy_view
 
 
 #: A stored column: (the stored leaf as a numpy array, the item shape, the numpy dtype).
@@ -27,12 +28,11 @@ Column = tuple[np.ndarray, tuple[int, ...], np.dtype]
 class Columns:
     """Stored columns by key, and the columns as a batch of some number of rows must match them."""
 
-    __slots__ = ("by_key", "_sized", "_torch_sized")
+    __slots__ = ("by_key", "_sized")
 
     def __init__(self, by_key: dict[Any, Column]) -> None:
         self.by_key = by_key
         self._sized: tuple[int | None, dict[Any, Column]] = (None, {})
-        self._torch_sized: tuple[int | None, dict[Any, tuple] | None] = (None, None)
 
     def sized(self, rows: int) -> dict[Any, Column]:
         """:attr:`by_key` with each item shape replaced by the shape of ``rows`` items.
@@ -45,17 +45,6 @@ class Columns:
         if cached_rows != rows:
             sized = {key: (array, (rows, *shape), dtype) for key, (array, shape, dtype) in self.by_key.items()}
             self._sized = (rows, sized)
-        return sized
-
-    def torch_sized(self, rows: int) -> dict[Any, tuple[np.ndarray, tuple[int, ...], torch.dtype]] | None:
-        """:meth:`sized` with torch dtypes, for :func:`matching_addresses`; ``None`` unless
-        every stored array is C-contiguous and writable (a stored row is then one block)."""
-        cached_rows, sized = self._torch_sized
-        if cached_rows != rows:
-            sized = {key: (array, shape, TORCH_DTYPES[dtype]) for key, (array, shape, dtype) in self.sized(rows).items()}
-            if not all(array.flags.c_contiguous and array.flags.writeable for array, _, _ in sized.values()):
-                sized = None
-            self._torch_sized = (rows, sized)
         return sized
 
 
@@ -133,7 +122,7 @@ def leaf_items(data: TensorDictBase) -> list[tuple[Any, Any]]:
 
 def _plain_leaves(data: TensorDict, prefix: tuple) -> list[tuple[Any, torch.Tensor]] | None:
     leaves = []
-    for key, value in data._tensordict.items():
+    for key, value in _compat.entries(data).items():
         if isinstance(value, torch.Tensor):
             leaves.append(((*prefix, key) if prefix else key, value))
             continue
@@ -169,7 +158,7 @@ def matching_arrays(
     sized = columns.sized(rows)
     if type(data) is TensorDict and not extra:
         # The entries of a flat batch are its leaves: no listing (a microsecond of a 17 KB write).
-        pairs = _matched(data._tensordict.items(), sized, skip_key, on_nested=_NESTED)
+        pairs = _matched(_compat.entries(data).items(), sized, skip_key, on_nested=_NESTED)
         if pairs is not _NESTED:
             return pairs
     leaves = leaf_items(data)
@@ -177,60 +166,6 @@ def matching_arrays(
 
 
 _NESTED = object()  # a flat batch's entries turned out to hold a sub-TensorDict
-
-
-def matching_addresses(
-    data: TensorDictBase, columns: Columns, rows: int, skip_key: Any = None,
-) -> tuple[list[np.ndarray], list[int]] | None:
-    """``(stored arrays, source addresses)`` for :func:`torchrl_ext._stream.write_row`, when
-    ``data`` is a plain TensorDict (nested ones included) whose leaves but ``skip_key`` are
-    exactly the columns, each a contiguous CPU tensor of ``rows`` rows of the stored item
-    shape and dtype, without autograd history or lazy negation/conjugation bits (whose
-    memory would not hold the values); ``None`` otherwise.
-
-    Each source's ``data_ptr()`` then addresses exactly one stored row's bytes, which is
-    what ``write_row`` trusts. It costs a tenth of a microsecond per leaf, where a numpy
-    view (:func:`matching_arrays`) costs 0.7.
-
-    Examples:
-        >>> import torch
-        >>> from tensordict import TensorDict
-        >>> columns = numpy_columns([("x", torch.zeros(4, 2, 3))], batch_dims=2)  # 4 slots of 2 rows
-        >>> arrays, addresses = matching_addresses(TensorDict({"x": torch.ones(2, 3)}, []), columns, rows=2)
-        >>> [a.shape for a in arrays], len(addresses)
-        ([(4, 2, 3)], 1)
-        >>> matching_addresses(TensorDict({"x": torch.ones(3, 2).t()}, []), columns, rows=2) is None  # not contiguous
-        True
-    """
-    sized = columns.torch_sized(rows)
-    if sized is None or type(data) is not TensorDict:
-        return None
-    arrays: list[np.ndarray] = []
-    addresses: list[int] = []
-    if not _collect_addresses(data, (), sized, skip_key, arrays, addresses) or len(arrays) != len(sized):
-        return None
-    return arrays, addresses
-
-
-def _collect_addresses(data: TensorDict, prefix: tuple, sized: dict, skip_key: Any,
-                       arrays: list[np.ndarray], addresses: list[int]) -> bool:
-    for key, value in data._tensordict.items():
-        full = (*prefix, key) if prefix else key
-        if full == skip_key:
-            continue
-        if type(value) is TensorDict:
-            if not _collect_addresses(value, (*prefix, key), sized, skip_key, arrays, addresses):
-                return False
-            continue
-        if type(value) is not torch.Tensor:  # subclasses, non-tensor data: the numpy path decides
-            return False
-        column = sized.get(full)
-        if (column is None or value.dtype is not column[2] or value.shape != column[1] or not value.is_cpu
-                or value.requires_grad or not value.is_contiguous() or value.is_neg() or value.is_conj()):
-            return False
-        arrays.append(column[0])
-        addresses.append(value.data_ptr())
-    return True
 
 
 def _matched(items: Any, sized: dict[Any, Column], skip_key: Any, on_nested: Any = None) -> Any:

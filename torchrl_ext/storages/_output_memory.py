@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from torchrl_ext._fastpath import fastpath_enabled
+
 __all__ = ["OutputRecycler", "PinnedOutputs", "can_pin_memory", "output_recycler", "pinned_empty"]
 
 
@@ -46,11 +48,13 @@ class OutputRecycler:
 
     Examples:
         >>> import numpy as np
+        >>> import torchrl_ext
         >>> recycler = OutputRecycler(min_bytes=1024)
-        >>> first = recycler.empty((4, 256), np.float32)
-        >>> address = first.ctypes.data
-        >>> del first  # nothing reads the block any more
-        >>> recycler.empty((8, 128), np.float32).ctypes.data == address  # same byte size
+        >>> with torchrl_ext.fastpath(True):  # recycling is a fast path
+        ...     first = recycler.empty((4, 256), np.float32)
+        ...     address = first.ctypes.data
+        ...     del first  # nothing reads the block any more
+        ...     recycler.empty((8, 128), np.float32).ctypes.data == address  # same byte size
         True
         >>> recycler.info()["hits"], recycler.info()["misses"]
         (1, 1)
@@ -90,7 +94,7 @@ class OutputRecycler:
 
     def recycles(self, nbytes: int) -> bool:
         """Whether an output of ``nbytes`` comes from :meth:`empty`'s recycled blocks."""
-        return nbytes >= self._min_bytes and self._max_free_bytes > 0
+        return nbytes >= self._min_bytes and self._max_free_bytes > 0 and fastpath_enabled()
 
     def empty(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         """``np.empty(shape, dtype)``, from a free block of the same byte size if one waits.

@@ -87,8 +87,7 @@ class RingReads:
         view one (not on the CPU, bfloat16, autograd history).
 
         A sample gathers a few hundred rows per leaf: numpy's ``take`` costs about half
-        a torch ``index_select`` there, and it allocates outputs of any size from fresh
-        (huge-page advised) memory. Built lazily and dropped by ``_index_leaves`` and
+        a torch ``index_select`` there. Built lazily and dropped by ``_index_leaves`` and
         pickling, like the step columns (:meth:`_step_columns`).
         """
         columns = self.__dict__.get("_read_columns_cache", False)

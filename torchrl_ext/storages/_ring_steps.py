@@ -5,9 +5,9 @@ stepped together, ALF's usual case), a ``[num_envs]`` step lands in one slot:
 a single copy per leaf (one contiguous block in time-major rings), with no
 per-env index arithmetic. For the 64 envs of an ALF ``add_batch``
 (17 KB) the calls around the copies, not the bytes, are what costs, so this path
-runs on numpy views of the CPU leaves (see :mod:`torchrl_ext.storages._numpy_rows`),
-and, where the C helper is built and the slot is one block per leaf, copies from the
-batch's tensor addresses without making numpy views of them (``_stream.write_row``).
+runs on numpy views of the CPU leaves (see :mod:`torchrl_ext.storages._numpy_rows`).
+It is a fast path (:mod:`torchrl_ext._fastpath`): with the fast paths off, every write
+takes the storage's general ``_write``.
 """
 from __future__ import annotations
 
@@ -16,12 +16,8 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
-from torchrl_ext.storages._numpy_rows import Columns, leaf_items, matching_addresses, matching_arrays, numpy_columns
-
-try:
-    from torchrl_ext._stream import write_row
-except ImportError:  # built without a C compiler: numpy's copies
-    write_row = None
+from torchrl_ext._fastpath import fastpath_enabled
+from torchrl_ext.storages._numpy_rows import Columns, leaf_items, matching_arrays, numpy_columns
 
 
 class RingStepWrites:
@@ -67,22 +63,18 @@ class RingStepWrites:
             what is stored (keys, per-step shapes, dtypes, device, autograd). The caller
             then takes ``_write``, which raises the errors a bad batch deserves.
         """
-        columns = self._step_columns()
+        columns = self._step_columns() if fastpath_enabled() else None
         if columns is None:
             return None
         position = self._common_position()
         if position is None:
             return None
         slot = position % self._max_length
-        sources = None if write_row is None else matching_addresses(data, columns, self._num_envs, skip_key)
-        if sources is not None:
-            write_row(slot, *sources)  # one block per leaf: time-major rings
-        else:
-            pairs = matching_arrays(data, columns, self._num_envs, skip_key)
-            if pairs is None:
-                return None
-            for stored, array in pairs:
-                stored[slot] = array
+        pairs = matching_arrays(data, columns, self._num_envs, skip_key)
+        if pairs is None:
+            return None
+        for stored, array in pairs:
+            stored[slot] = array
         self._last_cursor = slot  # expanded to flat rows when read (see _last_cursor)
         self._bump_mutation_revision()
         self._pos_np.fill(position + 1)  # every env stood at position; a fill costs a fifth of += 1

@@ -21,7 +21,8 @@ with the interleaved gather (row by row they streamed 0.65-1.13x as fast), hence
 
 The copies come from the C helper ``torchrl_ext._stream``, built at install when a C
 compiler is present; without it (or on CPUs without streaming stores) :attr:`StreamingWrites.available`
-is ``False`` and every copy is numpy's.
+is ``False`` and every copy is numpy's, as it is with the fast paths off
+(:mod:`torchrl_ext._fastpath`).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from torchrl_ext._fastpath import fastpath_enabled
 from torchrl_ext.storages._output_memory import _byte_count, _flag
 
 try:
@@ -158,7 +160,7 @@ class StreamingWrites:
         """Whether the C helper can write ``destination`` from ``source``: streaming on, both
         C-contiguous numpy arrays of one dtype, ``destination`` writable and of ``min_bytes``
         or more (each method adds its own shape conditions)."""
-        return (self._enabled and _stream is not None and type(destination) is np.ndarray
+        return (self._enabled and _stream is not None and fastpath_enabled() and type(destination) is np.ndarray
                 and type(source) is np.ndarray and destination.nbytes >= min_bytes
                 and destination.dtype == source.dtype and destination.flags.c_contiguous
                 and source.flags.c_contiguous and destination.flags.writeable)

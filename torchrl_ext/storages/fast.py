@@ -36,9 +36,9 @@ from tensordict import TensorDictBase, is_tensor_collection
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage
 from torchrl.data.replay_buffers.writers import RoundRobinWriter
 
+from torchrl_ext import _compat
 from torchrl_ext._checks import check_int
 from torchrl_ext._host import bounds
-from torchrl_ext._huge_pages import advise_huge_pages
 from torchrl_ext.storages._gathers import gather_rows
 from torchrl_ext.storages._numpy_rows import ColumnCache, Columns, matching_arrays, leaf_items
 from torchrl_ext.storages._output_memory import PinnedOutputs
@@ -68,7 +68,7 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
             for start, stop, first, last in ranges:
                 super().set(slice(start, stop), data[first:last], set_cursor=set_cursor)
             if set_cursor:
-                self._set_last_cursor(cursor)  # the cursor TorchRL's set records, not the last slice
+                _compat.set_last_written(self, cursor)  # the cursor TorchRL's set records, not the last slice
             return
         self._copy_ranges(leaves, ranges, cursor, data, set_cursor)
 
@@ -141,10 +141,10 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
         if set_cursor:
             # What TorchRL's set records for a ring range (_set_last_cursor(cursor), then
             # _get_new_len), from the ranges instead of a dozen tensor ops on the cursor.
-            self._set_last_cursor(ranges[-1][1] - 1)
+            _compat.set_last_written(self, ranges[-1][1] - 1)
             self._last_cursor = cursor
-            self._len = min(self._len + sum(stop - start for start, stop, _, _ in ranges), self.max_size)
-        self._bump_mutation_revision()
+            _compat.set_length(self, min(len(self) + sum(stop - start for start, stop, _, _ in ranges), self.max_size))
+        _compat.bump_mutation_revision(self)
 
     def _rewind_writers(self, cursor: Any, data: Any) -> None:
         """Moves back the cursor of a TorchRL writer that advanced for a write refused here.
@@ -159,7 +159,7 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
             start, count = cursor, 1
         else:
             return
-        for entity in self._attached_entities_iter():
+        for entity in _compat.attached_entities(self):
             writer = getattr(entity, "_writer", None)
             if not isinstance(writer, RoundRobinWriter) or getattr(writer, "_storage", None) is not self:
                 continue
@@ -350,18 +350,6 @@ class FastTensorStorage(_SliceWritesIndexSelectReads, LazyTensorStorage):
         >>> rb.storage.get(torch.tensor([0, 1, 2, 3]))["obs"].tolist()
         [4.0, 5.0, 2.0, 3.0]
     """
-
-    def _init(self, data: Any) -> None:
-        super()._init(data)
-        # TorchRL allocates the leaves with empty_like: not written yet, the moment to
-        # ask for huge pages (see torchrl_ext._huge_pages).
-        stored = self._storage
-        if isinstance(stored, torch.Tensor):
-            advise_huge_pages(stored)
-        elif is_tensor_collection(stored):
-            for leaf in stored.values(include_nested=True, leaves_only=True):
-                if isinstance(leaf, torch.Tensor):
-                    advise_huge_pages(leaf)
 
 
 class FastMemmapStorage(_SliceWritesIndexSelectReads, LazyMemmapStorage):

@@ -33,7 +33,6 @@ from torchrl_ext.io.state_files import (
     tensordict_from_state,
     tensordict_state,
 )
-from torchrl_ext._huge_pages import empty_huge
 from torchrl_ext.storages._ring_reads import RingReads
 from torchrl_ext.storages._ring_sharing import RingSharing
 from torchrl_ext.storages._ring_steps import RingStepWrites
@@ -329,9 +328,9 @@ class EnvRingStorage(PinnedOutputs, RingReads, RingStepWrites, RingSharing, Stor
         memory_shape = shape[::-1] if self.time_major else shape
         self._storage = TensorDict(
             {
-                key: self._as_leaf(empty_huge(
+                key: self._as_leaf(torch.zeros(
                     memory_shape + tuple(leaf.shape[batch_dims:]), dtype=leaf.dtype, device=self._device
-                ).zero_())
+                ))
                 for key, leaf in leaf_items(data)
             },
             batch_size=shape,
@@ -372,7 +371,7 @@ class EnvRingStorage(PinnedOutputs, RingReads, RingStepWrites, RingSharing, Stor
         for key, leaf in leaf_items(self._storage):
             memory = self._as_leaf(leaf)
             if not memory.is_contiguous():  # leaves in the other layout (a checkpoint, a pickle)
-                memory = empty_huge(memory.shape, dtype=memory.dtype, device=memory.device).copy_(memory)
+                memory = memory.contiguous()
                 self._storage.set(key, self._as_leaf(memory))
             flat.append((key, memory.view(-1, *memory.shape[2:])))
         self._flat = flat

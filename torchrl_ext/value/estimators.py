@@ -25,15 +25,10 @@ from torch import Tensor
 from torchrl.objectives.utils import hold_out_net, register_value_estimator
 from torchrl.objectives.value import GAE as _TorchRLGAE
 from torchrl.objectives.value import VTrace as _TorchRLVTrace
-from torchrl.objectives.value.advantages import (
-    _call_actor_net,
-    _self_set_grad_enabled,
-    _self_set_skip_existing,
-    _standardize_by_group,
-)
 
+from torchrl_ext import _compat
+from torchrl_ext._checks import check_reals
 from torchrl_ext.value import functional
-from torchrl_ext.value._checks import _check_positive, _check_unit_interval
 from torchrl_ext.value.normalizers import ValueNorm
 
 __all__ = ["ExtValueEstimators", "GAE", "VTrace"]
@@ -92,8 +87,9 @@ class _SignalsMixin:
                 else nullcontext()
             )
             with holdout:
-                value, next_value, valid = self._call_value_nets(
-                    data=tensordict,
+                value, next_value, valid = _compat.call_value_nets(
+                    self,
+                    tensordict,
                     params=params,
                     next_params=target_params,
                     single_call=self.shifted,
@@ -113,9 +109,9 @@ class _SignalsMixin:
                         "was given; pass value_network= or write the values first."
                     )
 
-        time_dim = self._get_time_dim(time_dim, tensordict)
+        time_dim = _compat.time_dim_of(self, time_dim, tensordict)
         valid = tensordict.get("shifted_valid", default=None)
-        data = self._prepare_shifted_tensordict(tensordict, valid, time_dim)
+        data = _compat.shifted_view(self, tensordict, valid, time_dim)
         done = data.get(("next", keys.done))
         terminated = data.get(("next", keys.terminated), default=done)
         reward = data.get(("next", keys.reward))
@@ -126,7 +122,7 @@ class _SignalsMixin:
     ) -> TensorDictBase:
         tensordict.set(self.tensor_keys.advantage, advantage)
         tensordict.set(self.tensor_keys.value_target, value_target)
-        self._mask_shifted_output(tensordict, valid)
+        _compat.mask_shifted_outputs(self, tensordict, valid)
         return tensordict
 
 
@@ -207,8 +203,8 @@ class GAE(_SignalsMixin, _TorchRLGAE):
         value_normalizer: ValueNorm | None = None,
         **kwargs,
     ) -> None:
-        _check_unit_interval("gamma", gamma)
-        _check_unit_interval("lmbda", lmbda)
+        check_reals("gamma", gamma, low=0.0, high=1.0)
+        check_reals("lmbda", lmbda, low=0.0, high=1.0)
         super().__init__(gamma=gamma, lmbda=lmbda, value_network=value_network, **kwargs)
         self.agent_dim = agent_dim
         self.value_normalizer = value_normalizer
@@ -230,7 +226,7 @@ class GAE(_SignalsMixin, _TorchRLGAE):
         mask = (
             torch.ones_like(adv)
             if valid is None
-            else self._expand_to_match(valid, adv).to(adv.dtype)
+            else _compat.expand_to_match(valid, adv).to(adv.dtype)
         )
         count = mask.sum(dim=reduce_dims, keepdim=True).clamp_min(1)
         loc = (adv * mask).sum(dim=reduce_dims, keepdim=True) / count
@@ -247,8 +243,8 @@ class GAE(_SignalsMixin, _TorchRLGAE):
             [-1 if d == agent_dim else 1 for d in range(adv.ndim)]
         )
         composite = groups.expand(adv.shape) * n_agents + agents
-        mask = None if valid is None else self._expand_to_match(valid, adv)
-        return _standardize_by_group(adv, composite, mask)
+        mask = None if valid is None else _compat.expand_to_match(valid, adv)
+        return _compat.standardize_by_group(adv, composite, mask)
 
     def _advantage(self, tensordict, params, target_params, time_dim):
         sig = self._read_signals(tensordict, params, target_params, time_dim)
@@ -279,8 +275,8 @@ class GAE(_SignalsMixin, _TorchRLGAE):
         )
         return advantage, value_target, sig.valid
 
-    @_self_set_skip_existing
-    @_self_set_grad_enabled
+    @_compat.skip_existing
+    @_compat.grad_enabled
     @dispatch
     def forward(
         self,
@@ -296,7 +292,7 @@ class GAE(_SignalsMixin, _TorchRLGAE):
         )
         if self.average_gae:
             advantage = self._normalize_advantage(
-                advantage, valid, groups=self._group_ids(tensordict)
+                advantage, valid, groups=_compat.group_ids(self, tensordict)
             )
         return self._write_outputs(tensordict, advantage, value_target, valid)
 
@@ -366,9 +362,9 @@ class VTrace(_SignalsMixin, _TorchRLVTrace):
         c_thresh: float | Tensor = 1.0,
         **kwargs,
     ) -> None:
-        _check_unit_interval("gamma", gamma)
-        _check_positive("rho_thresh", rho_thresh)
-        _check_positive("c_thresh", c_thresh)
+        check_reals("gamma", gamma, low=0.0, high=1.0)
+        check_reals("rho_thresh", rho_thresh, low=0.0, open_low=True, hint="e.g. 1.0, the IMPALA default")
+        check_reals("c_thresh", c_thresh, low=0.0, open_low=True, hint="e.g. 1.0, the IMPALA default")
         super().__init__(
             gamma=gamma,
             actor_network=actor_network,
@@ -378,8 +374,8 @@ class VTrace(_SignalsMixin, _TorchRLVTrace):
             **kwargs,
         )
 
-    @_self_set_skip_existing
-    @_self_set_grad_enabled
+    @_compat.skip_existing
+    @_compat.grad_enabled
     @dispatch
     def forward(
         self,
@@ -402,11 +398,8 @@ class VTrace(_SignalsMixin, _TorchRLVTrace):
             log_mu = log_mu.sum(dim="feature", reduce=True)
         log_mu = log_mu.reshape(sig.value.shape)
         with hold_out_net(self.actor_network):
-            log_pi = _call_actor_net(
-                actor_net=self.actor_network,
-                data=tensordict,
-                params=None,
-                log_prob_key=self.tensor_keys.sample_log_prob,
+            log_pi = _compat.actor_log_prob(
+                self.actor_network, tensordict, self.tensor_keys.sample_log_prob
             ).reshape(sig.value.shape)
         advantage, value_target = functional.vtrace_advantage_estimate(
             sig.gamma,
@@ -422,9 +415,9 @@ class VTrace(_SignalsMixin, _TorchRLVTrace):
             time_dim=sig.time_dim,
         )
         if self.average_adv:
-            groups = self._group_ids(tensordict)
+            groups = _compat.group_ids(self, tensordict)
             if groups is None:
                 advantage = (advantage - advantage.mean()) / advantage.std().clamp_min(1e-5)
             else:
-                advantage = _standardize_by_group(advantage, groups, eps=1e-5)
+                advantage = _compat.standardize_by_group(advantage, groups, eps=1e-5)
         return self._write_outputs(tensordict, advantage, value_target, sig.valid)

@@ -49,14 +49,13 @@ import math
 
 import torch
 
-from torchrl_ext.value._checks import (
-    _check_flag,
-    _check_floating,
-    _check_positive,
-    _check_same_shape,
-    _check_signals,
-    _check_unit_interval,
-    _resolve_time_dim,
+from torchrl_ext._checks import (
+    check_flag,
+    check_floating,
+    check_reals,
+    check_same_shape,
+    check_signals,
+    resolve_time_dim,
 )
 from torchrl_ext.value._scan import (
     _as_discount,
@@ -124,9 +123,10 @@ def generalized_advantage_estimate(
 
     Raises:
         TypeError: a value/reward tensor is not floating point, a flag is not
-            boolean, or a discount is not a number or tensor.
-        ValueError: shapes differ, ``gamma``/``lmbda`` lie outside ``[0, 1]``
-            or ``time_dim`` is out of range.
+            boolean, or a discount is not a real number or a tensor of them.
+        ValueError: shapes differ, ``gamma``/``lmbda`` (or one of their elements)
+            is NaN, infinite or outside ``[0, 1]``, or ``time_dim`` is not an int
+            or out of range.
 
     Examples:
         >>> import torch
@@ -142,10 +142,10 @@ def generalized_advantage_estimate(
     """
     if terminated is None:
         terminated = done
-    _check_signals(state_value, next_state_value, reward, done, terminated)
-    _check_unit_interval("gamma", gamma, state_value.shape)
-    _check_unit_interval("lmbda", lmbda, state_value.shape)
-    dim = _resolve_time_dim(time_dim, state_value.ndim)
+    check_signals(state_value, next_state_value, reward, done, terminated)
+    check_reals("gamma", gamma, low=0.0, high=1.0, shape=state_value.shape)
+    check_reals("lmbda", lmbda, low=0.0, high=1.0, shape=state_value.shape)
+    dim = resolve_time_dim(time_dim, state_value.ndim)
     return _without_autograd(
         _gae, gamma, lmbda, state_value, next_state_value, reward, done, terminated, dim
     )
@@ -241,19 +241,19 @@ def td_lambda_return_estimate(
     """
     if terminated is None:
         terminated = done
-    _check_floating("next_state_value", next_state_value)
-    _check_floating("reward", reward)
-    _check_flag("done", done)
-    _check_flag("terminated", terminated)
-    _check_same_shape(
+    check_floating("next_state_value", next_state_value)
+    check_floating("reward", reward)
+    check_flag("done", done)
+    check_flag("terminated", terminated)
+    check_same_shape(
         next_state_value=next_state_value,
         reward=reward,
         done=done,
         terminated=terminated,
     )
-    _check_unit_interval("gamma", gamma, reward.shape)
-    _check_unit_interval("lmbda", lmbda, reward.shape)
-    dim = _resolve_time_dim(time_dim, reward.ndim)
+    check_reals("gamma", gamma, low=0.0, high=1.0, shape=reward.shape)
+    check_reals("lmbda", lmbda, low=0.0, high=1.0, shape=reward.shape)
+    dim = resolve_time_dim(time_dim, reward.ndim)
     return _without_autograd(
         _td_lambda, gamma, lmbda, next_state_value, reward, done, terminated, dim
     )
@@ -332,15 +332,15 @@ def discounted_cumsum(
         >>> discounted_cumsum(x, 0.5, done).flatten().tolist()
         [1.5, 1.0, 1.5, 1.0]
     """
-    _check_floating("x", x)
-    _check_flag("done", done)
+    check_floating("x", x)
+    check_flag("done", done)
     if x.shape != done.shape:
         raise ValueError(
             f"x and done must share one shape [*B, T, *F]; got x={tuple(x.shape)}, "
             f"done={tuple(done.shape)}."
         )
-    _check_unit_interval("gamma", gamma, x.shape)
-    dim = _resolve_time_dim(time_dim, x.ndim)
+    check_reals("gamma", gamma, low=0.0, high=1.0, shape=x.shape)
+    dim = resolve_time_dim(time_dim, x.ndim)
     return _without_autograd(_discounted_cumsum, x, gamma, done, dim)
 
 
@@ -431,7 +431,7 @@ def vtrace_advantage_estimate(
     """
     if terminated is None:
         terminated = done
-    _check_signals(
+    check_signals(
         state_value,
         next_state_value,
         reward,
@@ -440,10 +440,10 @@ def vtrace_advantage_estimate(
         log_pi=log_pi,
         log_mu=log_mu,
     )
-    _check_unit_interval("gamma", gamma, state_value.shape)
-    _check_positive("rho_thresh", rho_thresh)
-    _check_positive("c_thresh", c_thresh)
-    dim = _resolve_time_dim(time_dim, state_value.ndim)
+    check_reals("gamma", gamma, low=0.0, high=1.0, shape=state_value.shape)
+    check_reals("rho_thresh", rho_thresh, low=0.0, open_low=True, hint="e.g. 1.0, the IMPALA default")
+    check_reals("c_thresh", c_thresh, low=0.0, open_low=True, hint="e.g. 1.0, the IMPALA default")
+    dim = resolve_time_dim(time_dim, state_value.ndim)
     return _without_autograd(
         _vtrace, gamma, log_pi, log_mu, state_value, next_state_value, reward, done,
         terminated, rho_thresh, c_thresh, dim,

@@ -17,7 +17,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from torchrl_ext._checks import check_finite
+from torchrl_ext._checks import check_finite, check_int, check_real
 from torchrl_ext.value.functional import discounted_cumsum
 
 __all__ = ["ValueNorm", "RunningMeanStd", "IntrinsicRewardNormalizer"]
@@ -31,10 +31,6 @@ def _as_shape(shape: int | tuple[int, ...], name: str) -> torch.Size:
             f"pass e.g. {name}=1 for scalar values."
         )
     return torch.Size(int(d) for d in dims)
-
-
-def _is_real(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
 def _as_float_tensor(x: Any, name: str, device: torch.device) -> Tensor:
@@ -126,17 +122,10 @@ class ValueNorm(nn.Module):
     ) -> None:
         super().__init__()
         shape = _as_shape(input_shape, "input_shape")
-        if isinstance(norm_axes, bool) or not isinstance(norm_axes, int) or norm_axes < 1:
-            raise ValueError(
-                f"`norm_axes` must be an int >= 1, got {norm_axes!r}; "
-                "use norm_axes=1 for (B, *input_shape) inputs."
-            )
-        if not 0.0 < beta <= 1.0:
-            raise ValueError(
-                f"`beta` must be in (0, 1], got {beta!r}; typical values are 0.99999 or 0.99."
-            )
-        if not epsilon > 0.0:
-            raise ValueError(f"`epsilon` must be > 0, got {epsilon!r}; the default is 1e-5.")
+        check_int("norm_axes", norm_axes, minimum=1, hint="use norm_axes=1 for (B, *input_shape) inputs")
+        beta = check_real("beta", beta, low=0.0, high=1.0, open_low=True,
+                          hint="typical values are 0.99999 or 0.99")
+        epsilon = check_real("epsilon", epsilon, low=0.0, open_low=True, hint="the default is 1e-5")
         if isinstance(dtype, str):  # configs name dtypes as strings ("float32")
             dtype = getattr(torch, dtype, dtype)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
@@ -246,8 +235,7 @@ class RunningMeanStd(nn.Module):
     ) -> None:
         super().__init__()
         self.shape = _as_shape(shape, "shape")
-        if not epsilon > 0.0:
-            raise ValueError(f"`epsilon` must be > 0, got {epsilon!r}; the default is 1e-4.")
+        epsilon = check_real("epsilon", epsilon, low=0.0, open_low=True, hint="the default is 1e-4")
         f64 = dict(device=device, dtype=torch.float64)
         self.register_buffer("mean", torch.zeros(self.shape, **f64))
         self.register_buffer("var", torch.ones(self.shape, **f64))
@@ -278,8 +266,7 @@ class RunningMeanStd(nn.Module):
         self, batch_mean: Tensor | Any, batch_var: Tensor | Any, batch_count: float
     ) -> None:
         """Merges batch moments (each of shape ``shape``) computed over ``batch_count`` samples."""
-        if not _is_real(batch_count) or not 0 <= batch_count < math.inf:
-            raise ValueError(f"`batch_count` must be a finite number >= 0, got {batch_count!r}.")
+        batch_count = check_real("batch_count", batch_count, low=0.0)
         bm = _as_float_tensor(batch_mean, "batch_mean", self.mean.device).to(self.mean.dtype)
         bv = _as_float_tensor(batch_var, "batch_var", self.mean.device).to(self.mean.dtype)
         _check_trailing(bm, self.shape, "batch_mean", 0)
@@ -344,8 +331,7 @@ class IntrinsicRewardNormalizer(nn.Module):
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
-        if not _is_real(gamma) or not 0.0 <= gamma <= 1.0:
-            raise ValueError(f"`gamma` must be a number in [0, 1], got {gamma!r}; e.g. gamma=0.99.")
+        gamma = check_real("gamma", gamma, low=0.0, high=1.0, hint="e.g. gamma=0.99")
         if mode not in ("backward", "forward"):
             raise ValueError(f"`mode` must be 'backward' or 'forward', got {mode!r}.")
         self.gamma = float(gamma)

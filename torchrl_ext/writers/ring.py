@@ -22,6 +22,8 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.data.replay_buffers.writers import Writer
 
+from torchrl_ext import _compat
+from torchrl_ext._checks import check_int
 from torchrl_ext._keys import nested_key
 from torchrl_ext.io.state_files import apply_state, atomic_write, load_json
 from torchrl_ext.storages.ring import EnvRingStorage
@@ -225,8 +227,7 @@ class EnvRingWriter(Writer):
         """
         storage = self.storage
         env_ids = torch.arange(storage.num_envs) if env_ids is None else self.check_env_ids(env_ids)
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"n must be a positive int, got n={n!r}.")
+        check_int("n", n, minimum=1)
         size = storage._current_size[env_ids]
         if env_ids.numel() and int(size.min()) < n:
             raise ValueError(
@@ -246,8 +247,7 @@ class EnvRingWriter(Writer):
         """Forgets up to ``n`` oldest steps of each env in ``env_ids`` (any subset)."""
         storage = self.storage
         env_ids = torch.arange(storage.num_envs) if env_ids is None else self.check_env_ids(env_ids)
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"n must be an int >= 0, got n={n!r}.")
+        check_int("n", n, minimum=0)
         storage.shrink(env_ids, n)
         self.notify_room()
 
@@ -339,7 +339,7 @@ class EnvRingWriter(Writer):
 
     @staticmethod
     def _mark_update_entities(storage: EnvRingStorage, index: torch.Tensor) -> None:
-        for entity in storage._attached_entities_iter():
+        for entity in _compat.attached_entities(storage):
             entity.mark_update(index)
 
     def __repr__(self) -> str:

@@ -1,0 +1,275 @@
+"""torchrl_ext._compat: one test per private TorchRL / TensorDict name the package relies on.
+
+Each wrapper is exercised on TorchRL's own objects and its result checked, so an upstream
+rename or change of meaning fails the test named after that name (the nightly job runs this
+file against torchrl-nightly and tensordict-nightly). The last tests keep the rule that made
+this module: outside it, the package touches none of these names, and every private TorchRL
+method it overrides is listed in ``HOOKS``.
+"""
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import pkgutil
+from pathlib import Path
+
+import pytest
+import torch
+from tensordict import TensorDict
+from tensordict.nn import NormalParamExtractor, TensorDictModule
+from torch import nn
+from torchrl.data import LazyTensorStorage, RoundRobinWriter, TensorDictReplayBuffer
+from torchrl.data.replay_buffers.checkpointers import TensorStorageCheckpointer
+from torchrl.data.replay_buffers.samplers import PrioritizedSampler
+from torchrl.modules import ProbabilisticActor, TanhNormal
+from torchrl.objectives.value import GAE
+
+import torchrl_ext
+from torchrl_ext import _compat
+
+PACKAGE = Path(torchrl_ext.__file__).parent
+
+
+def rollout(t: int = 5, batch: tuple[int, ...] = ()) -> TensorDict:
+    g = torch.Generator().manual_seed(0)
+    shape = (*batch, t)
+    obs = torch.randn(*shape, 3, generator=g)
+    return TensorDict({
+        "obs": obs, "action": torch.rand(*shape, 1, generator=g) * 1.8 - 0.9,
+        "next": {"obs": obs + 1, "reward": torch.randn(*shape, 1, generator=g),
+                 "done": torch.zeros(*shape, 1, dtype=torch.bool),
+                 "terminated": torch.zeros(*shape, 1, dtype=torch.bool)},
+    }, list(shape))
+
+
+def critic() -> TensorDictModule:
+    torch.manual_seed(0)
+    return TensorDictModule(nn.Linear(3, 1), in_keys=["obs"], out_keys=["state_value"])
+
+
+# ---------------------------------------------------------------- value estimators
+
+def test_skip_existing_and_grad_enabled_follow_the_estimator_flags():
+    class Estimator:
+        differentiable, skip_existing = False, None
+
+        @_compat.skip_existing
+        @_compat.grad_enabled
+        def forward(self):
+            return torch.is_grad_enabled()
+
+    estimator = Estimator()
+    assert estimator.forward() is False
+    estimator.differentiable = True
+    assert estimator.forward() is True
+
+
+def test_standardize_by_group_standardises_each_group_on_its_own():
+    values = torch.tensor([1.0, 3.0, 10.0, 30.0, 50.0])
+    groups = torch.tensor([0, 0, 1, 1, 1])
+    out = _compat.standardize_by_group(values, groups, eps=1e-8)
+    for g in (0, 1):
+        member = out[groups == g]
+        assert member.mean().abs() < 1e-5
+        assert (member.std() - 1).abs() < 1e-4
+
+
+def test_actor_log_prob_is_a_log_probability_of_the_actor_distribution():
+    torch.manual_seed(0)
+    net = TensorDictModule(nn.Sequential(nn.Linear(3, 2), NormalParamExtractor()), in_keys=["obs"],
+                           out_keys=["loc", "scale"])
+    actor = ProbabilisticActor(net, in_keys=["loc", "scale"], distribution_class=TanhNormal,
+                               return_log_prob=True)
+    data = rollout()
+    log_prob = _compat.actor_log_prob(actor, data, "action_log_prob")
+    assert log_prob.shape[0] == 5 and torch.isfinite(log_prob).all()
+
+
+def test_call_value_nets_runs_the_critic_on_now_and_next():
+    estimator = GAE(gamma=0.9, lmbda=0.95, value_network=critic())
+    data = rollout()
+    value, next_value, _ = _compat.call_value_nets(
+        estimator, data, params=None, next_params=None, single_call=False, value_key="state_value",
+        detach_next=True, vmap_randomness="error")
+    net = estimator.value_network
+    torch.testing.assert_close(value, net.module(data["obs"]))
+    torch.testing.assert_close(next_value, net.module(data["next", "obs"]))
+
+
+def test_time_dim_of_is_the_last_batch_dim_by_default():
+    estimator = GAE(gamma=0.9, lmbda=0.95, value_network=critic())
+    data = rollout(batch=(2,))
+    assert _compat.time_dim_of(estimator, None, data) == 1
+    assert _compat.time_dim_of(estimator, 0, data) == 0
+
+
+def test_shifted_view_without_a_shifted_call_is_the_data():
+    estimator = GAE(gamma=0.9, lmbda=0.95, value_network=critic())
+    data = rollout()
+    view = _compat.shifted_view(estimator, data, None, 0)
+    assert torch.equal(view["next", "reward"], data["next", "reward"])
+
+
+def test_mask_shifted_outputs_leaves_outputs_alone_without_a_mask():
+    estimator = GAE(gamma=0.9, lmbda=0.95, value_network=critic())
+    data = rollout().set("advantage", torch.ones(5, 1))
+    _compat.mask_shifted_outputs(estimator, data, None)
+    assert torch.equal(data["advantage"], torch.ones(5, 1))
+
+
+def test_expand_to_match_expands_a_mask_to_the_target_shape():
+    mask = torch.tensor([[True], [False]])
+    out = _compat.expand_to_match(mask, torch.zeros(2, 3))
+    assert out.shape == (2, 3) and out[0].all() and not out[1].any()
+
+
+def test_group_ids_reads_the_group_key():
+    estimator = GAE(gamma=0.9, lmbda=0.95, value_network=critic())
+    assert _compat.group_ids(estimator, rollout()) is None
+
+
+# ---------------------------------------------------------------- storages, samplers, buffers
+
+def test_storage_index_keeps_an_index_on_the_storage_device():
+    storage = LazyTensorStorage(10, device="cpu")
+    index = (torch.tensor([1]), torch.tensor([2]))
+    moved = _compat.storage_index(index, storage)
+    assert isinstance(moved, tuple) and all(torch.equal(a, b) for a, b in zip(moved, index))
+
+
+def test_last_written_and_set_last_written():
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(10))
+    assert _compat.last_written(rb.storage) is None
+    rb.extend(TensorDict({"x": torch.arange(4)}, [4]))
+    assert int(_compat.last_written(rb.storage)) == 3
+    _compat.set_last_written(rb.storage, torch.tensor([1]))
+    assert int(_compat.last_written(rb.storage)) == 1
+
+
+def test_filled_rows_and_set_length():
+    storage = LazyTensorStorage(10, ndim=2)
+    storage.set(torch.arange(3), TensorDict({"x": torch.zeros(3, 2)}, [3, 2]))
+    assert _compat.filled_rows(storage) == 3
+    _compat.set_length(storage, 4)
+    assert _compat.filled_rows(storage) == 2  # 4 items over 2 columns
+
+
+def test_mutation_revision_moves_with_writes_and_bumps():
+    storage = LazyTensorStorage(10)
+    start = int(_compat.mutation_revision(storage))
+    storage.set(torch.arange(2), TensorDict({"x": torch.zeros(2)}, [2]))
+    after_write = int(_compat.mutation_revision(storage))
+    assert after_write > start
+    _compat.bump_mutation_revision(storage)
+    assert int(_compat.mutation_revision(storage)) > after_write
+
+
+def test_attached_entities_lists_the_buffers_reading_the_storage():
+    storage = LazyTensorStorage(10)
+    assert list(_compat.attached_entities(storage)) == []
+    rb = TensorDictReplayBuffer(storage=storage, writer=RoundRobinWriter())
+    rb.extend(TensorDict({"x": torch.arange(2)}, [2]))
+    assert any(entity is rb for entity in _compat.attached_entities(storage))
+
+
+def test_checkpointer_hooks_are_the_registered_ones():
+    checkpointer = TensorStorageCheckpointer()
+
+    def hook(x):
+        return x
+
+    checkpointer.register_save_hook(hook)
+    checkpointer.register_load_hook(hook)
+    save, load = _compat.checkpointer_hooks(checkpointer)
+    assert save == [hook] and load == [hook]
+
+
+def test_retransform_priorities_reweights_the_trees_for_a_new_alpha():
+    sampler = PrioritizedSampler(4, alpha=1.0, beta=0.4)
+    sampler.update_priority(torch.arange(2), torch.tensor([4.0, 9.0]))
+    before = float(sampler._sum_tree.query(0, 2))
+    _compat.retransform_priorities(sampler, 1.0, 0.5)
+    after = float(sampler._sum_tree.query(0, 2))
+    assert before == pytest.approx(4.0 + 9.0, rel=1e-4) and after == pytest.approx(2.0 + 3.0, rel=1e-4)
+
+
+def test_trees_on_storage_device_keeps_the_trees_with_the_storage():
+    storage = LazyTensorStorage(8, device="cpu")
+    storage.set(torch.arange(3), TensorDict({"x": torch.zeros(3)}, [3]))
+    sampler = PrioritizedSampler(8, alpha=1.0, beta=0.4)
+    sampler.update_priority(torch.arange(3), torch.ones(3))
+    _compat.trees_on_storage_device(sampler, storage)
+    assert sampler.device == torch.device("cpu")
+    index, _ = sampler.sample(storage, 64)
+    assert set(index.tolist()) <= {0, 1, 2}
+
+
+def test_replacement_dispatch_routes_torchrls_prioritized_sampler():
+    table = _compat.replacement_dispatch()
+    assert table is not None and isinstance(table, dict)
+    assert table[torchrl_ext.PrioritizedSampler] is torchrl_ext.PrioritizedSamplerWithoutReplacement
+
+
+def test_entries_is_a_tensordicts_own_entry_dict():
+    data = TensorDict({"a": torch.zeros(2), "b": {"c": torch.ones(2)}}, [2])
+    entries = _compat.entries(data)
+    assert set(entries) == {"a", "b"} and entries["a"] is data.get("a")
+
+
+# ---------------------------------------------------------------- the rule
+
+@pytest.mark.parametrize("cls, name", _compat.HOOKS, ids=[f"{c.__name__}.{n}" for c, n in _compat.HOOKS])
+def test_each_overridden_hook_is_still_defined_by_torchrl(cls, name):
+    assert any(name in vars(base) for base in cls.__mro__), f"TorchRL's {cls.__name__} no longer defines {name}"
+
+
+def _package_classes() -> set[type]:
+    classes = set()
+    for info in pkgutil.walk_packages(torchrl_ext.__path__, "torchrl_ext."):
+        if info.name.endswith("_stream"):
+            continue
+        for value in vars(importlib.import_module(info.name)).values():
+            if inspect.isclass(value) and value.__module__.startswith("torchrl_ext"):
+                classes.add(value)
+    return classes
+
+
+def test_every_private_torchrl_method_the_package_overrides_is_listed_in_hooks():
+    overridden = set()
+    for cls in _package_classes():
+        upstream = [b for b in cls.__mro__ if b.__module__.split(".")[0] in ("torchrl", "tensordict")]
+        ours = [b for b in cls.__mro__ if b.__module__.startswith("torchrl_ext")]
+        for own in ours:
+            for attr in vars(own):
+                if not attr.startswith("_") or attr.startswith("__") or attr in ("_abc_impl", "_target_"):
+                    continue
+                owner = next((b for b in upstream if attr in vars(b)), None)
+                if owner is not None:
+                    overridden.add((owner, attr))
+    assert overridden == set(_compat.HOOKS)
+
+
+#: The private upstream names the wrappers above stand for (attributes and imports).
+WRAPPED = {
+    "_call_actor_net", "_self_set_grad_enabled", "_self_set_skip_existing", "_standardize_by_group",
+    "_call_value_nets", "_get_time_dim", "_prepare_shifted_tensordict", "_mask_shifted_output",
+    "_expand_to_match", "_group_ids", "_storage_index", "_last_cursor_index", "_set_last_cursor",
+    "_len_along_dim0", "_mutation_revision", "_attached_entities_iter", "_save_hooks", "_load_hooks",
+    "_maybe_init_from_storage", "_REPLACEMENT_DISPATCH", "_tensordict",
+}
+
+
+def test_no_module_but_compat_touches_the_wrapped_private_names():
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name == "_compat.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Attribute):
+                names = [node.attr]
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in ("torchrl", "tensordict"):
+                names = [alias.name for alias in node.names]
+            offenders += [f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {n}" for n in names if n in WRAPPED]
+    assert not offenders, "use torchrl_ext._compat instead:\n" + "\n".join(offenders)

@@ -1,0 +1,177 @@
+"""Every private TorchRL / TensorDict name torchrl_ext relies on, in one place.
+
+TorchRL's public extension contract (subclassing ``Storage``, ``Sampler``, ``Writer`` and the
+value estimators) still leaves some work to private names: helpers of its value estimators,
+counters of its storages, flags of its buffers. Upstream may rename them in any release, so
+the rest of the package reaches them only through this module, and
+``tests/test_compat.py`` has one test per name (the nightly job runs it against
+torchrl-nightly and tensordict-nightly): an upstream rename fails one named test instead of
+surfacing as a wrong result somewhere else.
+
+Two kinds of names are listed:
+
+* names torchrl_ext reads or calls, wrapped below as plain functions;
+* :data:`HOOKS`, private methods TorchRL calls on its own classes and torchrl_ext overrides.
+  An override of a renamed hook would silently stop being called, so the test checks that
+  TorchRL's class still defines each one.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+import torch
+from tensordict import TensorDictBase
+from torchrl.data.replay_buffers import samplers as _samplers
+from torchrl.data.replay_buffers.replay_buffers.base import _storage_index
+from torchrl.data.replay_buffers import ReplayBuffer as _ReplayBuffer
+from torchrl.data.replay_buffers import TensorDictReplayBuffer as _TensorDictReplayBuffer
+from torchrl.data.replay_buffers.samplers import PrioritizedSampler as _PrioritizedSampler
+from torchrl.data.replay_buffers.samplers import Sampler as _Sampler
+from torchrl.data.replay_buffers.storages import Storage as _Storage
+from torchrl.data.replay_buffers.writers import Writer as _Writer
+from torchrl.objectives.value import GAE as _GAE
+from torchrl.objectives.value import ValueEstimatorBase as _ValueEstimatorBase
+from torchrl.objectives.value.advantages import (
+    _call_actor_net,
+    _self_set_grad_enabled,
+    _self_set_skip_existing,
+    _standardize_by_group,
+)
+
+# ---------------------------------------------------------------- value estimators
+#: Decorators of TorchRL's estimator ``forward``: honour ``set_skip_existing`` and the
+#: estimator's ``differentiable`` flag, as TorchRL's own estimators do.
+skip_existing = _self_set_skip_existing
+grad_enabled = _self_set_grad_enabled
+#: ``standardize_by_group(values, groups, mask=None, eps=...)``: per-group standardisation.
+standardize_by_group = _standardize_by_group
+
+
+def actor_log_prob(actor: Any, data: TensorDictBase, log_prob_key: Any) -> torch.Tensor:
+    """The log-probability ``actor`` writes under ``log_prob_key`` for ``data`` (no params swap)."""
+    return _call_actor_net(actor_net=actor, data=data, params=None, log_prob_key=log_prob_key)
+
+
+def call_value_nets(estimator: Any, data: TensorDictBase, **kwargs: Any) -> tuple[Any, Any, Any]:
+    """``(value, next_value, valid)`` from ``estimator``'s value network on ``data`` and ``data["next"]``."""
+    return estimator._call_value_nets(data=data, **kwargs)
+
+
+def time_dim_of(estimator: Any, time_dim: int | None, data: TensorDictBase) -> int:
+    """The time dimension ``estimator`` uses for ``data`` (its own setting when ``time_dim`` is None)."""
+    return estimator._get_time_dim(time_dim, data)
+
+
+def shifted_view(estimator: Any, data: TensorDictBase, valid: Any, time_dim: int) -> TensorDictBase:
+    """``data`` as the estimator reads it after a shifted value-network call (``valid`` steps)."""
+    return estimator._prepare_shifted_tensordict(data, valid, time_dim)
+
+
+def mask_shifted_outputs(estimator: Any, data: TensorDictBase, valid: Any) -> None:
+    """Masks the outputs written into ``data`` where a shifted call left invalid steps."""
+    estimator._mask_shifted_output(data, valid)
+
+
+def expand_to_match(source: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """``source`` (a mask) expanded to ``target``'s shape, as TorchRL's estimators expand it."""
+    return _ValueEstimatorBase._expand_to_match(source, target)
+
+
+def group_ids(estimator: Any, data: TensorDictBase) -> torch.Tensor | None:
+    """The ids under the estimator's ``group_key`` in ``data`` (None without one)."""
+    return estimator._group_ids(data)
+
+
+# ---------------------------------------------------------------- storages, samplers, buffers
+def storage_index(index: Any, storage: Any) -> Any:
+    """``index`` moved to ``storage``'s device, as TorchRL's buffers move it before a read."""
+    return _storage_index(index, storage)
+
+
+def last_written(storage: Any) -> Any:
+    """The storage's last written row as TorchRL records it (``None`` before a write)."""
+    last = getattr(storage, "_last_cursor_index", None)
+    if last is None and getattr(storage, "_last_cursor", None) is not None:
+        # A cursor recorded without its shared index (a storage from a pickle): derive it.
+        storage._set_last_cursor(storage._last_cursor)
+        last = storage._last_cursor_index
+    return last
+
+
+def set_last_written(storage: Any, cursor: Any) -> None:
+    """Records ``cursor`` as the storage's last written row(s)."""
+    storage._set_last_cursor(cursor)
+
+
+def filled_rows(storage: Any) -> int:
+    """Rows along dim 0 of a ``TensorStorage`` that hold data."""
+    return int(storage._len_along_dim0)
+
+
+def set_length(storage: Any, length: int) -> None:
+    """Sets a ``TensorStorage``'s count of stored items (after a load)."""
+    storage._len = length
+
+
+def mutation_revision(storage: Any) -> Any:
+    """A counter TorchRL bumps on every write to the storage (an int or a tensor)."""
+    return storage._mutation_revision
+
+
+def bump_mutation_revision(storage: Any) -> None:
+    """Bumps the storage's write counter, as TorchRL's own storages do on every write."""
+    storage._bump_mutation_revision()
+
+
+def attached_entities(storage: Any) -> Iterable[Any]:
+    """The buffers attached to ``storage`` (told about its writes)."""
+    return storage._attached_entities_iter()
+
+
+def checkpointer_hooks(checkpointer: Any) -> tuple[list[Callable], list[Callable]]:
+    """``(save_hooks, load_hooks)`` registered on a storage checkpointer."""
+    return checkpointer._save_hooks, checkpointer._load_hooks
+
+
+def retransform_priorities(sampler: Any, old_alpha: float, new_alpha: float) -> None:
+    """Re-weights a TorchRL ``PrioritizedSampler``'s trees after its ``alpha`` changed."""
+    sampler._retransform_priority_trees(old_alpha, new_alpha)
+
+
+def trees_on_storage_device(sampler: Any, storage: Any) -> None:
+    """Moves a TorchRL ``PrioritizedSampler``'s trees to ``storage``'s device (rebuilding them
+    empty) when they differ, as TorchRL does before its first sample."""
+    sampler._maybe_init_from_storage(storage)
+
+
+def replacement_dispatch() -> dict[type, type] | None:
+    """TorchRL's table routing ``Sampler(..., replacement=False)`` to another class (None if gone)."""
+    return getattr(_samplers, "_REPLACEMENT_DISPATCH", None)
+
+
+def entries(data: TensorDictBase) -> dict[str, Any]:
+    """A plain ``TensorDict``'s own entry dict (keys to tensors or sub-TensorDicts)."""
+    return data._tensordict
+
+
+#: ``(TorchRL class, private method)``: the private methods TorchRL calls that torchrl_ext overrides.
+HOOKS: tuple[tuple[type, str], ...] = (
+    (_ReplayBuffer, "_dump_prefetch_state"),  # the extra state saved with the same lock held
+    (_ReplayBuffer, "_transpose"),  # a [T] rollout from one env
+    (_TensorDictReplayBuffer, "_sample"),  # the buffer's one-layer sample
+    (_TensorDictReplayBuffer, "_set_index_in_td"),  # "index" of ndim >= 2 storages
+    (_Sampler, "_empty"),
+    (_PrioritizedSampler, "_empty"),
+    (_PrioritizedSampler, "_init"),
+    (_PrioritizedSampler, "_max_priority"),
+    (_PrioritizedSampler, "_retransform_priority_trees"),
+    (_Writer, "_empty"),
+    (_Storage, "_empty"),
+    (_Storage, "_bump_mutation_revision"),
+    (_Storage, "_default_checkpointer"),
+    (_Storage, "_is_full"),
+    (_Storage, "_rand_given_ndim"),  # RandomSampler's draws on the per-env rings
+    (_GAE, "_broadcast_optional"),  # per-agent values with team-level signals
+    (_GAE, "_normalize_advantage"),
+    (_GAE, "_prepare_signals"),
+)
