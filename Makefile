@@ -23,7 +23,7 @@ TORCH_SPEC := torch>=2.14,<2.15
 
 .PHONY: demo test test-plain test-soak test-nightly bench bench-quick clean
 
-$(VENV)/.installed-%: pyproject.toml setup.py torchrl_ext/_stream.c
+$(VENV)/.installed-%: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install "$(TORCH_SPEC)"
 	$(VENV)/bin/python -m pip install -e ".[$(subst +,$(comma),$*)]"
@@ -44,7 +44,7 @@ test-plain: $(VENV)/.installed-test+examples+ray
 test-soak: $(VENV)/.installed-test+examples+ray
 	TORCHRL_EXT_SOAK=$(SOAK) $(VENV)/bin/python $(PYTEST) -m soak $(PYTEST_ARGS)
 
-$(NIGHTLY_VENV)/.installed: pyproject.toml setup.py torchrl_ext/_stream.c .ci/requirements.py
+$(NIGHTLY_VENV)/.installed: pyproject.toml .ci/requirements.py
 	$(PYTHON) -m venv $(NIGHTLY_VENV)
 	$(NIGHTLY_VENV)/bin/python -m pip install "$(TORCH_SPEC)" torchrl-nightly tensordict-nightly
 	$(NIGHTLY_VENV)/bin/python -m pip install --no-deps -e .

@@ -39,12 +39,8 @@ from torchrl_ext.replay_buffers import EnvRingReplayBuffer, TensorDictReplayBuff
 from torchrl_ext.samplers import TrajectorySampler
 from torchrl_ext.storages import DedupEnvRingStorage, FastTensorStorage
 
-#: Each fast path, by the modules whose ``fastpath_enabled`` gates it. The streamed gathers
-#: write into recycled outputs, so the two are also measured off together.
+#: Each fast path, by the modules whose ``fastpath_enabled`` gates it.
 FAST_PATHS = {
-    "C streaming copies/gathers": ("torchrl_ext.storages._streaming",),
-    "output recycler": ("torchrl_ext.storages._output_memory",),
-    "C streaming + recycler": ("torchrl_ext.storages._streaming", "torchrl_ext.storages._output_memory"),
     "one-layer extend": ("torchrl_ext.replay_buffers._lean_extend",),
     "one-layer sample": ("torchrl_ext.replay_buffers.tensordict",),
     "ring step write": ("torchrl_ext.storages._ring_steps",),
@@ -100,7 +96,10 @@ def flat_cases(capacity: int, make: Callable[[int, int], TensorDict], prefix: st
     for start in range(0, capacity, 1000):
         rb.extend(make(1000, start))
     batch = make(1000, -1)
-    return {f"{prefix}_insert": lambda: rb.extend(batch), f"{prefix}_sample_B256": lambda: rb.sample()}
+    cases = {f"{prefix}_insert": lambda: rb.extend(batch), f"{prefix}_sample_B256": lambda: rb.sample()}
+    if prefix == "img":  # the README's large-batch pixel row
+        cases["img_sample_B4096"] = lambda: rb.sample(4096)
+    return cases
 
 
 def ring_cases(max_length: int) -> dict[str, Callable[[], Any]]:

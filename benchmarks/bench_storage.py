@@ -57,8 +57,7 @@ from _harness import write_results
 from _harness import (selected, proc_status, mem_available, BgLoad, Check, apply_quick, bg_note, environment_line, environment_meta, loadavg,
                       make_parser, report_checks, target_row, quiet_before_case, run_interleaved, utc_now)
 from torchrl_ext.replay_buffers import TensorDictReplayBuffer as ExtTensorDictReplayBuffer
-from torchrl_ext.storages import FastTensorStorage, output_recycler, streaming_writes
-from torchrl_ext.storages._gathers import new_output
+from torchrl_ext.storages import FastTensorStorage
 
 try:
     import cpprb
@@ -81,8 +80,6 @@ GiB = 2**30
 # Implementation keys (used in the tables, the targets and the JSON file).
 TRL, EXT, CPPRB, SB3 = "torchrl", "torchrl_ext", "cpprb", "sb3"
 REF_COPY, REF_NEW, REF_OUT = "ref slice copy", "ref index_select new", "ref index_select out="
-EXT_MEMMOVE = "torchrl_ext memmove writes"  # info row: the same extend with streaming writes off
-EXT_REGULAR = "torchrl_ext regular-store outputs"  # info row: the same sample without streaming gathers
 # (case key, implementation, baseline, minimum ratio baseline time / implementation time; None = info)
 TARGETS = [
     ("img_insert", EXT, CPPRB, 1.0),
@@ -239,21 +236,6 @@ def copy_insert(dest: list[torch.Tensor], feed: Feed) -> Callable[[], Any]:
     return op
 
 
-def with_streaming(op: Callable[[], Any], **settings: bool) -> Callable[[], Any]:
-    """``op`` with torchrl_ext's ``streaming_writes`` settings changed for the call (the info
-    rows: what streaming gains); the previous settings come back after it."""
-    def call() -> Any:
-        saved = {name: getattr(streaming_writes, name) for name in settings}
-        for name, value in settings.items():
-            setattr(streaming_writes, name, value)
-        try:
-            return op()
-        finally:
-            for name, value in saved.items():
-                setattr(streaming_writes, name, value)
-    return call
-
-
 def new_peer(name: str, schema: Schema, inputs: Inputs) -> tuple[Any, Feed, Callable[[], Any]]:
     """An empty buffer of peer ``name`` (TRL, EXT, CPPRB or SB3) for ``schema``, its input feed and insert op."""
     C = schema.capacity
@@ -402,16 +384,6 @@ def minflt() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def without_recycling(fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)`` with torchrl_ext's output recycling off (every output allocated afresh)."""
-    limit = output_recycler.max_free_bytes
-    output_recycler.max_free_bytes = 0
-    try:
-        return fn(*args)
-    finally:
-        output_recycler.max_free_bytes = limit
-
-
 def diagnose(p: Peers, batch_size: int, budget_s: float) -> list[dict[str, Any]]:
     """Time and minor page faults per call of the pieces of the sample path (not interleaved)."""
     ext, src = p.ext, stored_leaves(p.ext, p.schema)
@@ -421,12 +393,8 @@ def diagnose(p: Peers, batch_size: int, budget_s: float) -> list[dict[str, Any]]
         ("torchrl_ext rb.sample(B), end to end", torch_sample(ext, batch_size)),
         ("  RandomSampler.sample (torch.randint)", lambda: ext._sampler.sample(ext.storage, batch_size)),
         ("  FastTensorStorage.get(index) (aminmax + gather_rows)", lambda: ext.storage.get(fixed_index)),
-        ("  the same get with output_recycler off (fresh outputs)", lambda: without_recycling(ext.storage.get, fixed_index)),
         ("  index_select of the 6 stored fields (incl. index), new outputs",
          lambda: [t.index_select(0, fixed_index) for _, t in leaf_items(ext.storage._storage)]),
-        ("  index_select of the 6 stored fields into recycled outputs (new_output)",
-         lambda: [torch.index_select(t, 0, fixed_index, out=new_output((batch_size, *t.shape[1:]), t.dtype))
-                  for _, t in leaf_items(ext.storage._storage)]),
         ("index_select of the 5 schema fields, new outputs", lambda: [t.index_select(0, fixed_index) for t in src]),
         ("index_select of the 5 schema fields, out= (preallocated)",
          lambda: [torch.index_select(t, 0, fixed_index, out=o) for t, o in zip(src, outs)]),
@@ -480,9 +448,6 @@ def insert_case(p: Peers) -> tuple[str, str, list[Impl]]:
     filled = {name: (p.ref_dest[0].shape[0] if name == REF_COPY else p.schema.capacity) for name in p.inserts}
     impls = [Impl(name, labels[name], op, fill_s=p.fill_s[name], fill_items=filled[name])
              for name, op in p.inserts.items()]
-    if streaming_writes.available:
-        impls.insert(2, Impl(EXT_MEMMOVE, "torchrl_ext, the same extend with `streaming_writes.enabled = False` "
-                                          "(numpy's memmove copies; info)", with_streaming(p.inserts[EXT], enabled=False)))
     title = (f"{p.schema.name} insert: {CHUNK:,} transitions per call into a FULL {p.schema.capacity:,} buffer "
              f"(ring overwrite), {p.schema.row_bytes:,} B/transition")
     return f"{p.schema.name}_insert", title, impls
@@ -496,9 +461,6 @@ def sample_case(p: Peers, batch_size: int) -> tuple[str, str, list[Impl]]:
         Impl(EXT, "torchrl_ext TensorDictReplayBuffer(FastTensorStorage): rb.sample(B)",
              torch_sample(p.ext, batch_size)),
     ]
-    if streaming_writes.available:
-        impls.append(Impl(EXT_REGULAR, "torchrl_ext, the same sample with `streaming_writes.sample_outputs = False` "
-                          "(info)", with_streaming(torch_sample(p.ext, batch_size), sample_outputs=False)))
     if p.cpprb is not None:
         impls.append(Impl(CPPRB, "cpprb ReplayBuffer: rb.sample(B)", cpprb_sample(p.cpprb, batch_size)))
     impls += [

@@ -6,11 +6,12 @@ import math
 import re
 from typing import Any, Callable
 
+import numpy as np
 import pytest
 import torch
 from tensordict import TensorDict
 
-from torchrl_ext._checks import check_int, check_real, check_reals, resolve_time_dim
+from torchrl_ext._checks import check_bool, check_int, check_real, check_reals, resolve_time_dim
 from torchrl_ext.demos import DemoStore
 from torchrl_ext.presets import l2r_ppo_buffer
 from torchrl_ext.replay_buffers.on_policy import OnPolicyReplayBuffer, VTraceReplayBuffer
@@ -216,3 +217,14 @@ def test_resolve_time_dim():
     assert resolve_time_dim(-2, 3) == 1
     _raises(lambda: resolve_time_dim(3, 3), ValueError, r"time_dim=3 is out of range for tensors with 3 dims")
     _raises(lambda: resolve_time_dim("0", 3), ValueError, r"time_dim must be an int in \[-3, 2\], got time_dim='0'")
+
+
+@pytest.mark.parametrize("good", [True, False, np.bool_(True)])
+def test_check_bool_returns_a_python_bool(good):
+    assert check_bool("flag", good) is bool(good)
+
+
+@pytest.mark.parametrize("bad", [1, 0, "yes", None, torch.tensor(True)])
+def test_check_bool_refuses_anything_but_a_bool(bad):
+    with pytest.raises(TypeError, match=rf"flag must be True or False, got flag={re.escape(repr(bad))}\."):
+        check_bool("flag", bad)

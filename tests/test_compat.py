@@ -227,8 +227,6 @@ def test_each_overridden_hook_is_still_defined_by_torchrl(cls, name):
 def _package_classes() -> set[type]:
     classes = set()
     for info in pkgutil.walk_packages(torchrl_ext.__path__, "torchrl_ext."):
-        if info.name.endswith("_stream"):
-            continue
         for value in vars(importlib.import_module(info.name)).values():
             if inspect.isclass(value) and value.__module__.startswith("torchrl_ext"):
                 classes.add(value)

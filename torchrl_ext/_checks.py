@@ -18,6 +18,7 @@ import math
 import numbers
 from typing import Any
 
+import numpy as np
 import torch
 
 from torchrl_ext._host import bounds
@@ -178,6 +179,13 @@ def check_floating(name: str, tensor: object) -> None:
             f"{name} must be a floating-point tensor, got dtype={tensor.dtype}; "
             f"convert it first, e.g. {name}.float()."
         )
+
+
+def check_bool(name: str, value: object) -> bool:
+    """``value`` (a bool or numpy bool) as a bool; ``TypeError`` for anything else."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {name}={value!r}.")
+    return bool(value)
 
 
 def check_flag(name: str, tensor: object) -> None:

@@ -1,8 +1,7 @@
 """The one switch for torchrl_ext's fast paths.
 
-A fast path is an optimisation that is not plain torch or numpy: the C helper's streaming
-copies and gathers, the output recycler, the buffer's one-layer ``extend`` and ``sample``
-around TorchRL's layers, and the rings' one-slot step writes. Each gives the same result as
+A fast path is an optimisation that is not plain torch or numpy: the buffer's one-layer
+``extend`` and ``sample`` around TorchRL's layers, and the rings' one-slot step writes. Each gives the same result as
 the plain code it skips; turning the switch off runs the plain code everywhere, so a result
 that differs between the two settings is a bug (CI runs the whole test suite both ways).
 ``docs/architecture.md`` lists each fast path and what it buys, measured.
@@ -22,6 +21,8 @@ from __future__ import annotations
 import contextlib
 import os
 from typing import Iterator
+
+from torchrl_ext._checks import check_bool
 
 __all__ = ["ENV_VAR", "fastpath", "fastpath_enabled", "set_fastpath"]
 
@@ -61,9 +62,7 @@ def set_fastpath(enabled: bool) -> None:
         TypeError: ``enabled`` is not a bool.
     """
     global _enabled
-    if not isinstance(enabled, bool):
-        raise TypeError(f"enabled must be True or False, got enabled={enabled!r}.")
-    _enabled = enabled
+    _enabled = check_bool("enabled", enabled)
 
 
 @contextlib.contextmanager

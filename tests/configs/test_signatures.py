@@ -26,8 +26,6 @@ PUBLIC_MODULES = ["storages", "samplers", "writers", "replay_buffers", "value", 
 NOT_COMPONENTS = {
     "OnPolicyKeys": "a key-name mapping passed as the keys= argument (a dataclass itself)",
     "load_velora_replay_buffer": "a loader of saved files, not a constructor",
-    "OutputRecycler": "the class of the process-wide output_recycler, set by attribute",
-    "StreamingWrites": "the class of the process-wide streaming_writes, set by attribute",
 }
 # Public classes built by a registered preset with the same signature.
 BUILT_BY = {"VeloraReplayBuffer": "torchrl_ext.presets.velora_replay_buffer"}

@@ -42,8 +42,7 @@ COMPONENT_GROUPS = {
 }
 #: Public names that are not components built from a config.
 NOT_COMPONENTS = {"gather_rows", "EnvRingStorageCheckpointer", "OnPolicyKeys", "VeloraReplayBuffer",
-                  "load_velora_replay_buffer", "OutputRecycler", "output_recycler",
-                  "StreamingWrites", "streaming_writes"}
+                  "load_velora_replay_buffer"}
 
 
 def build_all(payload: bytes) -> dict[str, str]:

@@ -211,7 +211,7 @@ def test_new_output_pins_cpu_outputs_only(fake_pinning):
 
 def test_pin_outputs_takes_a_bool_and_needs_an_accelerator(no_accelerator):
     storage = FastTensorStorage(10)
-    with pytest.raises(TypeError, match=r"pin_outputs must be a bool, got str \('yes'\)"):
+    with pytest.raises(TypeError, match=r"pin_outputs must be True or False, got pin_outputs='yes'"):
         storage.pin_outputs = "yes"
     with pytest.raises(ValueError, match="pin_outputs=True needs an accelerator .* leave pin_outputs=False"):
         storage.pin_outputs = True

@@ -6,18 +6,15 @@ unchecked TensorDict construction.
 """
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from torchrl_ext._host import NUMPY_DTYPES, TORCH_DTYPES, numpy_view
-from torchrl_ext.storages import _output_memory
+from torchrl_ext._host import TORCH_DTYPES
 from torchrl_ext.storages._numpy_rows import Columns
-from torchrl_ext.storages._output_memory import output_recycler
-from torchrl_ext.storages._streaming import streaming_writes
+from torchrl_ext.storages import _output_memory
 
 __all__ = ["assemble", "gather_coordinates", "gather_rows", "new_output", "select_rows", "take", "take_rows"]
 
@@ -112,11 +109,8 @@ def gather_rows(
 
 def new_output(shape: tuple[int, ...], dtype: torch.dtype, device: Any = None, *,
                pinned: bool = False) -> torch.Tensor:
-    """``torch.empty(shape, dtype=dtype, device=device)`` for a read's output; on the CPU,
-    outputs of a megabyte or more are :data:`~torchrl_ext.storages.output_recycler`'s
-    arrays (memory kept from one sample to the next), so they are not resizable in place.
-    With ``pinned``, CPU outputs of any size are page-locked instead (torch's caching host
-    allocator keeps those blocks).
+    """``torch.empty(shape, dtype=dtype, device=device)`` for a read's output; with
+    ``pinned``, CPU outputs are page-locked (torch's caching host allocator keeps those blocks).
 
     Examples:
         >>> new_output((2, 3), torch.float32).shape
@@ -125,65 +119,49 @@ def new_output(shape: tuple[int, ...], dtype: torch.dtype, device: Any = None, *
     device = torch.device("cpu") if device is None else torch.device(device)
     if pinned and device.type == "cpu":
         return _output_memory.pinned_empty(tuple(shape), dtype)
-    numpy_dtype = NUMPY_DTYPES.get(dtype)
-    if numpy_dtype is None or device.type != "cpu" or not output_recycler.recycles(
-            math.prod(shape) * dtype.itemsize):
-        return torch.empty(shape, dtype=dtype, device=device)
-    return torch.from_numpy(output_recycler.empty(tuple(shape), numpy_dtype))
+    return torch.empty(shape, dtype=dtype, device=device)
 
 
 def select_rows(tensor: torch.Tensor, index: torch.Tensor, *, pinned: bool = False) -> torch.Tensor:
-    """``tensor.index_select(0, index)``, into :func:`new_output` when that is recycled or
-    (``pinned``, CPU tensors) page-locked memory, with streaming stores from
-    ``streaming_writes.min_output_bytes`` (see :func:`take`). ``index`` must be within
-    ``[0, len(tensor))``.
+    """``tensor.index_select(0, index)``, into page-locked memory with ``pinned`` (CPU
+    tensors). ``index`` must be within ``[0, len(tensor))``.
 
     Examples:
         >>> import torch
         >>> select_rows(torch.arange(6).reshape(3, 2), torch.tensor([2, 0])).tolist()
         [[4, 5], [0, 1]]
     """
-    # The row stride sizes the output (exactly for contiguous rows): one cheap test first,
-    # as most reads are small.
-    small = not pinned and index.numel() * tensor.stride(0) * tensor.element_size() < output_recycler.min_bytes
-    if small or not tensor.is_cpu or tensor.requires_grad:  # out= gathers cannot record autograd
+    if not pinned or not tensor.is_cpu or tensor.requires_grad:  # out= gathers cannot record autograd
         return tensor.index_select(0, index)
-    output = new_output((index.numel(), *tensor.shape[1:]), tensor.dtype, pinned=pinned)
-    source = numpy_view(tensor)
-    if source is None or index.dtype != torch.long or not index.is_cpu:
-        return torch.index_select(tensor, 0, index, out=output)
-    streaming_writes.gather(output.numpy(), source, index.numpy())  # streams when large enough
-    return output
+    output = _output_memory.pinned_empty((index.numel(), *tensor.shape[1:]), tensor.dtype)
+    return torch.index_select(tensor, 0, index, out=output)
 
 
 def take(array: np.ndarray, rows: np.ndarray, *, pinned: bool = False) -> torch.Tensor:
     """``array[rows]`` (rows along the first dim) as a new tensor, through numpy's ``take``;
-    outputs of a megabyte or more are gathered into recycled memory (see :func:`select_rows`),
-    those of ``streaming_writes.min_output_bytes`` or more with streaming stores. With
-    ``pinned`` (and a dtype torch shares with numpy), outputs of any size are page-locked.
+    with ``pinned`` (and a dtype torch shares with numpy), into page-locked memory.
 
     Raises:
         IndexError: a row outside ``[-len(array), len(array))``.
     """
     torch_dtype = TORCH_DTYPES.get(array.dtype) if pinned else None
-    if torch_dtype is not None:
-        output = _output_memory.pinned_empty((rows.size, *array.shape[1:]), torch_dtype)
-        streaming_writes.gather(output.numpy(), array, rows)
-        return output
-    if rows.size * array.strides[0] < output_recycler.min_bytes:  # cheap first test, as in select_rows
+    if torch_dtype is None:
         return torch.from_numpy(array.take(rows, axis=0))
-    output = output_recycler.empty((rows.size, *array.shape[1:]), array.dtype)
-    streaming_writes.gather(output, array, rows)
-    return torch.from_numpy(output)
+    output = _output_memory.pinned_empty((rows.size, *array.shape[1:]), torch_dtype)
+    high = array.shape[0]
+    if rows.size and (rows.min() < -high or rows.max() >= high):
+        raise IndexError(f"row index out of range for {high} rows (got rows in [{rows.min()}, {rows.max()}]).")
+    # Checked above, so "wrap" only maps negative rows as "raise" would, and lets numpy gather
+    # straight into the output ("raise" gathers into a buffer and copies it over).
+    array.take(rows, axis=0, out=output.numpy(), mode="wrap")
+    return output
 
 
 def take_rows(columns: Columns, rows: torch.Tensor, skip: Any = (), *,
               pinned: bool = False) -> dict[Any, torch.Tensor]:
     """``{key: stored[rows]}`` for every column but those in ``skip``, through numpy's
-    ``take`` (CPU ``rows``).
-
-    On a sample's few hundred rows numpy's ``take`` costs about half a torch
-    ``index_select``; large outputs are recycled as in :func:`select_rows`.
+    ``take`` (CPU ``rows``), which costs less than ``index_select`` on a sample's few
+    hundred rows.
 
     Examples:
         >>> import torch

@@ -9,8 +9,7 @@ lazy initialisation, nested keys, ``device=``, memmap files, shared memory and
 checkpointing, and change only those two paths:
 
 * ``set`` recognises a ring range (whatever writer produced it) and copies it
-  as one slice, or two on wrap-around (slices of megabytes with streaming stores,
-  see :mod:`torchrl_ext.storages._streaming`); any other cursor goes to TorchRL;
+  as one slice, or two on wrap-around; any other cursor goes to TorchRL;
 * ``get`` gathers a 1-D index within the filled part with one
   ``index_select`` per stored tensor; other indices (ints, slices, negative
   indices, ...) go to TorchRL.
@@ -42,7 +41,6 @@ from torchrl_ext._host import bounds
 from torchrl_ext.storages._gathers import gather_rows
 from torchrl_ext.storages._numpy_rows import ColumnCache, Columns, matching_arrays, leaf_items
 from torchrl_ext.storages._output_memory import PinnedOutputs
-from torchrl_ext.storages._streaming import streaming_writes
 
 __all__ = ["FastMemmapStorage", "FastTensorStorage", "gather_rows"]
 
@@ -137,7 +135,7 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
                 # overwrite rows that it, or the next one, still reads.
                 source = source.copy() if isinstance(source, np.ndarray) else source.clone()
             for start, stop, first, last in ranges:
-                streaming_writes.copy(destination[start:stop], source[first:last])
+                destination[start:stop] = source[first:last]
         if set_cursor:
             # What TorchRL's set records for a ring range (_set_last_cursor(cursor), then
             # _get_new_len), from the ranges instead of a dozen tensor ops on the cursor.
