@@ -14,6 +14,9 @@ import math
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+# conf/'s group files compose the registered ext_* configs: register them before Hydra composes.
+import torchrl_ext.configs  # noqa: F401
+
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
 
 

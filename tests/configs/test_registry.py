@@ -190,3 +190,15 @@ def test_velora_preset_from_a_validated_dict():
     assert rb.capacity == 8
     with pytest.raises(ValueError, match="bad entry 'state_dims'"):
         instantiate_from_config({"state_dims": 3}, name="ext_velora")
+
+
+def test_every_registered_config_class_has_its_own_docstring():
+    import inspect
+
+    undocumented = set()
+    for cfg in configs.REGISTRY.values():
+        cls = cfg if inspect.isclass(cfg) else type(cfg)
+        doc = cls.__dict__.get("__doc__") or ""
+        if not doc.strip() or doc.startswith(f"{cls.__name__}("):  # the dataclass's generated one
+            undocumented.add(cls.__name__)
+    assert not undocumented, sorted(undocumented)

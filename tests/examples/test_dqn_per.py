@@ -52,14 +52,16 @@ def test_dqn_per_smoke(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def test_buffer_config_instantiates_on_its_own() -> None:
     """``conf/buffer/prioritized_nstep.yaml`` alone builds a working buffer."""
     import torch
+    from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
-    from omegaconf import OmegaConf
     from tensordict import TensorDict
 
+    import torchrl_ext.configs  # noqa: F401  (the file composes the registered ext_* configs)
     from torchrl_ext.samplers import PrioritizedNStepSampler
 
-    cfg = OmegaConf.load(CONF_DIR / "buffer" / "prioritized_nstep.yaml")
-    cfg.storage.max_size, cfg.batch_size = 64, 8
+    with initialize_config_dir(str(CONF_DIR), version_base=None):
+        cfg = compose(config_name="buffer/prioritized_nstep",
+                      overrides=["buffer.storage.max_size=64", "buffer.batch_size=8"]).buffer
     rb = instantiate(cfg)
     assert isinstance(rb.sampler, PrioritizedNStepSampler)
     assert rb.sampler._max_capacity == 64

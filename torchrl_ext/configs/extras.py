@@ -20,6 +20,7 @@ __all__ = [
 
 @dataclass
 class DemoStoreConfig(Validated, ConfigBase):
+    """Config of ``DemoStore`` (``demos: ext_demo_store``): its arguments, with its defaults."""
     rho: float = 0.1
     phi: float = 0.3
     alpha: float = 10.0
@@ -34,6 +35,7 @@ class DemoStoreConfig(Validated, ConfigBase):
 
 @dataclass
 class DemoMixerConfig(Validated, ConfigBase):
+    """Config of ``DemoMixer`` (``demos: ext_demo_mixer``): its arguments, with its defaults."""
     store: Any = None  # a DemoStore (or a DemoStoreConfig node)
     num_envs: int = 1
     observation_key: Any = "observation"
@@ -49,6 +51,7 @@ class DemoMixerConfig(Validated, ConfigBase):
 
 @dataclass
 class DemoDirPollerConfig(Validated, ConfigBase):
+    """Config of ``DemoDirPoller`` (``demos: ext_demo_dir_poller``): its arguments, with its defaults."""
     store: Any = None  # a DemoStore (or a DemoStoreConfig node)
     directory: str = "supplementary_demos"
     frame_skip: Optional[int] = None
@@ -57,12 +60,14 @@ class DemoDirPollerConfig(Validated, ConfigBase):
 
 @dataclass
 class SafetensorsCheckpointerConfig(Validated, ConfigBase):
+    """Config of ``SafetensorsCheckpointer`` (``checkpointer: ext_safetensors_checkpointer``): its arguments, with its defaults."""
     prefix: str = ""
     _target_: str = "torchrl_ext.io.SafetensorsCheckpointer"
 
 
 @dataclass
 class VeloraCheckpointerConfig(Validated, ConfigBase):
+    """Config of ``VeloraCheckpointer`` (``checkpointer: ext_velora_checkpointer``): its arguments, with its defaults."""
     prefix: str = "buffer_"
     keys: Optional[Any] = None
     _target_: str = "torchrl_ext.io.VeloraCheckpointer"
@@ -70,4 +75,5 @@ class VeloraCheckpointerConfig(Validated, ConfigBase):
 
 @dataclass
 class EnvRingStorageCheckpointerConfig(Validated, ConfigBase):
+    """Config of ``EnvRingStorageCheckpointer`` (``checkpointer: ext_env_ring_checkpointer``): its arguments, with its defaults."""
     _target_: str = "torchrl_ext.storages.EnvRingStorageCheckpointer"

@@ -21,6 +21,7 @@ __all__ = [
 
 @dataclass
 class AlfReplayBufferConfig(Validated, ConfigBase):
+    """Config of ``alf_replay_buffer`` (``replay_buffer: ext_alf``): its arguments, with its defaults."""
     num_environments: int = 1
     max_length: int = 1024
     batch_length: int = 1
@@ -44,6 +45,7 @@ class AlfReplayBufferConfig(Validated, ConfigBase):
 
 @dataclass
 class HarlRolloutBufferConfig(Validated, ConfigBase):
+    """Config of ``harl_rollout_buffer`` (``replay_buffer: ext_harl``): its arguments, with its defaults."""
     episode_length: int = 200
     num_mini_batch: Optional[int] = 1
     mini_batch_size: Optional[int] = None
@@ -60,6 +62,7 @@ class HarlRolloutBufferConfig(Validated, ConfigBase):
 
 @dataclass
 class HarlOffPolicyBufferConfig(Validated, ConfigBase):
+    """Config of ``harl_off_policy_buffer`` (``replay_buffer: ext_harl_off_policy``): its arguments, with its defaults."""
     buffer_size: int = 1_000_000
     n_rollout_threads: int = 1
     batch_size: Optional[int] = None
@@ -74,6 +77,7 @@ class HarlOffPolicyBufferConfig(Validated, ConfigBase):
 
 @dataclass
 class PytorchrlOnPolicyBufferConfig(Validated, ConfigBase):
+    """Config of ``pytorchrl_on_policy_buffer`` (``replay_buffer: ext_pytorchrl``): its arguments, with its defaults."""
     size: int = 128
     storage: str = "gae"
     gamma: float = 0.99
@@ -99,6 +103,7 @@ class PytorchrlOnPolicyBufferConfig(Validated, ConfigBase):
 
 @dataclass
 class L2RPPOBufferConfig(Validated, ConfigBase):
+    """Config of ``l2r_ppo_buffer`` (``replay_buffer: ext_l2r_ppo``): its arguments, with its defaults."""
     obs_dim: int = 1
     act_dim: int = 1
     size: int = 1000
@@ -113,6 +118,7 @@ class L2RPPOBufferConfig(Validated, ConfigBase):
 
 @dataclass
 class L2RSimpleReplayBufferConfig(Validated, ConfigBase):
+    """Config of ``l2r_simple_replay_buffer`` (``replay_buffer: ext_l2r_simple_replay``): its arguments, with its defaults."""
     obs_dim: int = 1
     act_dim: int = 1
     size: int = 1000
@@ -124,6 +130,7 @@ class L2RSimpleReplayBufferConfig(Validated, ConfigBase):
 
 @dataclass
 class VeloraReplayBufferConfig(Validated, ConfigBase):
+    """Config of ``velora_replay_buffer`` (``replay_buffer: ext_velora``): its arguments, with its defaults."""
     capacity: int = 100_000
     state_dim: int = 1
     action_dim: int = 1

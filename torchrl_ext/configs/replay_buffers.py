@@ -21,11 +21,13 @@ __all__ = [
 
 @dataclass
 class ExtTensorDictReplayBufferConfig(TensorDictReplayBufferConfig):
+    """Config of ``TensorDictReplayBuffer`` (``replay_buffer: ext_tensordict``): its arguments, with its defaults."""
     _target_: str = "torchrl_ext.replay_buffers.TensorDictReplayBuffer"
 
 
 @dataclass
 class EnvRingReplayBufferConfig(TensorDictReplayBufferConfig):
+    """Config of ``EnvRingReplayBuffer`` (``replay_buffer: ext_env_ring``): its arguments, with its defaults."""
     num_envs: Optional[int] = None
     max_length: Optional[int] = None
     device: str = "cpu"
@@ -34,6 +36,7 @@ class EnvRingReplayBufferConfig(TensorDictReplayBufferConfig):
 
 @dataclass
 class PrioritizedReplayBufferConfig(TensorDictReplayBufferConfig):
+    """Config of ``PrioritizedReplayBuffer`` (``replay_buffer: ext_prioritized_replay``): its arguments, with its defaults."""
     alpha: float = 0.6
     beta: float = 0.4
     eps: float = 1e-8
@@ -48,6 +51,7 @@ class PrioritizedReplayBufferConfig(TensorDictReplayBufferConfig):
 
 @dataclass
 class OnPolicyReplayBufferConfig(Validated, ConfigBase):
+    """Config of ``OnPolicyReplayBuffer`` (``replay_buffer: ext_on_policy``): its arguments, with its defaults."""
     num_steps: int = 128
     gamma: float = 0.99
     gae_lambda: Optional[float] = 0.95
@@ -68,6 +72,7 @@ class OnPolicyReplayBufferConfig(Validated, ConfigBase):
 
 @dataclass
 class VTraceReplayBufferConfig(OnPolicyReplayBufferConfig):
+    """Config of ``VTraceReplayBuffer`` (``replay_buffer: ext_vtrace_on_policy``): its arguments, with its defaults."""
     rho_thresh: float = 1.0
     c_thresh: float = 1.0
     advantage_eps: float = 1e-8
@@ -76,6 +81,7 @@ class VTraceReplayBufferConfig(OnPolicyReplayBufferConfig):
 
 @dataclass
 class PathGAEReplayBufferConfig(Validated, ConfigBase):
+    """Config of ``PathGAEReplayBuffer`` (``replay_buffer: ext_path_gae``): its arguments, with its defaults."""
     size: int = 1000
     batch_size: int = 64
     gamma: float = 0.99

@@ -24,6 +24,7 @@ __all__ = [
 
 @dataclass
 class TrajectorySamplerConfig(Validated, SamplerConfig):
+    """Config of ``TrajectorySampler`` (``sampler: ext_trajectory``): its arguments, with its defaults."""
     batch_length: int = 1
     num_earliest_frames_ignored: int = 0
     with_replacement: bool = False
@@ -34,6 +35,7 @@ class TrajectorySamplerConfig(Validated, SamplerConfig):
 
 @dataclass
 class PrioritizedTrajectorySamplerConfig(TrajectorySamplerConfig):
+    """Config of ``PrioritizedTrajectorySampler`` (``sampler: ext_prioritized_trajectory``): its arguments, with its defaults."""
     alpha: float = 1.0
     beta: float = 0.0
     eps: float = 0.0
@@ -44,6 +46,7 @@ class PrioritizedTrajectorySamplerConfig(TrajectorySamplerConfig):
 
 @dataclass
 class FeedForwardMinibatchSamplerConfig(Validated, SamplerConfig):
+    """Config of ``FeedForwardMinibatchSampler`` (``sampler: ext_feed_forward``): its arguments, with its defaults."""
     # The constructor's default is None with mini_batch_size None, which it rejects
     # (exactly one must be given): the config picks one minibatch per epoch.
     num_mini_batch: Optional[int] = 1
@@ -55,17 +58,20 @@ class FeedForwardMinibatchSamplerConfig(Validated, SamplerConfig):
 
 @dataclass
 class NaiveRecurrentMinibatchSamplerConfig(FeedForwardMinibatchSamplerConfig):
+    """Config of ``NaiveRecurrentMinibatchSampler`` (``sampler: ext_naive_recurrent``): its arguments, with its defaults."""
     _target_: str = "torchrl_ext.samplers.NaiveRecurrentMinibatchSampler"
 
 
 @dataclass
 class ChunkedRecurrentMinibatchSamplerConfig(FeedForwardMinibatchSamplerConfig):
+    """Config of ``ChunkedRecurrentMinibatchSampler`` (``sampler: ext_chunked_recurrent``): its arguments, with its defaults."""
     data_chunk_length: int = 10
     _target_: str = "torchrl_ext.samplers.ChunkedRecurrentMinibatchSampler"
 
 
 @dataclass
 class NStepSamplerConfig(Validated, SamplerConfig):
+    """Config of ``NStepSampler`` (``sampler: ext_nstep``): its arguments, with its defaults."""
     n_step: int = 1
     gamma: float = 0.99
     reward_key: Any = ("next", "reward")
@@ -76,12 +82,14 @@ class NStepSamplerConfig(Validated, SamplerConfig):
 
 @dataclass
 class DistinctUniformSamplerConfig(Validated, SamplerConfig):
+    """Config of ``DistinctUniformSampler`` (``sampler: ext_distinct_uniform``): its arguments, with its defaults."""
     among: Any = None
     _target_: str = "torchrl_ext.samplers.DistinctUniformSampler"
 
 
 @dataclass
 class PrioritizedSamplerConfig(Validated, SamplerConfig):
+    """Config of ``PrioritizedSampler`` (``sampler: ext_prioritized``): its arguments, with its defaults."""
     max_capacity: int = 1_000_000
     alpha: float = 0.6
     beta: float = 0.4
@@ -98,11 +106,13 @@ class PrioritizedSamplerConfig(Validated, SamplerConfig):
 
 @dataclass
 class PrioritizedSamplerWithoutReplacementConfig(PrioritizedSamplerConfig):
+    """Config of ``PrioritizedSamplerWithoutReplacement`` (``sampler: ext_prioritized_without_replacement``): its arguments, with its defaults."""
     _target_: str = "torchrl_ext.samplers.PrioritizedSamplerWithoutReplacement"
 
 
 @dataclass
 class PrioritizedNStepSamplerConfig(PrioritizedSamplerConfig):
+    """Config of ``PrioritizedNStepSampler`` (``sampler: ext_prioritized_nstep``): its arguments, with its defaults."""
     n_step: int = 1
     gamma: float = 0.99
     reward_key: Any = ("next", "reward")

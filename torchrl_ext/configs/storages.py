@@ -27,6 +27,7 @@ __all__ = [
 
 @dataclass
 class EnvRingStorageConfig(Validated, StorageConfig):
+    """Config of ``EnvRingStorage`` (``storage: ext_env_ring``): its arguments, with its defaults."""
     num_envs: int = 1
     max_length: int = 1024
     device: str = "cpu"
@@ -37,6 +38,7 @@ class EnvRingStorageConfig(Validated, StorageConfig):
 
 @dataclass
 class EpisodicEnvRingStorageConfig(RecordedReturns, Validated, StorageConfig):
+    """Config of ``EpisodicEnvRingStorage`` (``storage: ext_episodic_env_ring``): its arguments, with its defaults."""
     num_envs: int = 1
     max_length: int = 1024
     device: str = "cpu"
@@ -47,6 +49,7 @@ class EpisodicEnvRingStorageConfig(RecordedReturns, Validated, StorageConfig):
 
 @dataclass
 class DedupEnvRingStorageConfig(RecordedReturns, Validated, StorageConfig):
+    """Config of ``DedupEnvRingStorage`` (``storage: ext_dedup_env_ring``): its arguments, with its defaults."""
     # No step_type_key: the storage finds episode ends from done_key.
     num_envs: int = 1
     max_length: int = 1024
@@ -63,6 +66,7 @@ class DedupEnvRingStorageConfig(RecordedReturns, Validated, StorageConfig):
 
 @dataclass
 class RolloutStorageConfig(Validated, StorageConfig):
+    """Config of ``RolloutStorage`` (``storage: ext_rollout``): its arguments, with its defaults."""
     num_steps: int = 128
     carry_keys: Optional[Any] = None
     device: str = "cpu"
@@ -71,21 +75,25 @@ class RolloutStorageConfig(Validated, StorageConfig):
 
 @dataclass
 class FastTensorStorageConfig(LazyTensorStorageConfig):
+    """Config of ``FastTensorStorage`` (``storage: ext_fast_tensor``): its arguments, with its defaults."""
     _target_: str = "torchrl_ext.storages.FastTensorStorage"
 
 
 @dataclass
 class FastMemmapStorageConfig(LazyMemmapStorageConfig):
+    """Config of ``FastMemmapStorage`` (``storage: ext_fast_memmap``): its arguments, with its defaults."""
     _target_: str = "torchrl_ext.storages.FastMemmapStorage"
 
 
 @dataclass
 class EnvRingWriterConfig(Validated, WriterConfig):
+    """Config of ``EnvRingWriter`` (``writer: ext_env_ring``): its arguments, with its defaults."""
     env_id_key: Any = "env_id"
     _target_: str = "torchrl_ext.writers.EnvRingWriter"
 
 
 @dataclass
 class RolloutWriterConfig(Validated, WriterConfig):
+    """Config of ``RolloutWriter`` (``writer: ext_rollout``): its arguments, with its defaults."""
     compilable: bool = False
     _target_: str = "torchrl_ext.writers.RolloutWriter"

@@ -45,6 +45,7 @@ class _EstimatorOptions:
 
 @dataclass
 class GAEConfig(_EstimatorOptions, Validated, ConfigBase):
+    """Config of ``GAE`` (``value: ext_gae``): its arguments, with its defaults."""
     gamma: float = 0.99
     lmbda: float = 0.95
     value_network: Any = None
@@ -60,6 +61,7 @@ class GAEConfig(_EstimatorOptions, Validated, ConfigBase):
 
 @dataclass
 class VTraceConfig(_EstimatorOptions, Validated, ConfigBase):
+    """Config of ``VTrace`` (``value: ext_vtrace``): its arguments, with its defaults."""
     gamma: float = 0.99
     actor_network: Any = None
     value_network: Any = None
@@ -72,6 +74,7 @@ class VTraceConfig(_EstimatorOptions, Validated, ConfigBase):
 
 @dataclass
 class ValueNormConfig(Validated, ConfigBase):
+    """Config of ``ValueNorm`` (``value_normalizer: ext_value_norm``): its arguments, with its defaults."""
     input_shape: Any = 1
     norm_axes: int = 1
     beta: float = 0.99999
@@ -84,6 +87,7 @@ class ValueNormConfig(Validated, ConfigBase):
 
 @dataclass
 class RunningMeanStdConfig(Validated, ConfigBase):
+    """Config of ``RunningMeanStd`` (``value_normalizer: ext_running_mean_std``): its arguments, with its defaults."""
     shape: Any = ()
     epsilon: float = 1e-4
     device: Optional[str] = None
@@ -92,6 +96,7 @@ class RunningMeanStdConfig(Validated, ConfigBase):
 
 @dataclass
 class IntrinsicRewardNormalizerConfig(Validated, ConfigBase):
+    """Config of ``IntrinsicRewardNormalizer`` (``value_normalizer: ext_intrinsic_reward``): its arguments, with its defaults."""
     gamma: float = 0.99
     mode: str = "backward"
     epsilon: float = 1e-4
