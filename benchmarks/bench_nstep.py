@@ -507,7 +507,7 @@ def main() -> int:
         st, smp = ext.storage, ext._sampler
         index, _ = smp.sample(st, BATCH)
         env, start = index[0], index[1]
-        rows = st._flat_index(env, start)
+        rows = st.flat_index(env, start)
         leaves = [st.flat_leaf(key) for key in ROOT_KEYS + NEXT_KEYS + [("next", "reward")]]
         ms_index, _ = multistep._sampler.sample(multistep._storage, BATCH)
         pieces = [

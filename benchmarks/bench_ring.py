@@ -540,7 +540,7 @@ def main() -> int:
         # Where the time goes (after the checks: these pieces do not change any contents).
         st, smp, cached = ext.storage, ext._sampler, slices[SLICE_CACHED]
         index, _ = smp.sample(st, BATCH)
-        flat = st._flat_index(index[0], index[1]).reshape(-1)
+        flat = st.flat_index(index[0], index[1]).reshape(-1)
         leaves = stored_leaves(ext)
         slice_index, _ = cached._sampler.sample(cached.storage, BATCH * BATCH_LENGTH)
         diagnostics[SAMPLE_KEY] = diagnose(f"sample({BATCH}) x {BATCH_LENGTH} steps", [
@@ -612,7 +612,7 @@ def main() -> int:
         # Where the time goes (after the checks: these pieces write the ring out of sequence).
         st, writer, td = ext.storage, ext._writer, src.steps[0]
         slot = st.current_pos % MAX_LENGTH  # a stored step's (env, position) in any version of the ring
-        leaves, ref_rows = stored_leaves(ext), st._flat_index(env_ids, slot)
+        leaves, ref_rows = stored_leaves(ext), st.flat_index(env_ids, slot)
         values = [td[k] for k in FIELDS]
         pieces = [
             ("torchrl_ext rb.extend(td, env_ids=arange(64)), end to end", lambda: ext.extend(td, env_ids=env_ids)),

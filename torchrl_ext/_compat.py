@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable
 
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 from torchrl.data.replay_buffers import samplers as _samplers
 from torchrl.data.replay_buffers.replay_buffers.base import _storage_index
 from torchrl.data.replay_buffers import ReplayBuffer as _ReplayBuffer
@@ -88,6 +88,54 @@ def storage_index(index: Any, storage: Any) -> Any:
     return _storage_index(index, storage)
 
 
+def stored_data(storage: Any) -> Any:
+    """What a TorchRL ``TensorStorage`` holds (its ``_storage``: a TensorDict of ``[max_size, ...]``
+    leaves once initialised, ``None`` before)."""
+    return storage._storage
+
+
+def allocate_like(storage: Any, item: Any) -> None:
+    """Allocates a lazy TorchRL storage's leaves for items shaped like ``item`` (its ``_init``)."""
+    storage._init(item)
+
+
+def writer_cursor(writer: Any) -> int:
+    """The next slot a TorchRL ``RoundRobinWriter`` writes (its ``_cursor``)."""
+    return writer._cursor
+
+
+def set_writer_cursor(writer: Any, cursor: int, *, written: int = 0) -> None:
+    """Moves a ``RoundRobinWriter`` to ``cursor``, adding ``written`` to its count of writes."""
+    writer._cursor = cursor
+    writer._write_count += written
+
+
+def requested_dim_extend(buffer: Any) -> int | None:
+    """The ``dim_extend`` a TorchRL buffer was built with (``None``: TorchRL picks one later);
+    ``0`` for anything that is not a buffer or is not built yet."""
+    return getattr(buffer, "_dim_extend", 0)
+
+
+def pins_memory(buffer: Any) -> bool:
+    """Whether a TorchRL buffer was built with ``pin_memory=True`` (set before it attaches storages)."""
+    return bool(getattr(buffer, "_pin_memory", False))
+
+
+def write_count(writer: Any) -> int:
+    """How many items a ``RoundRobinWriter`` has written (its ``_write_count``)."""
+    return writer._write_count
+
+
+def writer_storage(writer: Any) -> Any:
+    """The storage a TorchRL writer writes to (its ``_storage``; ``None`` before registration)."""
+    return getattr(writer, "_storage", None)
+
+
+def mark_updated(writer: Any, index: torch.Tensor) -> None:
+    """Tells the entities attached to ``writer``'s storage that rows ``index`` were written."""
+    writer._mark_update_entities(index)
+
+
 def last_written(storage: Any) -> Any:
     """The storage's last written row as TorchRL records it (``None`` before a write)."""
     last = getattr(storage, "_last_cursor_index", None)
@@ -114,8 +162,21 @@ def set_length(storage: Any, length: int) -> None:
 
 
 def mutation_revision(storage: Any) -> Any:
-    """A counter TorchRL bumps on every write to the storage (an int or a tensor)."""
-    return storage._mutation_revision
+    """A counter TorchRL bumps on every write to the storage (an int or a tensor); ``None`` for
+    storages without one."""
+    return getattr(storage, "_mutation_revision", None)
+
+
+def writer_state(writer: Any) -> dict[str, Any]:
+    """The cursor and write count a TorchRL writer moves before its storage sees the data
+    (whichever of the two it has), for :func:`restore_writer_state`."""
+    return {name: getattr(writer, name) for name in ("_cursor", "_write_count") if hasattr(writer, name)}
+
+
+def restore_writer_state(writer: Any, state: dict[str, Any]) -> None:
+    """Puts back what :func:`writer_state` saved."""
+    for name, value in state.items():
+        setattr(writer, name, value)
 
 
 def bump_mutation_revision(storage: Any) -> None:
@@ -133,11 +194,6 @@ def checkpointer_hooks(checkpointer: Any) -> tuple[list[Callable], list[Callable
     return checkpointer._save_hooks, checkpointer._load_hooks
 
 
-def retransform_priorities(sampler: Any, old_alpha: float, new_alpha: float) -> None:
-    """Re-weights a TorchRL ``PrioritizedSampler``'s trees after its ``alpha`` changed."""
-    sampler._retransform_priority_trees(old_alpha, new_alpha)
-
-
 def trees_on_storage_device(sampler: Any, storage: Any) -> None:
     """Moves a TorchRL ``PrioritizedSampler``'s trees to ``storage``'s device (rebuilding them
     empty) when they differ, as TorchRL does before its first sample."""
@@ -147,6 +203,26 @@ def trees_on_storage_device(sampler: Any, storage: Any) -> None:
 def replacement_dispatch() -> dict[type, type] | None:
     """TorchRL's table routing ``Sampler(..., replacement=False)`` to another class (None if gone)."""
     return getattr(_samplers, "_REPLACEMENT_DISPATCH", None)
+
+
+_NEW_UNSAFE = getattr(TensorDict, "_new_unsafe", None)
+
+
+def unchecked_tensordict(entries: dict[Any, torch.Tensor], batch_size: torch.Size, device: Any) -> TensorDict:
+    """``TensorDict(entries, batch_size, device)`` (nested keys as tuples) through the constructor
+    TensorDict's own ops use, which skips re-checking every leaf's batch dims and device: the
+    caller guarantees both. Falls back to the checked constructor where it is gone."""
+    if _NEW_UNSAFE is None:
+        return TensorDict(entries, batch_size=batch_size, device=device)
+    root: dict[str, Any] = {}
+    for key, value in entries.items():
+        node = root
+        if isinstance(key, tuple):
+            for part in key[:-1]:
+                node = node.setdefault(part, {})
+            key = key[-1]
+        node[key] = value
+    return _NEW_UNSAFE(source=root, batch_size=batch_size, device=device)
 
 
 def entries(data: TensorDictBase) -> dict[str, Any]:

@@ -272,7 +272,7 @@ def share_buffer(rb: ReplayBuffer, example: Any = None) -> ReplayBuffer:
         ValueError: for a storage that is not allocated yet, or prefetching.
         TypeError: for storages with no sharing support.
     """
-    sampler, storage, writer = rb._sampler, rb._storage, rb._writer
+    sampler, storage, writer = rb.sampler, rb.storage, rb.writer
     if isinstance(sampler, _TorchRLPrioritizedSampler):
         raise RuntimeError(SHARING_REFUSED.format(name=type(sampler).__name__))
     if isinstance(writer, TensorDictMaxValueWriter):

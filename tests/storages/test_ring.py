@@ -358,3 +358,56 @@ def test_the_memory_layout_is_fixed_at_construction():
     with pytest.raises(AttributeError, match="time_major is fixed when the storage is built"):
         storage.time_major = False
     assert storage.time_major is True
+
+
+# ---------------------------------------------------------------- the public storage contract
+def test_counter_views_are_live_and_the_numpy_ones_read_only():
+    storage = EnvRingStorage(3, 4)
+    positions, sizes, pos_array, size_array = storage.positions, storage.sizes, storage.position_array, storage.size_array
+    step = TensorDict({"x": torch.arange(2.0)}, [2])
+    storage.set((torch.tensor([0, 2]), torch.tensor([0, 0])), step)
+    storage.advance(torch.tensor([0, 2]), 1)
+    assert positions.tolist() == [1, 0, 1] and sizes.tolist() == [1, 0, 1]  # live: no re-read
+    assert pos_array.tolist() == [1, 0, 1] and size_array.tolist() == [1, 0, 1]
+    with pytest.raises(ValueError, match="read-only"):
+        pos_array[0] = 5
+    assert storage.current_pos.tolist() == [1, 0, 1]  # the copies agree
+    storage.reset(torch.tensor([2]))
+    assert storage.resets.tolist() == [0, 0, 1] and sizes.tolist() == [1, 0, 0]
+
+
+@pytest.mark.parametrize("time_major", [True, False])
+def test_flat_index_addresses_the_flat_leaves(time_major):
+    storage = EnvRingStorage(3, 4, time_major=time_major)
+    env = torch.tensor([0, 1, 2, 1, 0, 2])
+    position = torch.tensor([0, 0, 0, 1, 5, 6])
+    values = torch.arange(6.0) + 10
+    storage.set((env, position), TensorDict({"x": values}, [6]))
+    ((key, rows),) = storage.flat_leaves
+    assert key == "x" and rows.shape == (12,)
+    assert torch.equal(rows[storage.flat_index(env, position)], values)
+    assert torch.equal(storage.get((env, position))["x"], values)
+
+
+def test_draw_uniform_draws_only_stored_steps():
+    storage = EnvRingStorage(3, 4)
+    storage.set((torch.tensor([1, 1]), torch.tensor([0, 1])), TensorDict({"x": torch.zeros(2)}, [2]))
+    storage.advance(torch.tensor([1]), 2)
+    env, position = storage.draw_uniform(200)
+    assert set(env.tolist()) == {1} and set(position.tolist()) == {0, 1}
+
+
+def test_a_subclass_overriding_write_at_never_gets_the_step_write():
+    calls = []
+
+    class Counting(EnvRingStorage):
+        def write_at(self, env, position, data, *, set_cursor):
+            calls.append(env.numel())
+            super().write_at(env, position, data, set_cursor=set_cursor)
+
+    rb = EnvRingReplayBuffer(storage=Counting(4, 8))
+    with torchrl_ext.fastpath(True):
+        for t in range(3):
+            rb.extend(TensorDict({"x": torch.full((4,), float(t))}, [4]))
+    assert calls == [4, 4, 4]  # every step through the override
+    assert rb.storage.positions.tolist() == [3, 3, 3, 3]

@@ -65,7 +65,7 @@ def test_chain_and_window_reads_equal_the_stored_rows(case):
     storage = filled(torch.bfloat16 if case == "bfloat16" else torch.float32, grad=case == "requires_grad")
     assert (storage._read_columns() is None) == (case != "float32")  # numpy only where it can view
     env, start, end = coordinates(storage, 64, seed=0)
-    chain = storage._gather_chain(env, start, end)
+    chain = storage.gather_chain(env, start, end)
     window = storage._gather(env.view(8, 8), start.view(8, 8))
     assert chain.batch_size == (64,) and window.batch_size == (8, 8)
     for key in storage._storage.keys(include_nested=True, leaves_only=True):
@@ -83,7 +83,7 @@ def test_reads_follow_the_leaves_after_share_memory_load_and_pickling():
         write(storage, step([value] * E))
         env = torch.arange(E)
         newest = storage.current_pos - 1
-        chain = storage._gather_chain(env, newest, newest)
+        chain = storage.gather_chain(env, newest, newest)
         assert chain["obs"][:, 0].tolist() == [value] * E
         assert chain["next", "obs"][:, 0].tolist() == [value + 0.5] * E
 
@@ -102,7 +102,7 @@ def test_reads_of_an_empty_storage_build_their_views_on_the_first_write():
     storage = EnvRingStorage(E, L)
     assert storage._read_columns() is None
     write(storage, step([1.0, 2.0, 3.0]))
-    chain = storage._gather_chain(torch.arange(E), torch.zeros(E, dtype=torch.long), torch.zeros(E, dtype=torch.long))
+    chain = storage.gather_chain(torch.arange(E), torch.zeros(E, dtype=torch.long), torch.zeros(E, dtype=torch.long))
     assert chain["obs"][:, 0].tolist() == [1.0, 2.0, 3.0]
 
 

@@ -35,21 +35,21 @@ def step(value: float, num_envs: int = E, **extra) -> TensorDict:
 
 def general_only(rb: EnvRingReplayBuffer) -> EnvRingReplayBuffer:
     """The same buffer with the fast path switched off (the storage declines every step write)."""
-    rb.storage._write_step = lambda *args, **kwargs: None
+    rb.storage.write_step = lambda *args, **kwargs: None
     return rb
 
 
 @pytest.fixture
 def spy(monkeypatch):
-    """Counts calls of the general EnvRingStorage._write."""
+    """Counts calls of the general EnvRingStorage.write_at."""
     calls = []
-    original = EnvRingStorage._write
+    original = EnvRingStorage.write_at
 
     def counted(self, *args, **kwargs):
         calls.append(1)
         return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(EnvRingStorage, "_write", counted)
+    monkeypatch.setattr(EnvRingStorage, "write_at", counted)
     return calls
 
 
@@ -83,7 +83,7 @@ operations = st.lists(
 
 
 def ring(kind: str, time_major: bool) -> EnvRingStorage:
-    if kind == "episodic":  # its step path runs its own _write (the episode index)
+    if kind == "episodic":  # its step path runs its own write_at (the episode index)
         return EpisodicEnvRingStorage(E, L, step_type_key="flag", time_major=time_major)
     return EnvRingStorage(E, L, time_major=time_major)
 
@@ -259,20 +259,20 @@ def test_steps_after_a_write_with_autograd_history_are_stored():
 
 
 def test_an_episodic_storage_writes_a_step_of_every_env_itself():
-    """Its step path runs its _write (episode index included) without the writer's general path."""
+    """Its step path runs its write_at (episode index included) without the writer's general path."""
     storage = EpisodicEnvRingStorage(E, L, step_type_key="flag")
     rb = EnvRingReplayBuffer(storage=storage)
-    assert storage._write_step(step(0.0)) is None  # nothing stored yet: the general path allocates
+    assert storage.write_step(step(0.0)) is None  # nothing stored yet: the general path allocates
     rb.extend(step(0.0))
-    assert storage._write_step(step(1.0)) == 1
+    assert storage.write_step(step(1.0)) == 1
     assert storage.current_pos.tolist() == [2] * E
     assert (storage.get((torch.arange(E), torch.ones(E, dtype=torch.long))) == step(1.0)).all()
     rb.extend(step(2.0, num_envs=1), env_ids=torch.tensor([0]))
-    assert storage._write_step(step(3.0)) is None  # the envs stand apart
+    assert storage.write_step(step(3.0)) is None  # the envs stand apart
     rb.extend(step(4.0, num_envs=2), env_ids=torch.tensor([1, 2]))  # back at one position
     before, episodes = snapshot(rb), storage.state_dict()["episodes"]
     with pytest.raises(ValueError, match=r"key 'obs': stored dtype is torch.float32"):
-        storage._write_step(step(5.0).set("obs", torch.zeros(E, 2, dtype=torch.float64)))
+        storage.write_step(step(5.0).set("obs", torch.zeros(E, 2, dtype=torch.float64)))
     after = snapshot(rb)
     assert same_data(after[0], before[0]) and after[1:] == before[1:] and after[1] == [3] * E
     assert all(torch.equal(a, b) for a, b in zip(episodes, storage.state_dict()["episodes"]))

@@ -44,9 +44,9 @@ def restore_storage(storage: Any, data: TensorDictBase, size: int, position: int
             f"{storage.max_size}; build the storage with max_size={capacity}."
         )
     if not storage.initialized:
-        storage._init(data[0])
+        _compat.allocate_like(storage, data[0])
     else:
-        expected = _layout(storage._storage)
+        expected = _layout(_compat.stored_data(storage))
         got = _layout(data)
         if expected != got:
             raise ValueError(
@@ -54,8 +54,8 @@ def restore_storage(storage: Any, data: TensorDictBase, size: int, position: int
                 f"{_describe(expected)}, file {_describe(got)}. Load into a fresh storage "
                 f"(e.g. a new buffer) instead."
             )
-    device = storage._storage.device
-    storage._storage.update_(data if device is None else data.to(device))
+    device = _compat.stored_data(storage).device
+    _compat.stored_data(storage).update_(data if device is None else data.to(device))
     _compat.set_length(storage, size)
     _compat.set_last_written(storage, None if size == 0 else (position - 1) % capacity)
     _compat.bump_mutation_revision(storage)
@@ -136,7 +136,7 @@ class SafetensorsCheckpointer(StorageCheckpointerBase):
         """``(tensors, metadata)`` describing an initialised storage."""
         names: dict[str, list[str]] = {}
         tensors: dict[str, torch.Tensor] = {}
-        for key, tensor in storage._storage.items(include_nested=True, leaves_only=True):
+        for key, tensor in _compat.stored_data(storage).items(include_nested=True, leaves_only=True):
             key = (key,) if isinstance(key, str) else tuple(key)
             name = ".".join(key)
             if not isinstance(tensor, torch.Tensor):
@@ -216,7 +216,7 @@ def _check_tensor_storage(storage: Any) -> None:
             f"{type(storage).__name__} is not supported: the safetensors checkpointers need a "
             f"1-D tensor storage (LazyTensorStorage, FastTensorStorage, LazyMemmapStorage)."
         )
-    if storage.initialized and not isinstance(storage._storage, TensorDictBase):
+    if storage.initialized and not isinstance(_compat.stored_data(storage), TensorDictBase):
         raise ValueError(
             "the storage holds a plain tensor/pytree; store TensorDicts to use this checkpointer."
         )

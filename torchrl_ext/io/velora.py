@@ -39,6 +39,7 @@ from typing import Any, Mapping, NamedTuple
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from torchrl_ext import _compat
 from torchrl_ext._keys import nested_key
 from torchrl_ext.io.checkpoint_pair import CheckpointPair, read_pair
 from torchrl_ext.io.checkpointer import SafetensorsCheckpointer, ring_fields, storage_position
@@ -179,7 +180,7 @@ class VeloraCheckpointer(SafetensorsCheckpointer):
         self.keys = _keys(keys)
 
     def encode(self, storage: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        stored = storage._storage
+        stored = _compat.stored_data(storage)
         present = {key if isinstance(key, str) else tuple(key) for key in stored.keys(True, True)}
         wanted = set(self.keys.values())
         if present != wanted:
@@ -228,7 +229,7 @@ class VeloraCheckpointer(SafetensorsCheckpointer):
         dims = {None: 1, **{f: metadata[f] for f in ("state_dim", "action_dim", "hidden_dim")}}
         layout = velora_item_layout(dims["state_dim"], dims["action_dim"], dims["hidden_dim"], self.keys)
         if storage.initialized:
-            layout = {key: (shape, storage._storage.get(key).dtype) for key, (shape, _) in layout.items()}
+            layout = {key: (shape, _compat.stored_data(storage).get(key).dtype) for key, (shape, _) in layout.items()}
         entries = {}
         for name, key in self.keys.items():
             tensor = tensors[name]

@@ -1,16 +1,17 @@
-"""``VeloraReplayBuffer.warm``'s loops: gymnasium vector envs (every autoreset mode) and TorchRL envs."""
+"""``VeloraReplayBuffer.warm``'s loops: gymnasium vector envs (every autoreset mode) and TorchRL envs.
+
+``rb`` is always the ``VeloraReplayBuffer`` being warmed (typed ``Any``: ``presets/velora.py``
+imports this module, not the other way round).
+"""
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 NAMES = ("states", "actions", "rewards", "next_states", "dones", "hiddens")  # velora's field order
-
-if TYPE_CHECKING:
-    from torchrl_ext.presets.velora import VeloraReplayBuffer
 
 class Progress:
     """A tqdm bar if tqdm is installed, else a counter on stderr; silent when disabled."""
@@ -38,7 +39,7 @@ class Progress:
             print(file=sys.stderr)
 
 
-def warm_gymnasium(rb: VeloraReplayBuffer, policy: Callable, target: int, env: Any,
+def warm_gymnasium(rb: Any, policy: Callable, target: int, env: Any,
                     seed: int | None, bar: Progress) -> None:
     from gymnasium.vector import AutoresetMode
 
@@ -89,7 +90,7 @@ def warm_gymnasium(rb: VeloraReplayBuffer, policy: Callable, target: int, env: A
         obs = next_obs
 
 
-def warm_torchrl(rb: VeloraReplayBuffer, policy: Callable, target: int, env: Any,
+def warm_torchrl(rb: Any, policy: Callable, target: int, env: Any,
                   seed: int | None, bar: Progress) -> None:
     keys = rb.keys
     hidden_out = keys["hiddens"]
@@ -129,7 +130,7 @@ def warm_torchrl(rb: VeloraReplayBuffer, policy: Callable, target: int, env: Any
         td = td_next
 
 
-def _observations(rb: VeloraReplayBuffer, raw: Any, n: int) -> torch.Tensor:
+def _observations(rb: Any, raw: Any, n: int) -> torch.Tensor:
     obs = torch.as_tensor(np.asarray(raw), dtype=torch.float32, device=rb.device)
     if tuple(obs.shape) != (n, rb.state_dim):
         raise ValueError(

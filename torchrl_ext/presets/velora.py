@@ -57,6 +57,7 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.data import RandomSampler, RoundRobinWriter
 
 from torchrl_ext import _compat
+from torchrl_ext.presets._velora_warm import Progress, warm_gymnasium, warm_torchrl
 from torchrl_ext._checks import check_int
 from torchrl_ext.io.velora import VeloraCheckpointer, read_velora_metadata, velora_item_layout
 from torchrl_ext.replay_buffers.tensordict import TensorDictReplayBuffer
@@ -98,8 +99,9 @@ class VeloraReplayBuffer(TensorDictReplayBuffer):
         self.state_dim, self.action_dim, self.hidden_dim = state_dim, action_dim, hidden_dim
         self._layout = velora_item_layout(state_dim, action_dim, hidden_dim, self.keys)
         # velora preallocates zeros: allocate now, so an empty buffer saves and loads.
-        storage._init(TensorDict({k: torch.zeros(s, dtype=d) for k, (s, d) in self._layout.items()}, []))
-        storage._storage.zero_()
+        zeros = TensorDict({k: torch.zeros(s, dtype=d) for k, (s, d) in self._layout.items()}, [])
+        _compat.allocate_like(storage, zeros)
+        _compat.stored_data(storage).zero_()
 
     # -- velora's attributes ---------------------------------------------------------
     @property
@@ -113,7 +115,7 @@ class VeloraReplayBuffer(TensorDictReplayBuffer):
     @property
     def position(self) -> int:
         """The next slot written (velora's ``position``)."""
-        return self._writer._cursor
+        return _compat.writer_cursor(self.writer)
 
     def metadata(self) -> dict[str, Any]:
         """velora's ``metadata()`` dict, same keys in the same order."""
@@ -195,8 +197,9 @@ class VeloraReplayBuffer(TensorDictReplayBuffer):
                           device=self.device)
         count, capacity = data.shape[0], self.capacity
         if count > capacity:  # the same end state as writing every row in turn
-            self._writer._cursor = (self._writer._cursor + count - capacity) % capacity
-            self._writer._write_count += count - capacity
+            skipped = count - capacity
+            cursor = (_compat.writer_cursor(self.writer) + skipped) % capacity
+            _compat.set_writer_cursor(self.writer, cursor, written=skipped)
             data = data[count - capacity:]
         super().extend(data)
 
@@ -236,7 +239,7 @@ class VeloraReplayBuffer(TensorDictReplayBuffer):
                 f"load_velora_replay_buffer(dirpath)."
             )
         VeloraCheckpointer(prefix, keys=self.keys).loads(self._storage, dirpath)
-        self._writer._cursor = metadata["position"]
+        _compat.set_writer_cursor(self.writer, metadata["position"])
         return self
 
     # -- warm-up -------------------------------------------------------------------------
@@ -271,8 +274,6 @@ class VeloraReplayBuffer(TensorDictReplayBuffer):
         if target == 0:
             return 0
         from torchrl.envs import EnvBase
-
-        from torchrl_ext.presets._velora_warm import Progress, warm_gymnasium, warm_torchrl
 
         bar = Progress(target, progress)
         try:

@@ -12,6 +12,7 @@ import torch
 from tensordict import TensorDictBase, unravel_key
 from torchrl.data.replay_buffers.writers import TensorDictRoundRobinWriter
 
+from torchrl_ext import _compat
 from torchrl_ext._fastpath import fastpath_enabled
 from torchrl_ext.storages.fast import FastMemmapStorage, FastTensorStorage, ring_index
 
@@ -57,14 +58,13 @@ class LeanExtend:
         writer, storage = self._writer, self._storage
         n, capacity = data.shape[0], storage.max_size
         with self._replay_lock, self._write_lock:
-            start = writer._cursor
+            start = _compat.writer_cursor(writer)
             index = ring_index(start, n, capacity, data.device)
-            writer._cursor = (start + n) % capacity
-            writer._write_count += n
+            _compat.set_writer_cursor(writer, (start + n) % capacity, written=n)
             # TorchRL writes "index" into a shallow copy of the batch; the storage takes it
             # apart and stores it with the rows, so that no copy is made.
-            stored_keys = storage._set_ring_rows(start, index, data, extra={"index": index})
-            writer._mark_update_entities(index)
+            stored_keys = storage.set_ring_rows(start, index, data, extra={"index": index})
+            _compat.mark_updated(writer, index)
             self._sampler.extend(index)
         # A batch found to hold exactly the stored keys has no priority entry unless one is
         # stored: that spares TensorDict.get's miss (several us on a 1,000-row write).

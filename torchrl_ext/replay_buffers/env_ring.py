@@ -168,7 +168,7 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
         # The rings store exactly the leaves they are written (the storage checks), so a
         # priority entry can only be a stored leaf: a dict lookup spares TensorDict.get's
         # miss (about 5 us, a third of a 64-env step write).
-        if (update_priority is None or update_priority) and self._storage._stores_leaf(self.priority_key):
+        if (update_priority is None or update_priority) and self._storage.stores_leaf(self.priority_key):
             priority = data.get(self.priority_key, None)
             if priority is not None:
                 self.update_priority(index, priority)
@@ -205,7 +205,7 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
                 if key != "index":
                     extra[key] = _broadcast(torch.as_tensor(value), env.shape)
             if len(index) == 3:  # n-step: "next" entries from the chain end
-                data = self._storage._gather_chain(env, position, index[2], extra)
+                data = self._storage.gather_chain(env, position, index[2], extra)
             else:
                 data = self._storage._gather(env, position, extra)
         if self._has_transform():

@@ -162,7 +162,7 @@ class OnPolicyReplayBuffer(TensorDictReplayBuffer):
     def get_all_buffer_data(self, to_cpu: bool = False) -> TensorDictBase:
         """The filled steps and the slot after them, ``[L + 1, N]`` (inserted entries only)."""
         storage = self._storage
-        data = storage.data[: storage.step + 1].select(*storage._step_keys).clone()
+        data = storage.data[: storage.step + 1].select(*storage.step_keys).clone()
         return data.to("cpu") if to_cpu else data
 
     def insert_data_slice(self, data: TensorDictBase) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
+from torchrl_ext import _compat
 from torchrl_ext._checks import check_finite, check_int, check_real
 from torchrl_ext.replay_buffers.tensordict import TensorDictReplayBuffer
 from torchrl_ext.samplers.uniform import DistinctUniformSampler
@@ -53,7 +54,7 @@ class PathGAEReplayBuffer(TensorDictReplayBuffer):
         >>> rb.store(TensorDict({"observation": torch.zeros(3, 2), "state_value": torch.zeros(3, 1),
         ...     "next": {"reward": torch.ones(3, 1)}}, [3]))
         >>> rb.finish_path(last_val=0.0)
-        >>> rb.storage._storage["value_target"][:3, 0].tolist()  # rewards-to-go
+        >>> rb.storage[:3]["value_target"][:, 0].tolist()  # rewards-to-go
         [1.75, 1.5, 1.0]
         >>> rb.sample_batch().shape
         torch.Size([3])
@@ -120,9 +121,9 @@ class PathGAEReplayBuffer(TensorDictReplayBuffer):
         if length == 0:
             self._path_length = 0
             return
-        end = self._writer._cursor  # one past the newest step
+        end = _compat.writer_cursor(self.writer)  # one past the newest step
         index = (end - length + torch.arange(length)) % size
-        stored = self._storage._storage
+        stored = _compat.stored_data(self.storage)
         reward = stored.get(self.reward_key)[index]
         value = stored.get(self.value_key)[index]
         last = _last_value(last_val, value)
@@ -144,7 +145,7 @@ class PathGAEReplayBuffer(TensorDictReplayBuffer):
         finished = self._finished_steps(self._storage)
         if finished.numel() == 0:
             raise RuntimeError("no finished path to sample from: call finish_path() after a path ends.")
-        advantage = self._storage._storage.get("advantage")[finished]
+        advantage = _compat.stored_data(self.storage).get("advantage")[finished]
         mean, std = advantage.mean(), advantage.std(correction=0)
         batch = self.sample()
         batch.set("advantage", (batch.get("advantage") - mean) / (std + self.eps))

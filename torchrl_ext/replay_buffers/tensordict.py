@@ -208,15 +208,14 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
         data, so a refused write would make the next one skip rows and expose
         never-written (garbage) rows as stored data.
         """
-        writer, storage = self._writer, self._storage
-        saved = {name: getattr(writer, name) for name in ("_cursor", "_write_count") if hasattr(writer, name)}
-        revision = getattr(storage, "_mutation_revision", None)
+        writer, storage = self.writer, self.storage
+        saved = _compat.writer_state(writer)
+        revision = _compat.mutation_revision(storage)
         try:
             yield
         except BaseException:
-            if revision is not None and getattr(storage, "_mutation_revision", None) == revision:
-                for name, value in saved.items():
-                    setattr(writer, name, value)
+            if revision is not None and _compat.mutation_revision(storage) == revision:
+                _compat.restore_writer_state(writer, saved)
             raise
 
     # ------------------------------------------------------------------
@@ -294,7 +293,7 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
 
     def _gather(self, rows: torch.Tensor, info: dict[str, Any]) -> TensorDictBase:
         """``storage[rows]`` (one ``index_select`` per stored tensor) plus ``info``."""
-        stored = self._storage._storage
+        stored = _compat.stored_data(self.storage)
         extra = _info_entries(info, rows.numel())
         leaves = self._leaves_of(stored)
         columns = self._gather_columns.get(leaves, batch_dims=1) if rows.is_cpu else None
@@ -306,7 +305,7 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
         """``storage[index]`` for coordinates into an ``ndim >= 2`` storage: one
         ``index_select`` of flat rows per leaf (TensorDict's advanced indexing
         costs several times more)."""
-        stored = self._storage._storage
+        stored = _compat.stored_data(self.storage)
         batch = torch.broadcast_shapes(*(i.shape for i in index))[0]
         extra = _info_entries(info, batch)
         return gather_coordinates(stored, index, extra=extra, leaves=self._leaves_of(stored))

@@ -35,23 +35,23 @@ class RingStreams:
         self.storage = storage
 
     def stored(self) -> int:
-        return int(self.storage._size_np.sum())
+        return int(self.storage.size_array.sum())
 
     def draw(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.storage._rand_given_ndim(batch_size)
+        return self.storage.draw_uniform(batch_size)
 
     def steps_to_newest(self, env: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
-        return self.storage._current_pos[env] - 1 - start
+        return self.storage.positions[env] - 1 - start
 
     def flat(self, env: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-        return self.storage._flat_index(env, position)
+        return self.storage.flat_index(env, position)
 
     def leaf(self, key: Any) -> torch.Tensor | None:
         return self.storage.flat_leaf(key)
 
     def leaves_under(self, prefix: tuple) -> list[tuple[Any, torch.Tensor]]:
         return [
-            (key, leaf) for key, leaf in self.storage._flat
+            (key, leaf) for key, leaf in self.storage.flat_leaves
             if isinstance(key, tuple) and key[: len(prefix)] == prefix
         ]
 
@@ -59,7 +59,7 @@ class RingStreams:
         return env, start, end
 
     def num_rows(self) -> int:
-        return self.storage._num_envs * self.storage._max_length
+        return self.storage.num_envs * self.storage.max_length
 
     def shared(self) -> bool:
         return bool(self.storage.is_shared)
@@ -69,8 +69,8 @@ class RingStreams:
 
     def all_starts(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Every stored step as ``(env, position)``, env by env."""
-        pos = self.storage._pos_np
-        return _expand(np.arange(self.storage._num_envs), pos - self.storage._size_np, pos - 1)
+        pos = self.storage.position_array
+        return _expand(np.arange(self.storage.num_envs), pos - self.storage.size_array, pos - 1)
 
     def written(self, index: Any) -> tuple[np.ndarray, np.ndarray] | None:
         pairs = _pairs(index)
@@ -81,13 +81,14 @@ class RingStreams:
         runs = _runs(env, position)
         if runs is not None:  # the ring writer's batches: one run of new positions per env
             run_env, first, last = runs
-            earliest = self.storage._pos_np[run_env] - self.storage._size_np[run_env]
+            earliest = self.storage.position_array[run_env] - self.storage.size_array[run_env]
             return _expand(run_env, np.maximum(first - (n_step - 1), earliest), last)
         env, start = _back(env, position, n_step)
-        pos = self.storage._pos_np[env]
-        keep = (start >= pos - self.storage._size_np[env]) & (start < pos)
+        pos = self.storage.position_array[env]
+        keep = (start >= pos - self.storage.size_array[env]) & (start < pos)
         env, start = env[keep], start[keep]
-        return unique_rows(env, start, env * self.storage._max_length + start % self.storage._max_length)
+        length = self.storage.max_length
+        return unique_rows(env, start, env * length + start % length)
 
 
 class GridStreams:
@@ -97,7 +98,7 @@ class GridStreams:
 
     def __init__(self, storage: TensorStorage) -> None:
         self.storage = storage
-        self.source = stored = storage._storage
+        self.source = stored = _compat.stored_data(storage)
         self.rows, self.num_envs = int(stored.shape[0]), int(stored.shape[1])
         leaves = list(stored.items(include_nested=True, leaves_only=True))
         self._leaves = [(key, leaf.reshape(-1, *leaf.shape[2:])) for key, leaf in leaves]

@@ -117,7 +117,7 @@ class PrioritizedTrajectorySampler(TrajectorySampler):
             self._stored = torch.full((num_leaves,), _UNSET)
             self._seen = torch.zeros(3, storage.num_envs, dtype=torch.long)
             self._seen_geometry = None
-        now = torch.stack([storage._current_pos, storage._current_size, storage._resets])
+        now = torch.stack([storage.positions, storage.sizes, storage.resets])
         self._ignored = self.ignored_frames(storage)
         geometry = (self._batch_length, self._ignored)
         # Counters only move forward between clears; another storage, a load or a position
@@ -143,7 +143,7 @@ class PrioritizedTrajectorySampler(TrajectorySampler):
     def _advance(self, storage: EnvRingStorage, env: torch.Tensor) -> None:
         length = storage.max_length
         p0, s0 = self._seen[0, env], self._seen[1, env]
-        p1, s1 = storage._current_pos[env], storage._current_size[env]
+        p1, s1 = storage.positions[env], storage.sizes[env]
         a0, b0 = self._valid_bounds(p0, s0)
         a1, b1 = self._valid_bounds(p1, s1)
         # Slots of positions written since the last sync now hold new steps.
@@ -170,8 +170,8 @@ class PrioritizedTrajectorySampler(TrajectorySampler):
     def _rebuild(self, storage: EnvRingStorage) -> None:
         """All leaves from scratch (after a clear or a new batch_length)."""
         length = storage.max_length
-        pos = storage._current_pos.unsqueeze(1)
-        a, b = self._valid_bounds(pos, storage._current_size.unsqueeze(1))
+        pos = storage.positions.unsqueeze(1)
+        a, b = self._valid_bounds(pos, storage.sizes.unsqueeze(1))
         slot = torch.arange(length)
         latest = pos - 1 - (pos - 1 - slot) % length  # newest position held by each slot
         valid = ((latest >= a) & (latest <= b)).reshape(-1)
@@ -219,7 +219,7 @@ class PrioritizedTrajectorySampler(TrajectorySampler):
             draw = draw.add_(torch.arange(n, dtype=torch.float64)).div_(n)
         leaf, value = tree._sample_walk(draw.mul_(math.nextafter(total, 0.0)), prefix)
         env, slot = leaf // length, leaf % length
-        pos = storage._current_pos[env]
+        pos = storage.positions[env]
         start = pos - 1 - (pos - 1 - slot) % length
         if self.weights == "alf":
             weight = value * tree.nnz / total
@@ -247,10 +247,10 @@ class PrioritizedTrajectorySampler(TrajectorySampler):
         )
         if env_ids.numel() == 0:
             return
-        storage._check_env_ids(env_ids)
+        storage.check_env_ids(env_ids)
         check_priorities("priorities", priorities)
         self._sync(storage)
-        a, b = self._valid_bounds(storage._current_pos[env_ids], storage._current_size[env_ids])
+        a, b = self._valid_bounds(storage.positions[env_ids], storage.sizes[env_ids])
         keep = (positions >= a) & (positions <= b)
         if not bool(keep.any()):
             return

@@ -149,7 +149,7 @@ class TrajectorySampler(StatelessSampler):
         # numpy: the storage's counters are numpy views, and the draw's bookkeeping on
         # [E] and [B] arrays costs about a microsecond per op there, several in torch.
         lookback = self._batch_length - 1 + self.ignored_frames(storage)
-        return np.maximum(storage._size_np - lookback, 0), storage._pos_np - self._batch_length
+        return np.maximum(storage.size_array - lookback, 0), storage.position_array - self._batch_length
 
     def _eligible(
         self, storage: EnvRingStorage, batch_size: int
@@ -165,7 +165,7 @@ class TrajectorySampler(StatelessSampler):
             raise ValueError(
                 f"no env holds a window of batch_length={self._batch_length} after ignoring "
                 f"{self.ignored_frames(storage)} earliest steps (steps per env: "
-                f"{storage._current_size.tolist()}); sample shorter windows or add more data."
+                f"{storage.sizes.tolist()}); sample shorter windows or add more data."
             )
         return count, latest, eligible
 

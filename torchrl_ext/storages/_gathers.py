@@ -12,17 +12,12 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from torchrl_ext import _compat
 from torchrl_ext._host import TORCH_DTYPES
 from torchrl_ext.storages._numpy_rows import Columns
 from torchrl_ext.storages import _output_memory
 
 __all__ = ["assemble", "gather_coordinates", "gather_rows", "new_output", "select_rows", "take", "take_rows"]
-
-# TensorDict's constructor re-checks every entry's batch dims and device (about 40 us for a
-# dozen leaves); the gathers below build entries that satisfy both by construction, so they
-# use the unchecked constructor TensorDict's own ops use, when this tensordict has it.
-_NEW_UNSAFE = getattr(TensorDict, "_new_unsafe", None)
-
 
 def check_info_leads(key: Any, value: torch.Tensor, batch_size: torch.Size) -> None:
     """Refuses sampler info that does not lead with the sample's batch size (on the dims it has)."""
@@ -54,18 +49,8 @@ def assemble(entries: dict[Any, torch.Tensor], batch_size: torch.Size, device: A
     for key, value in (extra or {}).items():
         check_info_leads(key, value, batch_size)
         entries[key] = value if device is None or value.device == device else value.to(device)
-    if _NEW_UNSAFE is None:
-        return TensorDict(entries, batch_size=batch_size, device=device)
-    root: dict[str, Any] = {}
-    for key, value in entries.items():
-        if isinstance(key, tuple):
-            node = root
-            for part in key[:-1]:
-                node = node.setdefault(part, {})
-            node[key[-1]] = value
-        else:
-            root[key] = value
-    return _NEW_UNSAFE(source=root, batch_size=batch_size, device=device)
+    # The entries satisfy TensorDict's batch-dim and device checks by construction.
+    return _compat.unchecked_tensordict(entries, batch_size, device)
 
 
 def gather_rows(

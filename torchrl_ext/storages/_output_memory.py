@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from torchrl_ext import _compat
 from torchrl_ext._checks import check_bool
 
 __all__ = ["PinnedOutputs", "can_pin_memory", "pinned_empty"]
@@ -69,6 +70,5 @@ class PinnedOutputs:
 
     def attach(self, buffer: Any) -> None:
         super().attach(buffer)  # type: ignore[misc]
-        # TorchRL keeps the buffer's pin_memory argument as _pin_memory (set before it attaches).
-        if getattr(buffer, "_pin_memory", False) and can_pin_memory():
+        if _compat.pins_memory(buffer) and can_pin_memory():
             self._pin_outputs = True

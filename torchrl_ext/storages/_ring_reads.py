@@ -40,10 +40,10 @@ class RingReads:
             env, start = self._as_coordinates(index[:2])
             end = self._as_coordinates((env, index[2]))[1]
             self._check_readable(env, start)
-            return self._gather_chain(env, start, end)
+            return self.gather_chain(env, start, end)
         return self._storage[index]
 
-    def _gather_chain(
+    def gather_chain(
         self,
         env: torch.Tensor,
         start: torch.Tensor,
@@ -62,7 +62,7 @@ class RingReads:
                 out.set(key, value)
             return out
         # One gather per leaf, at the row it is read from; overridden leaves are skipped.
-        root, after = self._flat_index(env, start), self._flat_index(env, end)
+        root, after = self.flat_index(env, start), self.flat_index(env, end)
         shape = env.shape
         flat_batch = len(shape) == 1  # rows already have the batch shape: no reshapes
         if not flat_batch:
@@ -105,7 +105,7 @@ class RingReads:
     ) -> TensorDictBase:
         """:meth:`get` for coordinates known to be valid, plus ``extra`` entries of the same batch
         shape, without the stored leaves in ``skip`` (ones a subclass rebuilds itself)."""
-        flat = self._flat_index(env, position)
+        flat = self.flat_index(env, position)
         shape, rows = flat.shape, flat.reshape(-1)
         columns = self._read_columns() if flat.is_cpu else None
         if columns is not None:
@@ -126,7 +126,7 @@ class RingReads:
         env_ids = torch.as_tensor(env_ids, dtype=torch.long).cpu()
         positions = torch.as_tensor(positions, dtype=torch.long).cpu()
         env_ids, positions = torch.broadcast_tensors(env_ids, positions)
-        self._check_env_ids(env_ids)
+        self.check_env_ids(env_ids)
         earliest = self.earliest_position()[env_ids]
         stored = (positions >= earliest) & (positions < self._current_pos[env_ids])
         if not bool(stored.all()):
@@ -166,11 +166,11 @@ class RingReads:
         start = int(pos[0]) - n
         positions = torch.full((self._num_envs,), start, dtype=torch.long)
         if self._storage is None or n == 0:
-            return self._empty_result((self._num_envs, 0)), positions
+            return self.empty_result((self._num_envs, 0)), positions
         env = torch.arange(self._num_envs).unsqueeze(1).expand(-1, n)
         return self.get((env, torch.arange(start, start + n).expand(self._num_envs, -1))), positions
 
-    def _empty_result(self, shape: tuple[int, ...]) -> TensorDictBase:
+    def empty_result(self, shape: tuple[int, ...]) -> TensorDictBase:
         if self._storage is None:
             return TensorDict({}, batch_size=shape, device=self._device)
         return TensorDict(
@@ -181,7 +181,11 @@ class RingReads:
         )
 
     def _rand_given_ndim(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Uniform draws over the stored steps (``RandomSampler`` support), as ``(env, position)``."""
+        """TorchRL's ``RandomSampler`` hook: :meth:`draw_uniform`."""
+        return self.draw_uniform(batch_size)
+
+    def draw_uniform(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Uniform draws over the readable stored steps, as ``(env, position)``."""
         total, ends, base = self._draw_tables()
         if total == 0:
             raise RuntimeError("Cannot sample from an empty storage.")

@@ -7,7 +7,7 @@ per-env index arithmetic. For the 64 envs of an ALF ``add_batch``
 (17 KB) the calls around the copies, not the bytes, are what costs, so this path
 runs on numpy views of the CPU leaves (see :mod:`torchrl_ext.storages._numpy_rows`).
 It is a fast path (:mod:`torchrl_ext._fastpath`): with the fast paths off, every write
-takes the storage's general ``_write``.
+takes the storage's general ``write_at``.
 """
 from __future__ import annotations
 
@@ -21,13 +21,13 @@ from torchrl_ext.storages._numpy_rows import Columns, leaf_items, matching_array
 
 
 class RingStepWrites:
-    """``_write_step``: the slot write behind ``EnvRingWriter``'s every-env fast path."""
+    """``write_step``: the slot write behind ``EnvRingWriter``'s every-env fast path."""
 
     def _step_columns(self) -> Columns | None:
         """Numpy views of the leaves as ``[L, E, ...]`` (slot first, whatever the layout), by key.
 
         ``None`` when this path does not apply: nothing stored yet, leaves numpy
-        cannot view (not on the CPU, bfloat16), or a subclass whose ``_write`` does
+        cannot view (not on the CPU, bfloat16), or a subclass whose ``write_at`` does
         more than copy rows (an episode index). Built lazily and dropped by
         ``_index_leaves`` and pickling: the views must be of the leaves the storage
         holds now (``share_memory_`` and loads put them in new memory). The rings
@@ -37,9 +37,10 @@ class RingStepWrites:
         """
         columns = self.__dict__.get("_step_columns_cache")
         if columns is None and self._storage is not None:
-            from torchrl_ext.storages.ring import EnvRingStorage  # the class that mixes this in
-
-            if type(self)._write is not EnvRingStorage._write:
+            # Only where write_at copies rows and nothing else: the class defining the
+            # write_at in use must say so itself (a subclass that overrides it does more).
+            owner = next(cls for cls in type(self).__mro__ if "write_at" in vars(cls))
+            if not vars(owner).get("write_at_copies_rows", False):
                 return None
             leaves = [(key, leaf.transpose(0, 1)) for key, leaf in leaf_items(self._storage)]
             columns = numpy_columns(leaves, batch_dims=2)
@@ -48,7 +49,7 @@ class RingStepWrites:
             self._step_columns_cache = columns
         return columns
 
-    def _write_step(self, data: TensorDictBase, skip_key: Any = None) -> int | None:
+    def write_step(self, data: TensorDictBase, skip_key: Any = None) -> int | None:
         """Writes the ``[num_envs]`` batch ``data`` (row ``e`` is env ``e``) as the next step
         of every env, when every env stands at the same position, and moves the counters.
 
@@ -61,7 +62,7 @@ class RingStepWrites:
             path does not apply: the envs stand at different positions, the step columns
             do not apply (see :meth:`_step_columns`), or the batch differs in any way from
             what is stored (keys, per-step shapes, dtypes, device, autograd). The caller
-            then takes ``_write``, which raises the errors a bad batch deserves.
+            then takes ``write_at``, which raises the errors a bad batch deserves.
         """
         columns = self._step_columns() if fastpath_enabled() else None
         if columns is None:
@@ -83,13 +84,13 @@ class RingStepWrites:
 
     @property
     def _last_cursor(self) -> torch.Tensor | None:
-        """Flat rows of the last write, as ``_write`` records them (kept for inspection:
+        """Flat rows of the last write, as ``write_at`` records them (kept for inspection:
         TorchRL's shared last-cursor index has no meaning for per-env rings). A step
         write records only its slot: building the rows costs a tensor per step, about
         as much as a step's copies, and is rarely needed."""
         cursor = self.__dict__.get("_last_cursor_value")
         if isinstance(cursor, int):
-            cursor = self._last_cursor_value = self._flat_index(torch.arange(self._num_envs), torch.tensor(cursor))
+            cursor = self._last_cursor_value = self.flat_index(torch.arange(self._num_envs), torch.tensor(cursor))
         return cursor
 
     @_last_cursor.setter

@@ -147,7 +147,7 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
     def _done(self, data: TensorDictBase, env: torch.Tensor) -> torch.Tensor:
         return self._field(data, self.done_key).reshape(env.shape).cpu().bool()
 
-    def _write(
+    def write_at(
         self, env: torch.Tensor, position: torch.Tensor, data: TensorDictBase, *, set_cursor: bool
     ) -> None:
         batch_dims = env.ndim
@@ -171,7 +171,7 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
             self._check_continuity(env, obs, next_obs, frames, next_frames, done, first, every_env)
         stored = data.exclude(self.next_key).set(self.obs_key, frames)
         table_rows = self._table_rows(env, position).reshape(-1)
-        super()._write(env, position, stored, set_cursor=set_cursor, first=first)  # checks the layout first
+        super().write_at(env, position, stored, set_cursor=set_cursor, first=first)  # checks the layout first
         self._store_next_frames(env, table_rows, next_frames, done, every_env)
         if self.check_next and self.num_stack > 1:
             self._keep_pending_stacks(env, position, next_obs)
@@ -351,7 +351,7 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
         wanted = pos.unsqueeze(-1) + offsets
         q = torch.maximum(wanted, begin.unsqueeze(-1))  # the newest, pos + shift >= begin, stays
         leaf = self._frame_leaf()
-        flat = self._flat_index(env.unsqueeze(-1).expand_as(q), q).reshape(-1)
+        flat = self.flat_index(env.unsqueeze(-1).expand_as(q), q).reshape(-1)
         frames = select_rows(leaf, flat, pinned=self._pin_outputs).reshape(*q.shape, *leaf.shape[1:])
         if shift:
             self._patch_next_frames(frames.select(pos.dim(), -1), env, pos)

@@ -115,7 +115,7 @@ class EpisodicEnvRingStorage(EnvRingStorage):
         self._returns = torch.full(shape, self.default_return)
 
     # ------------------------------------------------------------------
-    def _write(
+    def write_at(
         self, env: torch.Tensor, position: torch.Tensor, data: TensorDictBase, *, set_cursor: bool,
         first: torch.Tensor | None = None,
     ) -> None:
@@ -132,7 +132,7 @@ class EpisodicEnvRingStorage(EnvRingStorage):
                         f"{self.discount_key!r} must hold discounts in [0, 1], got values in "
                         f"[{low}, {high}]; nothing was written."
                     )
-        super()._write(env, position, data, set_cursor=set_cursor)
+        super().write_at(env, position, data, set_cursor=set_cursor)
         if env.ndim == 1:  # one step per env (envs stepped together): indexed as it is
             self._index_step(env, position, first.reshape(-1).cpu())
             if self.record_episodic_return:
@@ -150,15 +150,15 @@ class EpisodicEnvRingStorage(EnvRingStorage):
                 size = (size0 + t).clamp_(max=self._max_length)  # stored before step t
                 self._record_step(env[:, t], position[:, t], discount[:, t].reshape(-1).cpu(), size)
 
-    def _write_step(self, data: TensorDictBase, skip_key: Any = None) -> int | None:
+    def write_step(self, data: TensorDictBase, skip_key: Any = None) -> int | None:
         """One step of every env while all stand at one position (see
-        :meth:`EnvRingStorage._write_step`), through :meth:`_write`: the episode index
+        :meth:`EnvRingStorage.write_step`), through :meth:`write_at`: the episode index
         needs its per-step bookkeeping, but the writer's general path need not run.
 
         Returns:
             The position written, or ``None`` (nothing written) when the envs stand at
             different positions or nothing is stored yet. A bad batch raises what
-            :meth:`_write` raises, before anything is written.
+            :meth:`write_at` raises, before anything is written.
         """
         if self._storage is None:
             return None
@@ -170,7 +170,7 @@ class EpisodicEnvRingStorage(EnvRingStorage):
         every_env = self.__dict__.get("_every_env_ids")
         if every_env is None:
             every_env = self._every_env_ids = torch.arange(self._num_envs)
-        self._write(every_env, torch.full((self._num_envs,), position), data, set_cursor=True)
+        self.write_at(every_env, torch.full((self._num_envs,), position), data, set_cursor=True)
         self.advance(None, 1)
         return position
 
@@ -284,8 +284,8 @@ class EpisodicEnvRingStorage(EnvRingStorage):
         j = end.unsqueeze(1) - width + torch.arange(width)  # [n, width], last column end - 1
         valid = j >= start.unsqueeze(1)
         j = torch.where(valid, j, end.unsqueeze(1))  # padding reads a harmless stored step
-        flat = self._flat_index(env.unsqueeze(1), j)
-        flat_next = self._flat_index(env.unsqueeze(1), j + 1)
+        flat = self.flat_index(env.unsqueeze(1), j)
+        flat_next = self.flat_index(env.unsqueeze(1), j + 1)
         discount = self._flat_leaf(self.discount_key).index_select(0, flat.reshape(-1))
         reward = self._flat_leaf(self.reward_key).index_select(0, flat_next.reshape(-1))
         reward = reward.reshape(j.shape).double()
@@ -338,7 +338,7 @@ class EpisodicEnvRingStorage(EnvRingStorage):
         env = torch.as_tensor(env_ids, dtype=torch.long).cpu()
         pos = torch.as_tensor(positions, dtype=torch.long).cpu()
         env, pos = torch.broadcast_tensors(env, pos)
-        self._check_env_ids(env)
+        self.check_env_ids(env)
         stored = (pos >= self.earliest_position()[env]) & (pos < self._current_pos[env])
         if not bool(stored.all()):
             bad = stored.logical_not().nonzero()[0]

@@ -70,7 +70,7 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
             return
         self._copy_ranges(leaves, ranges, cursor, data, set_cursor)
 
-    def _set_ring_rows(self, start: int, cursor: torch.Tensor, data: Any,
+    def set_ring_rows(self, start: int, cursor: torch.Tensor, data: Any,
                        extra: dict[Any, torch.Tensor] | None = None) -> dict[Any, Any] | None:
         """:meth:`set` of ``data`` plus the ``extra`` entries (TorchRL's ``"index"``) at
         ``cursor = (start + arange(n)) % max_size`` on an initialised 1-D storage, for callers
@@ -158,12 +158,12 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
         else:
             return
         for entity in _compat.attached_entities(self):
-            writer = getattr(entity, "_writer", None)
-            if not isinstance(writer, RoundRobinWriter) or getattr(writer, "_storage", None) is not self:
+            writer = getattr(entity, "writer", None)
+            if not isinstance(writer, RoundRobinWriter) or _compat.writer_storage(writer) is not self:
                 continue
-            if writer._cursor == (start + count) % self.max_size and writer._write_count >= count:
-                writer._cursor = start
-                writer._write_count -= count
+            if _compat.writer_cursor(writer) == (start + count) % self.max_size \
+                    and _compat.write_count(writer) >= count:
+                _compat.set_writer_cursor(writer, start, written=-count)
 
     def _check_matches_storage(
         self, cursor: Any, data: Any

@@ -27,6 +27,7 @@ from torchrl.data import TensorDictReplayBuffer as _TorchRLTensorDictReplayBuffe
 from torchrl.data.replay_buffers.checkpointers import StorageCheckpointerBase
 from torchrl.data.replay_buffers.storages import Storage
 
+from torchrl_ext import _compat
 from torchrl_ext.io.state_files import (
     load_component,
     save_state,
@@ -105,6 +106,9 @@ class EnvRingStorage(PinnedOutputs, RingReads, RingStepWrites, RingSharing, Stor
     """
 
     _default_checkpointer = EnvRingStorageCheckpointer
+    #: :meth:`write_at` only copies rows (the every-env step write may then stand in for it);
+    #: a subclass that overrides ``write_at`` gets the general path unless it sets this too.
+    write_at_copies_rows = True
     ndim = 2
     returns_tensordicts = True  # reads give one TensorDict: no collate function needed
     #: Oldest stored steps of each env that cannot be read whole (a frame-stacking
@@ -181,6 +185,44 @@ class EnvRingStorage(PinnedOutputs, RingReads, RingStepWrites, RingSharing, Stor
         """Steps stored per env, int64 ``[E]`` (a copy)."""
         return self._current_size.clone()
 
+    # The storage contract samplers and writers read: live views, no copies. They change as
+    # the storage is written; the torch ones share the numpy ones' memory, so never write them.
+    @property
+    def positions(self) -> torch.Tensor:
+        """Live view of each env's next position, int64 ``[E]`` (read only)."""
+        return self._current_pos
+
+    @property
+    def sizes(self) -> torch.Tensor:
+        """Live view of the steps stored per env, int64 ``[E]`` (read only)."""
+        return self._current_size
+
+    @property
+    def position_array(self) -> np.ndarray:
+        """:attr:`positions` as a read-only numpy array (cheapest for per-write bookkeeping)."""
+        view = self._pos_np.view()
+        view.flags.writeable = False
+        return view
+
+    @property
+    def size_array(self) -> np.ndarray:
+        """:attr:`sizes` as a read-only numpy array."""
+        view = self._size_np.view()
+        view.flags.writeable = False
+        return view
+
+    @property
+    def resets(self) -> torch.Tensor:
+        """Live count of the clears of each env, int64 ``[E]`` (read only): a sampler that keeps
+        per-position state sees a clear even after the env was written past its old position."""
+        return self._resets
+
+    @property
+    def flat_leaves(self) -> list[tuple[Any, torch.Tensor]]:
+        """``(key, rows)`` for every stored leaf, its memory viewed as ``[E * L, ...]`` rows
+        (row of ``(env, position)``: :meth:`flat_index`); empty before the first write."""
+        return self._flat
+
     def earliest_position(self, env_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Oldest stored position of each env in ``env_ids`` (all envs by default)."""
         earliest = self._current_pos - self._current_size
@@ -213,7 +255,7 @@ class EnvRingStorage(PinnedOutputs, RingReads, RingStepWrites, RingSharing, Stor
     def attach(self, buffer: Any) -> None:
         """Refuses buffers that would hand the rings transposed or mis-indexed batches."""
         ring_buffer = getattr(buffer, "_drives_env_rings", False)
-        dim_extend = getattr(buffer, "_dim_extend", 0)
+        dim_extend = _compat.requested_dim_extend(buffer)
         if dim_extend not in (0, None) or (dim_extend is None and not ring_buffer):
             raise ValueError(
                 f"{type(self).__name__} needs dim_extend=0 (batches are [N] or [N, T] steps "
@@ -236,9 +278,9 @@ class EnvRingStorage(PinnedOutputs, RingReads, RingStepWrites, RingSharing, Stor
         Counters do not move: :meth:`advance` does that (the writer calls it).
         """
         env, position = self._as_coordinates(cursor)
-        self._write(env, position, data, set_cursor=set_cursor)
+        self.write_at(env, position, data, set_cursor=set_cursor)
 
-    def _write(
+    def write_at(
         self, env: torch.Tensor, position: torch.Tensor, data: TensorDictBase, *, set_cursor: bool
     ) -> None:
         """:meth:`set` for coordinates known to be in range (checks the data only)."""
@@ -259,7 +301,7 @@ class EnvRingStorage(PinnedOutputs, RingReads, RingStepWrites, RingSharing, Stor
             self._allocate(data, env.ndim)
         elif layout != self._layout_cache:
             _raise_layout_mismatch(self._layout_cache, layout)
-        flat = self._flat_index(env, position).reshape(-1)
+        flat = self.flat_index(env, position).reshape(-1)
         n = flat.numel()
         for key, leaf in self._flat:
             value = data.get(key)
@@ -344,14 +386,14 @@ class EnvRingStorage(PinnedOutputs, RingReads, RingStepWrites, RingSharing, Stor
         return memory.transpose(0, 1) if self.time_major else memory
 
     def flat_leaf(self, key: Any) -> torch.Tensor | None:
-        """The stored leaf ``key``'s memory as ``[E * L, ...]`` rows (:meth:`_flat_index` gives the
+        """The stored leaf ``key``'s memory as ``[E * L, ...]`` rows (:meth:`flat_index` gives the
         row of a step), or ``None``."""
         for leaf_key, leaf in self._flat:
             if leaf_key == key:
                 return leaf
         return None
 
-    def _stores_leaf(self, key: Any) -> bool:
+    def stores_leaf(self, key: Any) -> bool:
         """Whether the nested key ``key`` names a stored leaf."""
         layout = self._layout_cache
         if layout is None:
@@ -451,7 +493,7 @@ class EnvRingStorage(PinnedOutputs, RingReads, RingStepWrites, RingSharing, Stor
                 )
         return env, position
 
-    def _flat_index(self, env: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    def flat_index(self, env: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         """Row of ``(env, position)`` in the leaf rows (:attr:`_flat`): ``slot * E + env``
         time-major, ``env * L + slot`` env-major."""
         slot = position.remainder(self._max_length)
@@ -465,7 +507,7 @@ class EnvRingStorage(PinnedOutputs, RingReads, RingStepWrites, RingSharing, Stor
         self._current_pos = torch.from_numpy(self._pos_np)
         self._current_size = torch.from_numpy(self._size_np)
 
-    def _check_env_ids(self, env_ids: torch.Tensor) -> None:
+    def check_env_ids(self, env_ids: torch.Tensor) -> None:
         if env_ids.numel() and (int(env_ids.min()) < 0 or int(env_ids.max()) >= self._num_envs):
             raise ValueError(
                 f"env_ids must lie in [0, {self._num_envs - 1}], got values in "

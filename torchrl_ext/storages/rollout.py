@@ -107,6 +107,11 @@ class RolloutStorage(PinnedOutputs, Storage):
 
     # ------------------------------------------------------------------
     @property
+    def step_keys(self) -> frozenset:
+        """Keys of the per-step entries written so far (the rest are per-rollout entries)."""
+        return frozenset(self._step_keys)
+
+    @property
     def num_steps(self) -> int:
         return self._num_steps
 

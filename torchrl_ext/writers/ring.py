@@ -111,13 +111,13 @@ class EnvRingWriter(Writer):
                 data = data.exclude(self.env_id_key)
         steps = 1 if data.batch_dims == 1 else data.shape[1]
         self._check_fits(steps)
-        pos = storage._pos_np[env_ids.numpy()]
+        pos = storage.position_array[env_ids.numpy()]
         if data.batch_dims == 1:
             env, position = env_ids, torch.from_numpy(pos)
         else:
             env = env_ids.unsqueeze(1).expand(-1, steps)
             position = torch.from_numpy(pos[:, None] + np.arange(steps))
-        storage._write(env, position, data, set_cursor=True)
+        storage.write_at(env, position, data, set_cursor=True)
         storage.advance(env_ids, steps)
         self._write_count += env.numel()
         index = torch.stack([env.reshape(-1), position.reshape(-1)], -1)
@@ -133,7 +133,7 @@ class EnvRingWriter(Writer):
         for any other batch: :meth:`write` then takes the general path, which
         also raises the errors of a bad batch.
         """
-        num_envs = storage._num_envs
+        num_envs = storage.num_envs
         batch_size = data.batch_size
         if len(batch_size) != 1 or batch_size[0] != num_envs:
             return None
@@ -150,7 +150,7 @@ class EnvRingWriter(Writer):
             and torch.equal(env_ids, every_env)  # torch.equal also compares the lengths
         ):
             return None
-        position = storage._write_step(data, skip_key)
+        position = storage.write_step(data, skip_key)
         if position is None:
             return None
         self._write_count += num_envs
@@ -228,14 +228,14 @@ class EnvRingWriter(Writer):
         storage = self.storage
         env_ids = torch.arange(storage.num_envs) if env_ids is None else self.check_env_ids(env_ids)
         check_int("n", n, minimum=1)
-        size = storage._current_size[env_ids]
+        size = storage.sizes[env_ids]
         if env_ids.numel() and int(size.min()) < n:
             raise ValueError(
                 f"cannot dequeue n={n} steps: env {int(env_ids[size.argmin()])} holds only "
                 f"{int(size.min())}; dequeue fewer, or wait for more data."
             )
         if env_ids.numel() == 0:
-            return storage._empty_result((0, n))
+            return storage.empty_result((0, n))
         earliest = storage.earliest_position(env_ids)
         positions = earliest.unsqueeze(1) + torch.arange(n)
         out = storage.get((env_ids.unsqueeze(1).expand(-1, n), positions))
@@ -260,7 +260,7 @@ class EnvRingWriter(Writer):
     def has_room(self, env_ids: torch.Tensor, steps: int = 1) -> bool:
         """Whether every env in ``env_ids`` can take ``steps`` steps without overwriting."""
         storage = self.storage
-        free = storage.max_length - storage._current_size[env_ids]
+        free = storage.max_length - storage.sizes[env_ids]
         return bool((free >= steps).all())
 
     def _check_fits(self, steps: int) -> None:
