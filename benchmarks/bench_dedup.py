@@ -619,14 +619,14 @@ def diagnose_sample(dedup: EnvRingReplayBuffer, plain: EnvRingReplayBuffer, reps
     pieces: list[tuple[str, Callable[[], Any]]] = [
         ("dedup rb.sample(256), end to end", lambda: dedup.sample(BATCH)),
         ("  TrajectorySampler.sample (index only)", lambda: dedup._sampler.sample(st, BATCH)),
-        ("  DedupEnvRingStorage._gather (fixed index)", lambda: st._gather(env, pos)),
-        ("    the other stored fields via the parent's _gather (the obs leaf skipped, as in the call)",
-         lambda: parent._gather(st, env, pos, skip=(st.obs_key,))),
+        ("  DedupEnvRingStorage.gather (fixed index)", lambda: st.gather(env, pos)),
+        ("    the other stored fields via the parent's gather (the obs leaf skipped, as in the call)",
+         lambda: parent.gather(st, env, pos, skip=(st.obs_key,))),
         ("    _stack: observation (its 4 frames in one gather)", lambda: st._stack(ec, pc, begin)),
         ("    _stack: next observation (4 frames in one gather, the newest patched from the side tables)",
          lambda: st._stack(ec, pc, begin, shift=1)),
         ("plain rb.sample(256), end to end", lambda: plain.sample(BATCH)),
-        ("  EnvRingStorage._gather (fixed index)", lambda: pst._gather(env, pos)),
+        ("  EnvRingStorage.gather (fixed index)", lambda: pst.gather(env, pos)),
         ("reference: index_select of the 2,048 frames of obs + next obs, one new tensor",
          lambda: leaf.index_select(0, frames_flat)),
     ]

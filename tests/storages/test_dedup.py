@@ -319,13 +319,13 @@ def test_reads_gather_the_stored_frames_of_stacked_observations_only_once(obs_ke
         td.set(next_key, torch.stack([frame(t), frame(t + 1)], 1))
         rb.extend(td)
     parent_keys = []  # what the parent gathered, before the stacks are added
-    parent_gather = EpisodicEnvRingStorage._gather
+    parent_gather = EpisodicEnvRingStorage.gather
 
     def recorded(self, *args, **kwargs):
         out = parent_gather(self, *args, **kwargs)
         parent_keys.append(list(out.keys(True, True)))
         return out
-    monkeypatch.setattr(EpisodicEnvRingStorage, "_gather", recorded)
+    monkeypatch.setattr(EpisodicEnvRingStorage, "gather", recorded)
     got = storage.get((torch.tensor([0, 1]), torch.tensor([1, 2])))
     assert parent_keys == [[("next", "done")]]
     assert got[obs_key][:, :, 0].tolist() == [[0.0, 1.0], [1.0, 2.0]]

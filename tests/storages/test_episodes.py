@@ -228,8 +228,12 @@ def test_bad_input():
     rb.extend(batch([0], [FIRST], [1.0], [0.0]))
     with pytest.raises(ValueError, match="position 1 of env 0 is not stored"):
         storage.steps_to_episode_end(torch.tensor([1]), torch.tensor([0]))
-    with pytest.raises(ValueError, match=r"gamma must be a number in \[0, 1\]"):
+    with pytest.raises(ValueError, match=r"gamma must be a number in \[0, 1\], got gamma=1.5"):
         EpisodicEnvRingStorage(1, 4, gamma=1.5)
+    with pytest.raises(ValueError, match=r"gamma must be a number in \[0, 1\], got gamma=nan"):
+        EpisodicEnvRingStorage(1, 4, gamma=float("nan"))
+    with pytest.raises(TypeError, match="gamma must be a real number"):
+        EpisodicEnvRingStorage(1, 4, gamma="0.9")
     with pytest.raises(ValueError, match="reward_clip must be"):
         EpisodicEnvRingStorage(1, 4, reward_clip=(1.0, -1.0))
     with pytest.raises(RuntimeError, match="record_episodic_return=True"):

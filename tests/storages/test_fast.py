@@ -360,3 +360,17 @@ def test_a_zero_row_extend_keeps_the_buffer_checkpointable(storage_cls, tmp_path
     restored = ExtTensorDictReplayBuffer(storage=storage_cls(4), batch_size=2)
     restored.loads(tmp_path / "ckpt")
     assert restored[:]["obs"].tolist() == [0.0, 1.0, 2.0]
+
+
+def test_gather_equals_get_and_carries_the_extra_entries():
+    storage = FastTensorStorage(10)
+    data = TensorDict({"a": torch.arange(20.0).reshape(10, 2), ("b", "c"): torch.arange(10)}, [10])
+    storage.set(torch.arange(10), data)
+    rows = torch.tensor([7, 0, 7, 3])
+    out = storage.gather(rows, {"index": rows, "weight": torch.ones(4)})
+    expected = storage.get(rows)
+    assert out.batch_size == (4,)
+    assert all(torch.equal(out[k], expected[k]) for k in expected.keys(True, True))
+    assert out["index"].tolist() == [7, 0, 7, 3] and out["weight"].tolist() == [1.0] * 4
+    with pytest.raises(ValueError, match=r"sampler info 'weight' has shape \[3\]"):
+        storage.gather(rows, {"weight": torch.ones(3)})

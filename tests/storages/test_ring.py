@@ -140,9 +140,9 @@ def test_set_checks_coordinates_and_data():
 
 @pytest.mark.parametrize("bad", [0, -1, 2.5, True])
 def test_geometry_must_be_positive_ints(bad):
-    with pytest.raises(ValueError, match="num_envs must be a positive int"):
+    with pytest.raises(ValueError, match="num_envs must be an int >= 1, got num_envs="):
         EnvRingStorage(bad, 3)
-    with pytest.raises(ValueError, match="max_length must be a positive int"):
+    with pytest.raises(ValueError, match="max_length must be an int >= 1, got max_length="):
         EnvRingStorage(2, bad)
 
 

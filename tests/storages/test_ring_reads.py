@@ -66,7 +66,7 @@ def test_chain_and_window_reads_equal_the_stored_rows(case):
     assert (storage._read_columns() is None) == (case != "float32")  # numpy only where it can view
     env, start, end = coordinates(storage, 64, seed=0)
     chain = storage.gather_chain(env, start, end)
-    window = storage._gather(env.view(8, 8), start.view(8, 8))
+    window = storage.gather(env.view(8, 8), start.view(8, 8))
     assert chain.batch_size == (64,) and window.batch_size == (8, 8)
     for key in storage._storage.keys(include_nested=True, leaves_only=True):
         want = expected(storage, env, start, end, key)

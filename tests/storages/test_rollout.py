@@ -104,7 +104,7 @@ def test_bad_input():
     with pytest.raises(ValueError, match=r"step has batch size \[2\] but the rollout holds \[3\]"):
         rollout.insert(step(0, n_envs=2))
     assert rollout.step == 0
-    with pytest.raises(ValueError, match="num_steps must be a positive int"):
+    with pytest.raises(ValueError, match="num_steps must be an int >= 1, got num_steps="):
         RolloutStorage(0)
     with pytest.raises(ValueError, match="carry key 'hidden' is missing under 'next'"):
         RolloutStorage(2, carry_keys=["hidden"]).insert(step(0))

@@ -207,7 +207,7 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
             if len(index) == 3:  # n-step: "next" entries from the chain end
                 data = self._storage.gather_chain(env, position, index[2], extra)
             else:
-                data = self._storage._gather(env, position, extra)
+                data = self.storage.gather(env, position, extra)
         if self._has_transform():
             with data.unlock_():
                 data = self._transform(data)

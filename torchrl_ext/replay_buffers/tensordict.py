@@ -35,8 +35,8 @@ from torchrl_ext._fastpath import fastpath_enabled
 from torchrl_ext.io.atomic_dir import atomic_save_dir, committed_dir, verify_checkpoint
 from torchrl_ext.io.state_files import load_state, save_state
 from torchrl_ext.replay_buffers._lean_extend import LeanExtend
-from torchrl_ext.storages._gathers import assemble, check_info_leads, gather_coordinates, gather_rows, take_rows
-from torchrl_ext.storages._numpy_rows import ColumnCache, leaf_items
+from torchrl_ext.storages._gathers import check_info_leads, gather_coordinates, gather_rows
+from torchrl_ext.storages._numpy_rows import leaf_items
 from torchrl_ext.samplers.minibatch import _EpochMinibatchSampler
 from torchrl_ext.storages.rollout import RolloutStorage
 from torchrl_ext.writers.rollout import RolloutWriter
@@ -151,9 +151,6 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
             kwargs["batch_size"] = 1
         _check_sampler_capacity(kwargs.get("sampler"), kwargs.get("storage"))
         super().__init__(**kwargs)
-        # Numpy views of the stored leaves for CPU gathers, rebuilt when TorchRL swaps or
-        # moves a leaf (loads, share_memory_, memmap_); pickles empty.
-        self._gather_columns = ColumnCache()
 
     def _transpose(self, data: Any) -> Any:
         if isinstance(self._storage, RolloutStorage) and isinstance(data, TensorDictBase) and data.batch_dims == 1:
@@ -274,13 +271,18 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
             # Samplers may hand back a 1-tuple of coordinates for a 1-D storage.
             rows = index[0] if isinstance(index, tuple) and len(index) == 1 else index
             storage = self._storage
-            if isinstance(rows, torch.Tensor) and rows.ndim == 1 and isinstance(storage, TensorStorage) \
-                    and storage.ndim == 1:
-                data = self._gather(rows, info)
-            elif _coordinates(index, storage):
-                data = self._gather_coordinates(index, info)
+            stored = _compat.stored_data(storage) if isinstance(storage, TensorStorage) else None
+            if stored is not None and not all(isinstance(t, torch.Tensor) for _, t in leaf_items(stored)):
+                stored = None  # non-tensor leaves: the storage's own indexing below
+            if stored is not None and isinstance(rows, torch.Tensor) and rows.ndim == 1 and storage.ndim == 1:
+                extra = _info_entries(info, rows.numel())
+                gather = getattr(storage, "gather", None)  # FastTensorStorage's cached numpy reads
+                data = gather(rows, extra) if gather is not None else gather_rows(stored, rows, extra=extra)
+            elif stored is not None and _coordinates(index, storage):
+                batch = torch.broadcast_shapes(*(i.shape for i in index))[0]
+                data = gather_coordinates(stored, index, extra=_info_entries(info, batch))
             else:  # anything else: the storage's own indexing, same info entries
-                data = self._storage.get(_compat.storage_index(index, self._storage))
+                data = storage.get(_compat.storage_index(index, storage))
                 for key, value in _info_entries(info, data.shape[0]).items():
                     if value.ndim < data.ndim:  # per-item info over [B, T] windows, as TorchRL does
                         value = expand_as_right(value, data)
@@ -290,33 +292,6 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
             with data.unlock_():
                 data = self._transform(data)
         return data, info
-
-    def _gather(self, rows: torch.Tensor, info: dict[str, Any]) -> TensorDictBase:
-        """``storage[rows]`` (one ``index_select`` per stored tensor) plus ``info``."""
-        stored = _compat.stored_data(self.storage)
-        extra = _info_entries(info, rows.numel())
-        leaves = self._leaves_of(stored)
-        columns = self._gather_columns.get(leaves, batch_dims=1) if rows.is_cpu else None
-        if columns is not None:
-            return assemble(take_rows(columns, rows), rows.shape, stored.device, extra)
-        return gather_rows(stored, rows, extra=extra, leaves=leaves)
-
-    def _gather_coordinates(self, index: tuple[torch.Tensor, ...], info: dict[str, Any]) -> TensorDictBase:
-        """``storage[index]`` for coordinates into an ``ndim >= 2`` storage: one
-        ``index_select`` of flat rows per leaf (TensorDict's advanced indexing
-        costs several times more)."""
-        stored = _compat.stored_data(self.storage)
-        batch = torch.broadcast_shapes(*(i.shape for i in index))[0]
-        extra = _info_entries(info, batch)
-        return gather_coordinates(stored, index, extra=extra, leaves=self._leaves_of(stored))
-
-    def _leaves_of(self, stored: TensorDictBase) -> list[tuple[Any, torch.Tensor]]:
-        # Listed per sample: TorchRL's storages add and replace leaves of the same stored
-        # TensorDict (a key that appears later, a load, memmap_()), which a kept list would miss.
-        leaves = leaf_items(stored)
-        if not all(isinstance(tensor, torch.Tensor) for _, tensor in leaves):
-            raise TypeError("the lean gather only handles tensor leaves")
-        return leaves
 
     def _set_index_in_td(self, tensordict: TensorDictBase, index: Any) -> None:
         """Writes each extended item's storage coordinates under ``"index"``.

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from torchrl_ext._checks import check_int
 from torchrl_ext.storages._gathers import assemble, select_rows, take, take_rows
 from torchrl_ext.storages._numpy_rows import Columns, numpy_columns
 
@@ -33,7 +34,7 @@ class RingReads:
         ):
             env, position = self._as_coordinates(index)
             self._check_readable(env, position)
-            return self._gather(env, position)
+            return self.gather(env, position)
         if isinstance(index, tuple) and len(index) == 3 and all(
             isinstance(i, torch.Tensor) and not i.dtype.is_floating_point for i in index
         ):
@@ -54,10 +55,10 @@ class RingReads:
         transition from ``start`` to the observation after ``end`` (n-step sampling).
         ``extra`` entries (the sampler's n-step reward, ...) replace stored ones."""
         extra = extra or {}
-        if type(self)._gather is not RingReads._gather:  # subclasses rebuild entries on read
-            out = self._gather(env, start)
+        if type(self).gather is not RingReads.gather:  # subclasses rebuild entries on read
+            out = self.gather(env, start)
             if "next" in out.keys():
-                out.set("next", self._gather(env, end).get("next"))
+                out.set("next", self.gather(env, end).get("next"))
             for key, value in extra.items():
                 out.set(key, value)
             return out
@@ -99,12 +100,14 @@ class RingReads:
     def _check_readable(self, env: torch.Tensor, position: torch.Tensor) -> None:
         """Hook for :meth:`get`: subclasses refuse steps they cannot rebuild whole."""
 
-    def _gather(
+    def gather(
         self, env: torch.Tensor, position: torch.Tensor, extra: dict[Any, torch.Tensor] | None = None,
         skip: Any = (),
     ) -> TensorDictBase:
-        """:meth:`get` for coordinates known to be valid, plus ``extra`` entries of the same batch
-        shape, without the stored leaves in ``skip`` (ones a subclass rebuilds itself)."""
+        """:meth:`get` for coordinates known to be stored (a sampler's draws; not re-checked),
+        plus ``extra`` entries of the same batch shape (a sampler's info), without the stored
+        leaves in ``skip`` (ones a subclass rebuilds itself). Shape contract: ``env`` and
+        ``position`` of one shape ``S`` give a TensorDict of batch size ``S``."""
         flat = self.flat_index(env, position)
         shape, rows = flat.shape, flat.reshape(-1)
         columns = self._read_columns() if flat.is_cpu else None
@@ -148,13 +151,7 @@ class RingReads:
         Args:
             num_earliest_ignored: leave out that many oldest steps of each env.
         """
-        if isinstance(num_earliest_ignored, bool) or not isinstance(num_earliest_ignored, int) or (
-            num_earliest_ignored < 0
-        ):
-            raise ValueError(
-                "num_earliest_ignored must be an int >= 0, got "
-                f"num_earliest_ignored={num_earliest_ignored!r}."
-            )
+        check_int("num_earliest_ignored", num_earliest_ignored, minimum=0)
         pos, size = self._current_pos, self._current_size
         if not (bool((pos == pos[0]).all()) and bool((size == size[0]).all())):
             raise ValueError(

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
+from torchrl_ext._checks import check_int
 from torchrl_ext._host import NUMPY_DTYPES
 from torchrl_ext._keys import nested_key
 from torchrl_ext.storages.episodes import EpisodicEnvRingStorage
@@ -100,8 +101,7 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
         **kwargs: Any,
     ) -> None:
         super().__init__(num_envs, max_length, step_type_key=None, **kwargs)
-        if isinstance(num_stack, bool) or not isinstance(num_stack, int) or num_stack < 1:
-            raise ValueError(f"num_stack must be an int >= 1, got num_stack={num_stack!r}.")
+        check_int("num_stack", num_stack, minimum=1)
         if padding not in ("reset", "zero"):
             raise ValueError(f"padding must be 'reset' or 'zero', got padding={padding!r}.")
         self.obs_key = obs_key = nested_key(obs_key, "obs_key")
@@ -323,11 +323,11 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
                 "oldest stored step); sample with a torchrl_ext sampler, which skips them."
             )
 
-    def _gather(
+    def gather(
         self, env: torch.Tensor, position: torch.Tensor, extra: dict[Any, torch.Tensor] | None = None
     ) -> TensorDictBase:
         # The stored obs leaf holds each stack's newest frame: only read as is without stacking.
-        out = super()._gather(env, position, extra, skip=(self.obs_key,) if self.num_stack > 1 else ())
+        out = super().gather(env, position, extra, skip=(self.obs_key,) if self.num_stack > 1 else ())
         env_c, pos_c = env.cpu(), position.cpu()
         begin = self._begin(env_c, pos_c)
         if self.num_stack > 1:

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
+from torchrl_ext._checks import check_real
 from torchrl_ext._host import bounds
 from torchrl_ext._keys import nested_key
 from torchrl_ext.storages.ring import EnvRingStorage
@@ -96,8 +97,7 @@ class EpisodicEnvRingStorage(EnvRingStorage):
         time_major: bool | None = None,
     ) -> None:
         super().__init__(num_envs, max_length, device=device, time_major=time_major)
-        if isinstance(gamma, bool) or not isinstance(gamma, (int, float)) or not 0 <= gamma <= 1:
-            raise ValueError(f"gamma must be a number in [0, 1], got gamma={gamma!r}.")
+        check_real("gamma", gamma, low=0.0, high=1.0)
         if reward_clip is not None and (len(reward_clip) != 2 or reward_clip[0] > reward_clip[1]):
             raise ValueError(
                 f"reward_clip must be (low, high) with low <= high, got reward_clip={reward_clip!r}."
@@ -304,14 +304,14 @@ class EpisodicEnvRingStorage(EnvRingStorage):
         return leaf.reshape(leaf.shape[0])
 
     # ------------------------------------------------------------------
-    def _gather(
+    def gather(
         self, env: torch.Tensor, position: torch.Tensor, extra: dict[Any, torch.Tensor] | None = None,
         skip: Any = (),
     ) -> TensorDictBase:
         if self.record_episodic_return:
             returns = self._returns[env.cpu(), (position % self._max_length).cpu()]
             extra = {**(extra or {}), RETURN_KEY: returns.to(self._device)}
-        return super()._gather(env, position, extra, skip)
+        return super().gather(env, position, extra, skip)
 
     def get_episode_begin_position(self, positions: Any, env_ids: Any) -> torch.Tensor:
         """First position of the episode of each ``(env, position)`` (maybe no longer stored)."""

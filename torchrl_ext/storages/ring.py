@@ -28,6 +28,7 @@ from torchrl.data.replay_buffers.checkpointers import StorageCheckpointerBase
 from torchrl.data.replay_buffers.storages import Storage
 
 from torchrl_ext import _compat
+from torchrl_ext._checks import check_int
 from torchrl_ext.io.state_files import (
     load_component,
     save_state,
@@ -127,8 +128,7 @@ class EnvRingStorage(PinnedOutputs, RingReads, RingStepWrites, RingSharing, Stor
         time_major: bool | None = None,
     ) -> None:
         for name, value in (("num_envs", num_envs), ("max_length", max_length)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {name}={value!r}.")
+            check_int(name, value, minimum=1)
         if time_major is not None:
             if not isinstance(time_major, bool):
                 raise TypeError(

@@ -28,6 +28,7 @@ from tensordict import TensorDictBase
 from torchrl.data.replay_buffers.checkpointers import StorageCheckpointerBase
 from torchrl.data.replay_buffers.storages import Storage
 
+from torchrl_ext._checks import check_int
 from torchrl_ext.io.state_files import (
     load_component,
     save_state,
@@ -95,8 +96,7 @@ class RolloutStorage(PinnedOutputs, Storage):
         carry_keys: Sequence[Any] | None = None,
         device: torch.device | str = "cpu",
     ) -> None:
-        if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
-            raise ValueError(f"num_steps must be a positive int, got num_steps={num_steps!r}.")
+        check_int("num_steps", num_steps, minimum=1)
         super().__init__(num_steps)
         self._num_steps = num_steps
         self._device = torch.device(device)
