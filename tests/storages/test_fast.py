@@ -374,3 +374,13 @@ def test_gather_equals_get_and_carries_the_extra_entries():
     assert out["index"].tolist() == [7, 0, 7, 3] and out["weight"].tolist() == [1.0] * 4
     with pytest.raises(ValueError, match=r"sampler info 'weight' has shape \[3\]"):
         storage.gather(rows, {"weight": torch.ones(3)})
+
+
+def test_gather_refuses_extra_entries_that_do_not_lead_with_the_whole_batch_shape():
+    from torchrl_ext.storages._gathers import assemble
+
+    # A [2] entry in a [2, 3] result would be a TensorDict whose leaf lacks a batch dim.
+    with pytest.raises(ValueError, match=r"sampler info 'w' has shape \[2\], which does not lead with .*\[2, 3\]"):
+        assemble({"a": torch.zeros(2, 3)}, torch.Size([2, 3]), None, extra={"w": torch.ones(2)})
+    out = assemble({"a": torch.zeros(2, 3)}, torch.Size([2, 3]), None, extra={"w": torch.ones(2, 3, 4)})
+    assert out["w"].shape == (2, 3, 4)

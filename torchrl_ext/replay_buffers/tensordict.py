@@ -38,6 +38,7 @@ from torchrl_ext.replay_buffers._lean_extend import LeanExtend
 from torchrl_ext.storages._gathers import check_info_leads, gather_coordinates, gather_rows
 from torchrl_ext.storages._numpy_rows import leaf_items
 from torchrl_ext.samplers.minibatch import _EpochMinibatchSampler
+from torchrl_ext.storages.fast import FastMemmapStorage, FastTensorStorage
 from torchrl_ext.storages.rollout import RolloutStorage
 from torchrl_ext.writers.rollout import RolloutWriter
 
@@ -263,7 +264,8 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
             data, info = super()._sample(batch_size)
             if is_tensor_collection(data):  # TorchRL would fail writing it, with a RuntimeError
                 for key, value in _info_entries(info, data.shape[0] if data.batch_dims else 1).items():
-                    check_info_leads(key, value, data.batch_size)
+                    # TorchRL broadcasts info of fewer dims over the rest (per-item info of windows).
+                    check_info_leads(key, value, data.batch_size[: value.ndim])
             return data, info
         with self._replay_lock, self._write_lock:
             index, info = self._sampler.sample(self._storage, batch_size)
@@ -272,15 +274,20 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
             rows = index[0] if isinstance(index, tuple) and len(index) == 1 else index
             storage = self._storage
             stored = _compat.stored_data(storage) if isinstance(storage, TensorStorage) else None
-            if stored is not None and not all(isinstance(t, torch.Tensor) for _, t in leaf_items(stored)):
-                stored = None  # non-tensor leaves: the storage's own indexing below
-            if stored is not None and isinstance(rows, torch.Tensor) and rows.ndim == 1 and storage.ndim == 1:
+            # Listed once per sample: TorchRL adds and replaces leaves of the stored TensorDict
+            # (a key that appears later, a load, memmap_()), which a kept list would miss.
+            leaves = None if stored is None else leaf_items(stored)
+            if leaves is not None and not all(isinstance(t, torch.Tensor) for _, t in leaves):
+                leaves = None  # non-tensor leaves: the storage's own indexing below
+            if leaves is not None and isinstance(rows, torch.Tensor) and rows.ndim == 1 and storage.ndim == 1:
                 extra = _info_entries(info, rows.numel())
-                gather = getattr(storage, "gather", None)  # FastTensorStorage's cached numpy reads
-                data = gather(rows, extra) if gather is not None else gather_rows(stored, rows, extra=extra)
-            elif stored is not None and _coordinates(index, storage):
+                if isinstance(storage, (FastTensorStorage, FastMemmapStorage)):  # cached numpy reads
+                    data = storage.gather(rows, extra, leaves=leaves)
+                else:
+                    data = gather_rows(stored, rows, extra=extra, leaves=leaves)
+            elif leaves is not None and _coordinates(index, storage):
                 batch = torch.broadcast_shapes(*(i.shape for i in index))[0]
-                data = gather_coordinates(stored, index, extra=_info_entries(info, batch))
+                data = gather_coordinates(stored, index, extra=_info_entries(info, batch), leaves=leaves)
             else:  # anything else: the storage's own indexing, same info entries
                 data = storage.get(_compat.storage_index(index, storage))
                 for key, value in _info_entries(info, data.shape[0]).items():

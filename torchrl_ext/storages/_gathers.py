@@ -20,12 +20,11 @@ from torchrl_ext.storages import _output_memory
 __all__ = ["assemble", "gather_coordinates", "gather_rows", "new_output", "select_rows", "take", "take_rows"]
 
 def check_info_leads(key: Any, value: torch.Tensor, batch_size: torch.Size) -> None:
-    """Refuses sampler info that does not lead with the sample's batch size (on the dims it has)."""
-    lead = batch_size[: value.ndim]
-    if value.shape[: len(lead)] != lead:
+    """Refuses sampler info whose shape does not start with ``batch_size``."""
+    if value.shape[: len(batch_size)] != batch_size:
         raise ValueError(
             f"sampler info {key!r} has shape {list(value.shape)}, which does not lead with the "
-            f"sample's batch size {list(lead)}; return per-item info from the sampler."
+            f"sample's batch size {list(batch_size)}; return per-item info from the sampler."
         )
 
 

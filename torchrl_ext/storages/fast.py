@@ -104,29 +104,32 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
             return None
         return self._columns()
 
-    def _columns(self) -> Columns | None:
-        """Numpy views of the stored leaves of a 1-D storage; ``None`` otherwise or where numpy
-        cannot view a leaf. Rebuilt when TorchRL replaces or moves a leaf (:class:`ColumnCache`)."""
+    def _columns(self, leaves: list[tuple[Any, Any]] | None = None) -> Columns | None:
+        """Numpy views of the stored leaves of a 1-D storage (``leaves``: ``leaf_items`` of
+        them, if the caller listed them); ``None`` otherwise or where numpy cannot view a leaf.
+        Rebuilt when TorchRL replaces or moves a leaf (:class:`ColumnCache`)."""
         if self.ndim != 1 or not isinstance(self._storage, TensorDictBase):
             return None
         cache = self.__dict__.get("_numpy_columns")
         if cache is None:
             cache = self._numpy_columns = ColumnCache()
-        return cache.get(leaf_items(self._storage), batch_dims=1)
+        return cache.get(leaf_items(self._storage) if leaves is None else leaves, batch_dims=1)
 
-    def gather(self, rows: torch.Tensor, extra: dict[Any, torch.Tensor] | None = None) -> TensorDictBase:
+    def gather(self, rows: torch.Tensor, extra: dict[Any, torch.Tensor] | None = None, *,
+               leaves: list[tuple[Any, torch.Tensor]] | None = None) -> TensorDictBase:
         """``storage[rows]`` plus ``extra`` (entries of the same batch size, such as a sampler's
         info) in one TensorDict, for int64 ``rows`` a sampler drew inside the filled part (not
         re-checked): CPU rows through numpy's ``take`` on cached views of the leaves, which
         costs less than ``index_select`` on a sample's few hundred rows; other rows (or leaves
-        numpy cannot view) through ``index_select``.
+        numpy cannot view) through ``index_select``. ``leaves``: the stored ``(key, tensor)``
+        leaves, if the caller listed them already (listing walks the whole TensorDict).
 
         Shape contract: ``rows`` ``[B]`` gives a TensorDict of batch size ``[B]``.
         """
-        columns = self._columns() if rows.is_cpu and not self._pin_outputs else None
+        columns = self._columns(leaves) if rows.is_cpu and not self._pin_outputs else None
         if columns is not None:
             return assemble(take_rows(columns, rows), rows.shape, self._storage.device, extra)
-        return gather_rows(self._storage, rows, extra=extra, pinned=self._pin_outputs)
+        return gather_rows(self._storage, rows, extra=extra, leaves=leaves, pinned=self._pin_outputs)
 
     def _numpy_pairs(self, data: Any) -> list | None:
         """``(stored, new rows)`` numpy views for a ``[N]`` batch that matches the stored
