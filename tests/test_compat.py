@@ -12,6 +12,7 @@ import ast
 import importlib
 import inspect
 import pkgutil
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -276,6 +277,73 @@ def test_replacement_dispatch_routes_torchrls_prioritized_sampler():
     assert table[torchrl_ext.PrioritizedSampler] is torchrl_ext.PrioritizedSamplerWithoutReplacement
 
 
+def test_replay_lock_and_write_lock_are_the_buffers_locks():
+    rb = ReplayBuffer(storage=LazyTensorStorage(4))
+    lock = _compat.replay_lock(rb)
+    with lock:  # reentrant: TorchRL's own methods take it again inside
+        rb.extend(torch.arange(2))
+    assert len(rb) == 2
+    with _compat.write_lock(rb):  # a null context unless the buffer is shared
+        pass
+    shared = ReplayBuffer(storage=LazyTensorStorage(4), shared=True)
+    assert hasattr(_compat.write_lock(shared), "acquire")
+
+
+def test_sample_unit_ensure_initialized_and_samples_plainly():
+    rb = ReplayBuffer(storage=LazyTensorStorage(4), batch_size=2)
+    assert _compat.sample_unit(rb) is None and _compat.samples_plainly(rb)
+    assert not _compat.samples_plainly(ReplayBuffer(storage=LazyTensorStorage(4), batch_size=2, prefetch=2))
+    assert not _compat.samples_plainly(ReplayBuffer(storage=LazyTensorStorage(4), pin_memory=True))
+    delayed = ReplayBuffer(storage=LazyTensorStorage(4), delayed_init=True)
+    assert not delayed.initialized
+    _compat.ensure_initialized(delayed)
+    assert delayed.initialized
+
+
+def test_collate_applies_the_buffers_collate_function():
+    rb = ReplayBuffer(storage=LazyTensorStorage(4), collate_fn=lambda x: x * 10)
+    assert _compat.collate(rb, torch.ones(2)).tolist() == [10.0, 10.0]
+
+
+def test_is_consuming_follows_the_sampler():
+    from torchrl.data import ConsumingSampler
+
+    assert not _compat.is_consuming(ReplayBuffer(storage=LazyTensorStorage(4)))
+    assert _compat.is_consuming(ReplayBuffer(storage=LazyTensorStorage(4), sampler=ConsumingSampler()))
+
+
+def test_generator_is_what_set_rng_gives_the_parts():
+    rb = ReplayBuffer(storage=LazyTensorStorage(4))
+    assert _compat.generator(rb.sampler) is None
+    g = torch.Generator().manual_seed(3)
+    rb.set_rng(g)
+    assert _compat.generator(rb.sampler) is g and _compat.generator(rb.storage) is g
+    other = torch.Generator()
+    _compat.set_generator(rb.sampler, other)
+    assert _compat.generator(rb.sampler) is other
+
+
+def test_set_remaining_batches_caps_torchrls_prefetch_count():
+    from torchrl.data.replay_buffers.samplers import RandomSampler
+
+    sampler = RandomSampler()
+    assert sampler._remaining_batches > 10**9  # TorchRL's class default: no epoch
+    _compat.set_remaining_batches(sampler, 3)
+    assert sampler._remaining_batches == 3
+
+
+def test_ray_client_is_the_attribute_torchrls_ray_buffer_calls_through():
+    from torchrl.data.replay_buffers.ray_buffer import RayReplayBuffer
+
+    source = inspect.getsource(RayReplayBuffer)
+    assert "self._client =" in source and "self._client." in source
+
+    class Hosted:
+        _client = object()
+
+    assert _compat.ray_client(Hosted()) is Hosted._client
+
+
 def test_entries_is_a_tensordicts_own_entry_dict():
     data = TensorDict({"a": torch.zeros(2), "b": {"c": torch.ones(2)}}, [2])
     entries = _compat.entries(data)
@@ -339,3 +407,61 @@ def test_no_module_but_compat_touches_the_wrapped_private_names():
                 names = [alias.name for alias in node.names]
             offenders += [f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {n}" for n in names if n in WRAPPED]
     assert not offenders, "use torchrl_ext._compat instead:\n" + "\n".join(offenders)
+
+
+def _upstream_private_names(cls: type) -> set[str]:
+    """Private names a TorchRL / TensorDict class defines or sets on ``self`` in its methods."""
+    names = {a for a in vars(cls) if a.startswith("_") and not a.startswith("__")}
+    for member in vars(cls).values():
+        member = getattr(member, "fget", member)
+        member = inspect.unwrap(member) if callable(member) else member
+        if not inspect.isfunction(member):
+            continue
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(member)))
+        except (OSError, TypeError, SyntaxError):
+            continue
+        names |= {
+            node.attr for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
+            and node.attr.startswith("_") and not node.attr.startswith("__")
+        }
+    return names
+
+
+#: ``(module, attribute)`` pairs still read on ``self`` by design: the prioritized samplers do
+#: not run TorchRL's ``PrioritizedSampler.__init__`` (it builds C++ trees) and set its state
+#: under TorchRL's own names, because TorchRL's inherited ``max_size``, ``device``,
+#: ``mark_update`` and its buffers' tree moves read them. Moving them to names of our own
+#: needs those members overridden first (issue 34); this list may only shrink.
+OWN_STATE_UNDER_UPSTREAM_NAMES = {
+    ("samplers/prioritized.py", name)
+    for name in ("_alpha", "_beta", "_device", "_eps", "_max_capacity", "_max_priority_within_buffer", "_sum_tree")
+} | {
+    ("samplers/_priority_state.py", name)
+    for name in ("_alpha", "_beta", "_eps", "_max_capacity", "_max_priority_within_buffer", "_sum_tree")
+} | {("samplers/prioritized_nstep.py", name) for name in ("_alpha", "_beta", "_eps", "_max_capacity")}
+
+
+def test_no_class_reads_private_upstream_attributes_on_self_outside_compat():
+    """Subclasses of TorchRL classes (and the mixins they are built from) reach TorchRL's private
+    state through ``_compat`` or public properties (``self.storage``, not ``self._storage``)."""
+    hooks = {name for _, name in _compat.HOOKS}
+    found = set()
+    for cls in _package_classes():
+        upstream = [b for b in cls.__mro__ if b.__module__.split(".")[0] in ("torchrl", "tensordict")]
+        if not upstream:
+            continue
+        names = set().union(*map(_upstream_private_names, upstream)) - hooks
+        for own in cls.__mro__:
+            if not own.__module__.startswith("torchrl_ext") or own.__module__ == "torchrl_ext._compat":
+                continue
+            module = str(Path(inspect.getsourcefile(own)).relative_to(PACKAGE))
+            for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(own)))):
+                if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                        and node.value.id == "self" and node.attr in names:
+                    found.add((module, node.attr))
+                elif isinstance(node, ast.Constant) and node.value in names:  # getattr(self, "_name")
+                    found.add((module, node.value))
+    assert found - OWN_STATE_UNDER_UPSTREAM_NAMES == set(), "use torchrl_ext._compat or a public property"
+    assert OWN_STATE_UNDER_UPSTREAM_NAMES - found == set(), "shrink OWN_STATE_UNDER_UPSTREAM_NAMES"

@@ -121,6 +121,67 @@ def pins_memory(buffer: Any) -> bool:
     return bool(getattr(buffer, "_pin_memory", False))
 
 
+def replay_lock(buffer: Any) -> Any:
+    """The lock a TorchRL buffer holds around every read and write of its parts (``_replay_lock``)."""
+    return buffer._replay_lock
+
+
+def write_lock(buffer: Any) -> Any:
+    """The lock a shared TorchRL buffer holds around writes (``_write_lock``; a null context
+    unless the buffer is shared)."""
+    return buffer._write_lock
+
+
+def sample_unit(buffer: Any) -> Any:
+    """The ``sample_unit`` a TorchRL buffer was built with (``None``: items)."""
+    return buffer._sample_unit
+
+
+def ensure_initialized(buffer: Any) -> None:
+    """Builds the parts of a buffer made with ``delayed_init=True``, as its ``sample`` would."""
+    if buffer._delayed_init and not buffer.initialized:
+        buffer._init()
+
+
+def samples_plainly(buffer: Any) -> bool:
+    """Whether TorchRL's ``sample`` would add nothing to the sampler's draw, the storage's read,
+    the collate function and the transform: no prefetch queue, no pinned outputs, no shut-down
+    service and no ``sample_unit``."""
+    return not (buffer._prefetch or buffer._pin_memory or buffer._service_shutdown
+                or buffer._sample_unit is not None)
+
+
+def collate(buffer: Any, data: Any) -> Any:
+    """``data`` through the buffer's collate function, as TorchRL's ``sample`` passes it."""
+    return buffer._collate_fn(data)
+
+
+def is_consuming(buffer: Any) -> bool:
+    """Whether the buffer removes what it samples (a consuming sampler)."""
+    return buffer._is_consuming()
+
+
+def generator(component: Any) -> torch.Generator | None:
+    """The ``torch.Generator`` a buffer's ``set_rng`` gave a sampler, storage or writer (``_rng``)."""
+    return getattr(component, "_rng", None)
+
+
+def set_generator(component: Any, rng: torch.Generator | None) -> None:
+    """Gives a sampler, storage or writer the generator ``set_rng`` would give it."""
+    component._rng = rng
+
+
+def set_remaining_batches(sampler: Any, count: int) -> None:
+    """Tells TorchRL's prefetcher how many batches are left in the sampler's epoch
+    (``_remaining_batches``, which it caps its queue with)."""
+    sampler._remaining_batches = count
+
+
+def ray_client(buffer: Any) -> Any:
+    """The client through which a TorchRL ``RayReplayBuffer`` calls its actor (``_client``)."""
+    return buffer._client
+
+
 def write_count(writer: Any) -> int:
     """How many items a ``RoundRobinWriter`` has written (its ``_write_count``)."""
     return writer._write_count
@@ -146,9 +207,13 @@ def last_written(storage: Any) -> Any:
     return last
 
 
-def set_last_written(storage: Any, cursor: Any) -> None:
-    """Records ``cursor`` as the storage's last written row(s)."""
+def set_last_written(storage: Any, cursor: Any, *, cursor_as_written: Any = None) -> None:
+    """Records ``cursor`` as the storage's last written row(s); ``cursor_as_written``: the
+    index the rows were written at, kept as TorchRL's ``set`` keeps it (its ``_last_cursor``),
+    where ``cursor`` is only the last of them."""
     storage._set_last_cursor(cursor)
+    if cursor_as_written is not None:
+        storage._last_cursor = cursor_as_written
 
 
 def filled_rows(storage: Any) -> int:
@@ -243,7 +308,6 @@ HOOKS: tuple[tuple[type, str], ...] = (
     (_PrioritizedSampler, "_retransform_priority_trees"),
     (_Writer, "_empty"),
     (_Storage, "_empty"),
-    (_Storage, "_bump_mutation_revision"),
     (_Storage, "_default_checkpointer"),
     (_Storage, "_is_full"),
     (_Storage, "_rand_given_ndim"),  # RandomSampler's draws on the per-env rings

@@ -25,6 +25,7 @@ from torchrl.data.replay_buffers.samplers import PrioritizedSampler as _TorchRLP
 from torchrl.data.replay_buffers.storages import TensorStorage
 from torchrl.data.replay_buffers.writers import TensorDictMaxValueWriter
 
+from torchrl_ext import _compat
 from torchrl_ext.samplers.prioritized import SHARING_REFUSED
 from torchrl_ext.storages.ring import EnvRingStorage
 
@@ -193,11 +194,11 @@ class RayBuffer(RayReplayBuffer):
 
     def update_window_priority(self, env_ids: Any, positions: Any, priorities: Any) -> None:
         """``EnvRingReplayBuffer.update_window_priority`` in the actor (``[B]`` each)."""
-        return self._client.update_window_priority(env_ids, positions, priorities)
+        return _compat.ray_client(self).update_window_priority(env_ids, positions, priorities)
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """Calls the hosted buffer's public ``method`` in the actor and returns the result."""
-        return self._client.call(method, *args, **kwargs)
+        return _compat.ray_client(self).call(method, *args, **kwargs)
 
 
 def ray_replay_buffer(

@@ -70,7 +70,7 @@ def assert_same(a: EnvRingReplayBuffer, b: EnvRingReplayBuffer) -> None:
     (data_a, *rest_a), (data_b, *rest_b) = snapshot(a), snapshot(b)
     assert same_data(data_a, data_b)
     assert rest_a == rest_b
-    cursors = a.storage._last_cursor, b.storage._last_cursor
+    cursors = a.storage.last_written_rows, b.storage.last_written_rows
     assert cursors[0] is cursors[1] is None or torch.equal(*cursors)
 
 

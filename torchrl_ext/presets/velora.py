@@ -106,11 +106,11 @@ class VeloraReplayBuffer(TensorDictReplayBuffer):
     # -- velora's attributes ---------------------------------------------------------
     @property
     def capacity(self) -> int:
-        return self._storage.max_size
+        return self.storage.max_size
 
     @property
     def device(self) -> torch.device:
-        return self._storage.device
+        return self.storage.device
 
     @property
     def position(self) -> int:
@@ -211,7 +211,7 @@ class VeloraReplayBuffer(TensorDictReplayBuffer):
         Raises:
             ValueError: fewer than ``batch_size`` transitions are stored (as velora).
         """
-        wanted = self._batch_size if batch_size is None else batch_size
+        wanted = self.batch_size if batch_size is None else batch_size
         if wanted is not None and len(self) < wanted:
             raise ValueError(
                 f"sample: only {len(self)} transitions stored, batch_size={wanted}; add more "
@@ -222,8 +222,8 @@ class VeloraReplayBuffer(TensorDictReplayBuffer):
     # -- files ---------------------------------------------------------------------------
     def save(self, dirpath: str | Path, prefix: str = "buffer_") -> None:
         """Writes velora's ``<prefix>metadata.json`` + ``<prefix>state.safetensors`` atomically."""
-        _compat.set_last_written(self._storage, (self.position - 1) % self.capacity if len(self) else None)
-        VeloraCheckpointer(prefix, keys=self.keys).dumps(self._storage, dirpath)
+        _compat.set_last_written(self.storage, (self.position - 1) % self.capacity if len(self) else None)
+        VeloraCheckpointer(prefix, keys=self.keys).dumps(self.storage, dirpath)
 
     def load(self, dirpath: str | Path, prefix: str = "buffer_") -> VeloraReplayBuffer:
         """Replaces the contents with velora files of the same capacity and dims; returns ``self``."""
@@ -238,7 +238,7 @@ class VeloraReplayBuffer(TensorDictReplayBuffer):
                 f"build a matching one with velora_replay_buffer({dims}) or "
                 f"load_velora_replay_buffer(dirpath)."
             )
-        VeloraCheckpointer(prefix, keys=self.keys).loads(self._storage, dirpath)
+        VeloraCheckpointer(prefix, keys=self.keys).loads(self.storage, dirpath)
         _compat.set_writer_cursor(self.writer, metadata["position"])
         return self
 

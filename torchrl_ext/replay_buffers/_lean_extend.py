@@ -24,12 +24,12 @@ class LeanExtend:
 
     def _has_transform(self) -> bool:
         """Whether the buffer applies a transform (TorchRL's test, as its ``extend`` makes it)."""
-        transform = self._transform
+        transform = self.transform
         return transform is not None and len(transform) > 0
 
     def _lean_extend_applies(self, data: Any) -> bool:
         """Whether :meth:`_lean_extend` does exactly what TorchRL's ``extend`` would."""
-        storage, writer = self._storage, self._writer
+        storage, writer = self.storage, self.writer
         return (
             fastpath_enabled()
             and type(writer) is TensorDictRoundRobinWriter  # exactly: subclasses may place data elsewhere
@@ -42,8 +42,8 @@ class LeanExtend:
             and 0 < data.shape[0] <= storage.max_size
             and not self.dim_extend
             and not self._has_transform()
-            and not self._is_consuming()
-            and (not self._delayed_init or self.initialized)
+            and not _compat.is_consuming(self)
+            and self.initialized
         )
 
     def _lean_extend(self, data: TensorDictBase, update_priority: bool | None) -> torch.Tensor:
@@ -55,9 +55,9 @@ class LeanExtend:
         caller's batch is not modified (the ``"index"`` entry is stored with the rows), and a
         write the storage refuses moves the writer back (``FastTensorStorage.set``).
         """
-        writer, storage = self._writer, self._storage
+        writer, storage = self.writer, self.storage
         n, capacity = data.shape[0], storage.max_size
-        with self._replay_lock, self._write_lock:
+        with _compat.replay_lock(self), _compat.write_lock(self):
             start = _compat.writer_cursor(writer)
             index = ring_index(start, n, capacity, data.device)
             _compat.set_writer_cursor(writer, (start + n) % capacity, written=n)
@@ -65,7 +65,7 @@ class LeanExtend:
             # apart and stores it with the rows, so that no copy is made.
             stored_keys = storage.set_ring_rows(start, index, data, extra={"index": index})
             _compat.mark_updated(writer, index)
-            self._sampler.extend(index)
+            self.sampler.extend(index)
         # A batch found to hold exactly the stored keys has no priority entry unless one is
         # stored: that spares TensorDict.get's miss (several us on a 1,000-row write).
         if (update_priority is None or update_priority) and (

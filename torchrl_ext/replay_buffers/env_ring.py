@@ -7,6 +7,7 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.data.replay_buffers.samplers import Sampler
 
+from torchrl_ext import _compat
 from torchrl_ext._fastpath import fastpath_enabled
 from torchrl_ext.replay_buffers.tensordict import TensorDictReplayBuffer, _check_sample_size
 from torchrl_ext.samplers.trajectory import TrajectorySampler
@@ -92,10 +93,10 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
             sampler=TrajectorySampler() if sampler is None else sampler,
             **kwargs,
         )
-        if hasattr(self._sampler, "update_window_priority"):
+        if hasattr(self.sampler, "update_window_priority"):
             # Window priorities index the rings: the sampler can take updates
             # (sampler.update_window_priority) before its first sample.
-            self._sampler._storage_ref = self._storage
+            self.sampler.use_storage(self.storage)
 
     # ------------------------------------------------------------------
     def extend(
@@ -126,7 +127,7 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
             TorchRL's ``TensorDictReplayBuffer``, ``data`` is not given an
             ``"index"`` entry, so the same batch object can be written again.
         """
-        writer: EnvRingWriter = self._writer
+        writer: EnvRingWriter = self.writer
         if not isinstance(data, TensorDictBase):
             raise TypeError(f"data must be a TensorDict, got {type(data).__name__}.")
         self._check_priority_entry(data, update_priority)  # before any step is stored
@@ -146,29 +147,29 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
                     f"no room for {steps} step(s) in envs {ids.tolist()} after {timeout} s; "
                     "dequeue or clear data, or write without blocking."
                 )
-            with self._replay_lock:
+            with _compat.replay_lock(self):
                 # Another producer may have taken the room between the wait and the lock.
                 if writer.has_room(ids, steps):
                     return self._write(data, env_ids, update_priority)
 
     def _write(self, data: TensorDictBase, env_ids: Any, update_priority: bool | None) -> torch.Tensor:
-        if not fastpath_enabled() or self._has_transform() or self._is_consuming():
+        if not fastpath_enabled() or self._has_transform() or _compat.is_consuming(self):
             if env_ids is not None:
                 data = data.copy()
                 ids = torch.as_tensor(env_ids)
                 if data.batch_dims == 2 and ids.ndim == 1:
                     ids = ids.unsqueeze(1).expand(data.shape)
-                data.set(self._writer.env_id_key, ids)
+                data.set(self.writer.env_id_key, ids)
             return super().extend(data, update_priority=update_priority)
         # TorchRL's extend without the transform, transpose and consumption
         # branches that cannot apply here; same locks, same calls, same result.
-        with self._replay_lock, self._write_lock:
-            index = self._writer.write(data, env_ids)
-            self._sampler.extend(index)
+        with _compat.replay_lock(self), _compat.write_lock(self):
+            index = self.writer.write(data, env_ids)
+            self.sampler.extend(index)
         # The rings store exactly the leaves they are written (the storage checks), so a
         # priority entry can only be a stored leaf: a dict lookup spares TensorDict.get's
         # miss (about 5 us, a third of a 64-env step write).
-        if (update_priority is None or update_priority) and self._storage.stores_leaf(self.priority_key):
+        if (update_priority is None or update_priority) and self.storage.stores_leaf(self.priority_key):
             priority = data.get(self.priority_key, None)
             if priority is not None:
                 self.update_priority(index, priority)
@@ -183,21 +184,17 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
         """Samples like ``TensorDictReplayBuffer.sample``: ``[B, batch_length]`` windows with
         ``index`` (per step ``(env, position)``) and the sampler's info, broadcast over time."""
         _check_sample_size(batch_size)
-        if self._delayed_init and not self.initialized:
-            self._init()
-        simple = (
-            include_info is None and not self._prefetch and not self._pin_memory
-            and self._sample_unit is None and not self._writer.tracks_generations
-            and not self._service_shutdown
-        )
+        _compat.ensure_initialized(self)
+        simple = include_info is None and _compat.samples_plainly(self) and not self.writer.tracks_generations
         if batch_size is None:
-            batch_size = self._batch_size
-        elif self._batch_size is not None and batch_size != self._batch_size:
+            batch_size = self.batch_size
+        elif self.batch_size is not None and batch_size != self.batch_size:
             simple = False  # TorchRL's path warns about the conflict
         if not simple or batch_size is None:
             return super().sample(batch_size, return_info=return_info, include_info=include_info)
-        with self._replay_lock, self._write_lock:
-            index, info = self._sampler.sample(self._storage, batch_size)
+        storage = self.storage
+        with _compat.replay_lock(self), _compat.write_lock(self):
+            index, info = self.sampler.sample(storage, batch_size)
             info["index"] = index
             env, position = index[0], index[1]
             extra = {"index": torch.stack(index, -1)}
@@ -205,12 +202,12 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
                 if key != "index":
                     extra[key] = _broadcast(torch.as_tensor(value), env.shape)
             if len(index) == 3:  # n-step: "next" entries from the chain end
-                data = self._storage.gather_chain(env, position, index[2], extra)
+                data = storage.gather_chain(env, position, index[2], extra)
             else:
-                data = self.storage.gather(env, position, extra)
+                data = storage.gather(env, position, extra)
         if self._has_transform():
             with data.unlock_():
-                data = self._transform(data)
+                data = self.transform(data)
         return (data, info) if return_info else data
 
     def _set_index_in_td(self, tensordict: TensorDictBase, index: torch.Tensor | None) -> None:
@@ -229,7 +226,7 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
         Raises:
             KeyError: if ``data`` has no ``priority_key`` entry or no ``index``.
         """
-        if not hasattr(self._sampler, "update_window_priority"):
+        if not hasattr(self.sampler, "update_window_priority"):
             return super().update_tensordict_priority(data)
         for key in (self.priority_key, "index"):
             if key not in data.keys(include_nested=True):
@@ -255,52 +252,52 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
             TypeError: if the sampler has no window priorities (not a
                 :class:`~torchrl_ext.samplers.PrioritizedTrajectorySampler`).
         """
-        update = getattr(self._sampler, "update_window_priority", None)
+        update = getattr(self.sampler, "update_window_priority", None)
         if update is None:
             raise TypeError(
-                f"{type(self._sampler).__name__} keeps no window priorities; build the buffer "
+                f"{type(self.sampler).__name__} keeps no window priorities; build the buffer "
                 "with sampler=PrioritizedTrajectorySampler(...) (alf_replay_buffer("
                 "prioritized_sampling=True))."
             )
-        with self._replay_lock, self._write_lock:
-            self._sampler._storage_ref = self._storage
+        with _compat.replay_lock(self), _compat.write_lock(self):
+            self.sampler.use_storage(self.storage)
             update(env_ids, positions, priorities)
 
     def dequeue(self, n: int = 1, env_ids: Any = None) -> TensorDictBase:
         """Removes and returns the ``n`` oldest steps of each env, ``[len(env_ids), n]``."""
-        with self._replay_lock:
-            return self._writer.dequeue(n, env_ids)
+        with _compat.replay_lock(self):
+            return self.writer.dequeue(n, env_ids)
 
     def remove_up_to(self, n: int, env_ids: Any = None) -> None:
         """Forgets up to ``n`` oldest steps of each env in ``env_ids`` (any subset)."""
-        with self._replay_lock:
-            self._writer.remove_up_to(n, env_ids)
+        with _compat.replay_lock(self):
+            self.writer.remove_up_to(n, env_ids)
 
     def clear(self, env_ids: Any = None) -> None:
         """Empties ``env_ids`` (all envs by default)."""
-        with self._replay_lock:
-            self._writer.clear(env_ids)
+        with _compat.replay_lock(self):
+            self.writer.clear(env_ids)
 
     def gather_all(self, ignore_earliest_frames: int = 0) -> tuple[TensorDictBase, torch.Tensor]:
         """All stored steps ``[E, n]`` in order, and the start positions ``[E]``."""
-        with self._replay_lock:
-            return self._storage.gather_all(ignore_earliest_frames)
+        with _compat.replay_lock(self):
+            return self.storage.gather_all(ignore_earliest_frames)
 
     def read(self, env_ids: Any, positions: Any) -> TensorDictBase:
         """Steps at absolute ``positions`` of ``env_ids`` (ALF's ``get_field``), checked."""
-        with self._replay_lock:
-            return self._storage.read(env_ids, positions)
+        with _compat.replay_lock(self):
+            return self.storage.read(env_ids, positions)
 
     def stop(self) -> None:
         """Wakes blocked writers; they return ``None`` until :meth:`revive`."""
-        self._writer.stop()
+        self.writer.stop()
 
     def revive(self) -> None:
-        self._writer.revive()
+        self.writer.revive()
 
     def empty(self, empty_write_count: bool = True) -> None:
         super().empty(empty_write_count=empty_write_count)
-        self._writer.notify_room()
+        self.writer.notify_room()
 
 
 def _build(part: Any) -> Any:

@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator
 import torch
 from tensordict import TensorDictBase
 
+from torchrl_ext import _compat
 from torchrl_ext._checks import check_finite, check_int, check_real
 from torchrl_ext._keys import nested_key
 from torchrl_ext.replay_buffers.tensordict import TensorDictReplayBuffer
@@ -146,28 +147,28 @@ class OnPolicyReplayBuffer(TensorDictReplayBuffer):
 
     def insert(self, step: TensorDictBase) -> None:
         """Writes one collector step ``[N]`` (pytorchrl's ``insert_transition``)."""
-        self._storage.insert(step)
+        self.storage.insert(step)
 
     insert_transition = insert
 
     @property
     def used_capacity(self) -> int:
         """Steps filled since the last :meth:`after_update` (only these are used)."""
-        return self._storage.step
+        return self.storage.step
 
     def after_update(self) -> None:
         """Moves the slot after the last step to slot 0 and restarts (pytorchrl's ``after_gradients``)."""
-        self._storage.after_update()
+        self.storage.after_update()
 
     def get_all_buffer_data(self, to_cpu: bool = False) -> TensorDictBase:
         """The filled steps and the slot after them, ``[L + 1, N]`` (inserted entries only)."""
-        storage = self._storage
+        storage = self.storage
         data = storage.data[: storage.step + 1].select(*storage.step_keys).clone()
         return data.to("cpu") if to_cpu else data
 
     def insert_data_slice(self, data: TensorDictBase) -> None:
         """Takes over a rollout from :meth:`get_all_buffer_data` (e.g. of a remote worker)."""
-        self._storage.write_rollout(data)
+        self.storage.write_rollout(data)
 
     def update_storage_parameter(self, name: str, value: Any) -> None:
         """Changes ``gamma``, ``gae_lambda``, ... between rollouts; unknown names raise."""
@@ -204,16 +205,16 @@ class OnPolicyReplayBuffer(TensorDictReplayBuffer):
                 final ``"next"`` entries of truncated steps. Without it the
                 values already stored there are used.
         """
-        if self._storage.step == 0:
+        if self.storage.step == 0:
             raise RuntimeError("the rollout is empty: insert steps before compute_returns().")
-        self._commit(self._returns(self._storage.data, value_network))
+        self._commit(self._returns(self.storage.data, value_network))
 
     def _returns(
         self, data: TensorDictBase, value_network: Any, **estimate: Any
     ) -> dict[str, dict[Any, torch.Tensor]]:
         """The entries :meth:`compute_returns` stores, computed without storing any
         (``estimate``: extra inputs of :meth:`_estimate`)."""
-        keys, filled = self.keys, self._storage.step
+        keys, filled = self.keys, self.storage.step
         stored = data.keys(True, True)
         intrinsic = keys.intrinsic_reward in stored and keys.intrinsic_value in stored
         value = data.get(keys.value)[: filled + 1].clone()
@@ -245,7 +246,7 @@ class OnPolicyReplayBuffer(TensorDictReplayBuffer):
         return {"bootstrap": updates, "derived": derived}
 
     def _commit(self, results: dict[str, dict[Any, torch.Tensor]]) -> None:
-        data, filled = self._storage.data, self._storage.step
+        data, filled = self.storage.data, self.storage.step
         for key, value in results["bootstrap"].items():
             data.get(key)[filled] = value
         for key, value in results["derived"].items():
@@ -285,9 +286,9 @@ class OnPolicyReplayBuffer(TensorDictReplayBuffer):
     def _store(self, key: Any, value: torch.Tensor, filled: int) -> None:
         if key in (self.keys.advantage, self.keys.intrinsic_advantage) and self.normalize_advantage:
             value = (value - value.mean()) / (value.std(correction=1) + self.advantage_eps)
-        padded = value.new_zeros((self._storage.num_steps + 1, *value.shape[1:]))
+        padded = value.new_zeros((self.storage.num_steps + 1, *value.shape[1:]))
         padded[:filled] = value
-        self._storage.set_derived(key, padded)
+        self.storage.set_derived(key, padded)
 
     # ------------------------------------------------------------------
     def _extra_state(self) -> dict[str, Any]:
@@ -323,13 +324,13 @@ class OnPolicyReplayBuffer(TensorDictReplayBuffer):
         """
         check_int("num_epochs", num_epochs, minimum=1)
         if num_mini_batch is not None or mini_batch_size is not None:
-            self._sampler = self._make_sampler(num_mini_batch, mini_batch_size, shuffle)
-            self._sampler._rng = getattr(self, "_rng", None)
+            sampler = self._make_sampler(num_mini_batch, mini_batch_size, shuffle)
+            _compat.set_generator(sampler, _compat.generator(self))
+            self.set_sampler(sampler)
         else:
-            self._sampler.shuffle = bool(shuffle)
+            self.sampler.shuffle = bool(shuffle)
         for _ in range(num_epochs):
-            self._sampler.ran_out = False
-            self._sampler._splits = None  # a fresh permutation per epoch
+            self.sampler.new_epoch()
             yield from self
 
 
@@ -369,7 +370,7 @@ class VTraceReplayBuffer(OnPolicyReplayBuffer):
         As in :meth:`OnPolicyReplayBuffer.compute_returns`, nothing is stored
         unless every output of ``refresh`` and ``value_network`` checks out.
         """
-        storage, keys = self._storage, self.keys
+        storage, keys = self.storage, self.keys
         filled = storage.step
         if filled == 0:
             raise RuntimeError("the rollout is empty: insert steps before compute_returns().")

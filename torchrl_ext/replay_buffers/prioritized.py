@@ -7,6 +7,7 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.data.replay_buffers.storages import Storage
 
+from torchrl_ext import _compat
 from torchrl_ext.replay_buffers.tensordict import TensorDictReplayBuffer
 from torchrl_ext.samplers.prioritized import (
     PrioritizedSampler,
@@ -112,10 +113,10 @@ class PrioritizedReplayBuffer(TensorDictReplayBuffer):
         priority with extra dims (per agent, per step) is reduced with the
         sampler's ``reduction``.
         """
-        if not (self._lean_path() and data.ndim == 1 and getattr(self._storage, "ndim", 1) == 1):
+        if not (self._lean_path() and data.ndim == 1 and getattr(self.storage, "ndim", 1) == 1):
             return super().update_tensordict_priority(data)
         priority = data.get(self.priority_key, None)
         if priority is None:
-            priority = self._sampler.default_priority
-        with self._replay_lock, self._write_lock:
-            self._sampler.update_priority(data.get("index"), priority, storage=self._storage)
+            priority = self.sampler.default_priority
+        with _compat.replay_lock(self), _compat.write_lock(self):
+            self.sampler.update_priority(data.get("index"), priority, storage=self.storage)

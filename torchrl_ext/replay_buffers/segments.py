@@ -116,7 +116,7 @@ class PathGAEReplayBuffer(TensorDictReplayBuffer):
             last_val: ``0`` when the path ended in a terminal state, else
                 ``V(s_T)`` of the state after its last step.
         """
-        size = self._storage.max_size
+        size = self.storage.max_size
         length = min(self._path_length, size)  # older steps of a longer path were overwritten
         if length == 0:
             self._path_length = 0
@@ -142,7 +142,7 @@ class PathGAEReplayBuffer(TensorDictReplayBuffer):
 
     def sample_batch(self) -> TensorDictBase:
         """Distinct finished steps with advantages normalised over all finished steps."""
-        finished = self._finished_steps(self._storage)
+        finished = self._finished_steps(self.storage)
         if finished.numel() == 0:
             raise RuntimeError("no finished path to sample from: call finish_path() after a path ends.")
         advantage = _compat.stored_data(self.storage).get("advantage")[finished]

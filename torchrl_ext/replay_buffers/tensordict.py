@@ -154,7 +154,7 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
         super().__init__(**kwargs)
 
     def _transpose(self, data: Any) -> Any:
-        if isinstance(self._storage, RolloutStorage) and isinstance(data, TensorDictBase) and data.batch_dims == 1:
+        if isinstance(self.storage, RolloutStorage) and isinstance(data, TensorDictBase) and data.batch_dims == 1:
             return data.unsqueeze(1)  # [T] from one env: T steps of N = 1
         return super()._transpose(data)
 
@@ -165,13 +165,13 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
         self._check_priority_entry(tensordicts, update_priority)
         if self._lean_extend_applies(tensordicts):
             return self._lean_extend(tensordicts, update_priority)
-        with self._replay_lock, self._writer_restored_on_error():
+        with _compat.replay_lock(self), self._writer_restored_on_error():
             return super().extend(tensordicts, update_priority=update_priority)
 
     def _check_priority_entry(self, data: Any, update_priority: bool | None, *, single: bool = False) -> None:
         """Validates the batch's priority entry (values, and its length on a 1-D storage)
         before the write: TorchRL stores the rows first and raises on the priority after."""
-        check = getattr(self._sampler, "check_priority", None)
+        check = getattr(self.sampler, "check_priority", None)
         if check is None or update_priority is False or not isinstance(data, TensorDictBase):
             return
         priority = data.get(self.priority_key, None)
@@ -180,7 +180,7 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
         try:
             if single and isinstance(priority, torch.Tensor):
                 check(priority.reshape(1, -1), 1)
-            elif data.batch_dims == 1 and getattr(self._storage, "ndim", 1) == 1:
+            elif data.batch_dims == 1 and getattr(self.storage, "ndim", 1) == 1:
                 check(priority, data.shape[0])
             elif isinstance(priority, torch.Tensor):
                 check(priority.reshape(-1), priority.numel())
@@ -195,7 +195,7 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
         """TorchRL's ``add``; a write the storage refuses leaves the writer's cursor unmoved,
         and a priority entry the sampler would refuse is refused before the item is stored."""
         self._check_priority_entry(data, None, single=True)
-        with self._replay_lock, self._writer_restored_on_error():
+        with _compat.replay_lock(self), self._writer_restored_on_error():
             return super().add(data)
 
     @contextmanager
@@ -218,14 +218,12 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
 
     # ------------------------------------------------------------------
     def _lean_path(self) -> bool:
-        storage = self._storage
-        if not fastpath_enabled() or self._sample_unit is not None or self._writer.tracks_generations:
+        storage = self.storage
+        if not fastpath_enabled() or _compat.sample_unit(self) is not None or self.writer.tracks_generations:
             return False
         if getattr(storage, "returns_tensordicts", False):  # torchrl_ext storages read themselves
             return True
-        return isinstance(storage, TensorStorage) and isinstance(
-            getattr(storage, "_storage", None), TensorDictBase
-        )
+        return isinstance(storage, TensorStorage) and isinstance(_compat.stored_data(storage), TensorDictBase)
 
     def sample(
         self,
@@ -239,22 +237,15 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
         ``batch_size`` is a ``ValueError`` (TorchRL fails inside torch).
         """
         _check_sample_size(batch_size)
-        if self._delayed_init and not self.initialized:
-            self._init()
-        if (
-            not self._lean_path()
-            or include_info is not None
-            or self._prefetch
-            or self._pin_memory
-            or self._service_shutdown
-        ):
+        _compat.ensure_initialized(self)
+        if not self._lean_path() or include_info is not None or not _compat.samples_plainly(self):
             return super().sample(batch_size, return_info=return_info, include_info=include_info)
         if batch_size is None:
-            if self._batch_size is None:
+            if self.batch_size is None:
                 # TorchRL's own message and checks.
                 return super().sample(batch_size, return_info=return_info)
-            batch_size = self._batch_size
-        elif self._batch_size is not None and batch_size != self._batch_size:
+            batch_size = self.batch_size
+        elif self.batch_size is not None and batch_size != self.batch_size:
             return super().sample(batch_size, return_info=return_info)
         data, info = self._sample(batch_size)
         return (data, info) if return_info else data
@@ -267,12 +258,12 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
                     # TorchRL broadcasts info of fewer dims over the rest (per-item info of windows).
                     check_info_leads(key, value, data.batch_size[: value.ndim])
             return data, info
-        with self._replay_lock, self._write_lock:
-            index, info = self._sampler.sample(self._storage, batch_size)
+        storage = self.storage
+        with _compat.replay_lock(self), _compat.write_lock(self):
+            index, info = self.sampler.sample(storage, batch_size)
             info["index"] = index
             # Samplers may hand back a 1-tuple of coordinates for a 1-D storage.
             rows = index[0] if isinstance(index, tuple) and len(index) == 1 else index
-            storage = self._storage
             stored = _compat.stored_data(storage) if isinstance(storage, TensorStorage) else None
             # Listed once per sample: TorchRL adds and replaces leaves of the stored TensorDict
             # (a key that appears later, a load, memmap_()), which a kept list would miss.
@@ -294,10 +285,10 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
                     if value.ndim < data.ndim:  # per-item info over [B, T] windows, as TorchRL does
                         value = expand_as_right(value, data)
                     data.set(key, value)
-        data = self._collate_fn(data)
+        data = _compat.collate(self, data)
         if self._has_transform():
             with data.unlock_():
-                data = self._transform(data)
+                data = self.transform(data)
         return data, info
 
     def _set_index_in_td(self, tensordict: TensorDictBase, index: Any) -> None:
@@ -312,7 +303,7 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
         if (
             isinstance(index, torch.Tensor)
             and index.ndim == 2
-            and self._storage.ndim > 1
+            and self.storage.ndim > 1
             and tensordict.ndim >= 2
             and 0 < dim < tensordict.ndim
             and index.shape[0] == tensordict.numel()
@@ -324,7 +315,7 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
             return
         if (
             isinstance(index, torch.Tensor) and index.ndim == 2 and tensordict.ndim == 1
-            and self._storage.ndim > 1 and index.shape[0] == tensordict.numel()
+            and self.storage.ndim > 1 and index.shape[0] == tensordict.numel()
         ):  # one env's [T] steps in a [T, N = 1] rollout: one (time, env) row per step
             tensordict.set("index", index)
             return
@@ -339,15 +330,15 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
         add theirs. Values are numbers, strings, ``None`` and lists of tensors
         (see :func:`torchrl_ext.io.save_state`).
         """
-        cursor = _compat.last_written(self._storage) if isinstance(self._storage, TensorStorage) \
-            else None
+        storage = self.storage
+        cursor = _compat.last_written(storage) if isinstance(storage, TensorStorage) else None
         return {"storage_last_cursor": None if cursor is None else int(cursor)}
 
     def _load_extra_state(self, state: dict[str, Any]) -> None:
         """Restores what :meth:`_extra_state` returned."""
         cursor = state.get("storage_last_cursor")
-        if cursor is not None and isinstance(self._storage, TensorStorage):
-            _compat.set_last_written(self._storage, int(cursor))
+        if cursor is not None and isinstance(self.storage, TensorStorage):
+            _compat.set_last_written(self.storage, int(cursor))
 
     def state_dict(self) -> dict[str, Any]:
         """TorchRL's ``state_dict`` plus :meth:`_extra_state` under ``"_torchrl_ext"``."""
@@ -396,14 +387,14 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
         self._try_loads_on_copies(folder)
         super().loads(folder)
         if state is not None:
-            with self._replay_lock:
+            with _compat.replay_lock(self):
                 self._load_extra_state(state)
 
     def _try_loads_on_copies(self, folder: Path) -> None:
         """Loads the sampler's and writer's files into copies of them (sharing the storage),
         so a file they refuse raises before TorchRL's ``loads`` has replaced the storage."""
-        shared = {id(self): self, id(self._storage): self._storage}
-        for name, part in (("sampler", self._sampler), ("writer", self._writer)):
+        shared = {id(self): self, id(self.storage): self.storage}
+        for name, part in (("sampler", self.sampler), ("writer", self.writer)):
             if not (folder / name).exists():
                 continue  # TorchRL's loads names what is missing
             try:

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torchrl.data.replay_buffers.samplers import Sampler
 
+from torchrl_ext import _compat
 from torchrl_ext._checks import check_int
 from torchrl_ext.io.state_files import load_component, save_state
 
@@ -80,6 +81,11 @@ class _EpochMinibatchSampler(Sampler):
     def ran_out(self, value: bool) -> None:
         self._ran_out = bool(value)
 
+    def new_epoch(self) -> None:
+        """Starts a fresh epoch at the next sample: a new permutation, ``ran_out`` cleared."""
+        self._ran_out = False
+        self._splits = None
+
     def set_permutation(self, permutation: torch.Tensor) -> None:
         """Uses ``permutation`` (of all units) for the next epoch instead of a random one."""
         self._injected = torch.as_tensor(permutation, dtype=torch.long)
@@ -116,7 +122,7 @@ class _EpochMinibatchSampler(Sampler):
                     "once."
                 )
         elif self.shuffle:
-            order = torch.randperm(count, generator=self._rng)
+            order = torch.randperm(count, generator=_compat.generator(self))
         else:
             order = torch.arange(count)
         if self.num_mini_batch is not None:
@@ -141,7 +147,7 @@ class _EpochMinibatchSampler(Sampler):
             if self.drop_last and splits[-1].numel() < size:
                 splits = splits[:-1]
         self._splits, self._next = splits, 0
-        self._remaining_batches = len(splits)
+        _compat.set_remaining_batches(self, len(splits))
 
     def sample(self, storage: Any, batch_size: int) -> tuple[tuple[torch.Tensor, ...], dict]:
         """The next minibatch of the epoch (``batch_size`` is ignored: the split decides)."""
@@ -152,7 +158,7 @@ class _EpochMinibatchSampler(Sampler):
             self._new_epoch(count)
         units = self._splits[self._next]
         self._next += 1
-        self._remaining_batches = len(self._splits) - self._next
+        _compat.set_remaining_batches(self, len(self._splits) - self._next)
         if self._next == len(self._splits):
             self.ran_out = True  # TorchRL: set with the last batch of the epoch
         return self._index(units, steps, threads), {}
@@ -180,7 +186,7 @@ class _EpochMinibatchSampler(Sampler):
         self._next, self._ran_out = int(state_dict["next"]), bool(state_dict["ran_out"])
         self._epoch_units = int(state_dict["units"])
         if self._splits:  # the prefetcher's count of batches left in this epoch
-            self._remaining_batches = len(self._splits) - self._next
+            _compat.set_remaining_batches(self, len(self._splits) - self._next)
 
     def dumps(self, path: str | Path) -> None:
         save_state(path, self.state_dict(), tensors_file=_TENSORS, metadata_file=_METADATA)

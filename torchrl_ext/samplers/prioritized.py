@@ -230,7 +230,7 @@ class PrioritizedSampler(PriorityCheckpoints, _TorchRLPrioritizedSampler):
         if self._written_below > stored:
             self._drop_unstored(stored)
         tree = self._sum_tree
-        drawn = None if self._stratified else tree.draw_by_rejection(batch_size, self._rng)
+        drawn = None if self._stratified else tree.draw_by_rejection(batch_size, _compat.generator(self))
         if drawn is not None:
             index, value = drawn
             total = last(tree._top_prefix()) if self._weights == "alf" else math.nan
@@ -271,7 +271,7 @@ class PrioritizedSampler(PriorityCheckpoints, _TorchRLPrioritizedSampler):
                 "items a positive priority (or use eps > 0)."
             )
         device = tree.device
-        draw = torch.rand(batch_size, dtype=torch.float64, device=device, generator=self._rng)
+        draw = torch.rand(batch_size, dtype=torch.float64, device=device, generator=_compat.generator(self))
         if self._stratified:
             # One draw per equal-mass stratum (ALF's "without replacement").
             draw = draw.add_(torch.arange(batch_size, dtype=torch.float64, device=device))
@@ -319,7 +319,7 @@ class PrioritizedSampler(PriorityCheckpoints, _TorchRLPrioritizedSampler):
                 stored, or NaN, infinite or negative priorities. Nothing is written then.
         """
         device = self._sum_tree.device
-        index = self._flat_index(index, storage, device)
+        index = self._tree_rows(index, storage, device)
         priority = self._priority_vector(priority, index.shape[0], device)
         if index.numel() == 0:
             return
@@ -368,7 +368,7 @@ class PrioritizedSampler(PriorityCheckpoints, _TorchRLPrioritizedSampler):
         if high >= self._written_below:
             self._written_below = high + 1
 
-    def _flat_index(
+    def _tree_rows(
         self, index: Any, storage: Storage | None, device: torch.device
     ) -> torch.Tensor:
         if isinstance(index, tuple):

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from torchrl_ext import _compat
 from torchrl_ext._checks import check_priorities, check_real
 from torchrl_ext.io.state_files import load_component, save_state
 from torchrl_ext.samplers._priority_tree import PrioritySegmentTree
@@ -214,7 +215,7 @@ class PrioritizedTrajectorySampler(TrajectorySampler):
                 "every valid window has priority 0, so none can be drawn; give some windows a "
                 "positive priority (or use eps > 0)."
             )
-        draw = torch.rand(n, dtype=torch.float64, generator=self._rng)
+        draw = torch.rand(n, dtype=torch.float64, generator=_compat.generator(self))
         if not self.with_replacement:
             draw = draw.add_(torch.arange(n, dtype=torch.float64)).div_(n)
         leaf, value = tree._sample_walk(draw.mul_(math.nextafter(total, 0.0)), prefix)
@@ -288,6 +289,11 @@ class PrioritizedTrajectorySampler(TrajectorySampler):
         # Called by the buffer on every write: remember where the data lives.
         if storage is not None:
             self._storage_ref = storage
+
+    def use_storage(self, storage: EnvRingStorage) -> None:
+        """Remembers the rings the window priorities index, so that
+        :meth:`update_window_priority` works before the first sample (the buffer calls it)."""
+        self._storage_ref = storage
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()

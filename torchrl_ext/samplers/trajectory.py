@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torchrl.data.replay_buffers.samplers import Sampler
 
+from torchrl_ext import _compat
 from torchrl_ext._checks import check_batch_size, check_int, check_real
 from torchrl_ext.storages.ring import EnvRingStorage
 
@@ -204,18 +205,18 @@ class TrajectorySampler(StatelessSampler):
             # Every env eligible, equal shares (the usual case): the env and
             # stratum layout only depends on (n, k), so it is built once.
             env, stratum = self._even_layout(n, k)
-            r = torch.rand(n, dtype=torch.float64, generator=self._rng).numpy()
+            r = torch.rand(n, dtype=torch.float64, generator=_compat.generator(self)).numpy()
             # A copy: the caller gets the env ids and may change them.
             return self._starts(r, env.copy(), count, latest, cap, stratum, rounds)
         env = np.tile(eligible, rounds)
         stratum = np.repeat(np.arange(rounds), k)
         strata = np.full(k, rounds, dtype=np.int64)
         if extra:
-            chosen = torch.randperm(k, generator=self._rng)[:extra].numpy()
+            chosen = torch.randperm(k, generator=_compat.generator(self))[:extra].numpy()
             env = np.concatenate([env, eligible[chosen]])
             stratum = np.concatenate([stratum, np.full(extra, rounds, dtype=np.int64)])
             strata[chosen] += 1
-        r = torch.rand(env.size, dtype=torch.float64, generator=self._rng).numpy()
+        r = torch.rand(env.size, dtype=torch.float64, generator=_compat.generator(self)).numpy()
         per_env = np.zeros(count.size, dtype=np.int64)
         per_env[eligible] = strata
         return self._starts(r, env, count, latest, cap, stratum, per_env[env])

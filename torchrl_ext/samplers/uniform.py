@@ -6,6 +6,7 @@ from typing import Any
 import torch
 from torchrl.data.replay_buffers.storages import TensorStorage
 
+from torchrl_ext import _compat
 from torchrl_ext._checks import check_batch_size
 from torchrl_ext.samplers.trajectory import StatelessSampler
 
@@ -47,9 +48,9 @@ class DistinctUniformSampler(StatelessSampler):
             raise RuntimeError("Cannot sample from an empty storage.")
         take = min(batch_size, count)
         if take * 4 < count:  # far fewer than stored: rejection-free partial draw
-            picks = torch.multinomial(torch.ones(count), take, replacement=False, generator=self._rng)
+            picks = torch.multinomial(torch.ones(count), take, replacement=False, generator=_compat.generator(self))
         else:
-            picks = torch.randperm(count, generator=self._rng)[:take]
+            picks = torch.randperm(count, generator=_compat.generator(self))[:take]
         index = picks if eligible is None else eligible[picks]
         ndim = getattr(storage, "ndim", 1)
         if ndim == 1:

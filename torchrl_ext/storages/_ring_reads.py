@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from torchrl_ext import _compat
 from torchrl_ext._checks import check_int
 from torchrl_ext.storages._gathers import assemble, select_rows, take, take_rows
 from torchrl_ext.storages._numpy_rows import Columns, numpy_columns
@@ -186,7 +187,7 @@ class RingReads:
         total, ends, base = self._draw_tables()
         if total == 0:
             raise RuntimeError("Cannot sample from an empty storage.")
-        flat = torch.randint(total, (batch_size,), generator=self._rng).numpy()
+        flat = torch.randint(total, (batch_size,), generator=_compat.generator(self)).numpy()
         env = np.searchsorted(ends, flat, side="right")
         flat += base[env]
         return torch.from_numpy(env), torch.from_numpy(flat)

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
+from torchrl_ext import _compat
 from torchrl_ext._fastpath import fastpath_enabled
 from torchrl_ext.storages._numpy_rows import Columns, leaf_items, matching_arrays, numpy_columns
 
@@ -76,23 +77,17 @@ class RingStepWrites:
             return None
         for stored, array in pairs:
             stored[slot] = array
-        self._last_cursor = slot  # expanded to flat rows when read (see _last_cursor)
-        self._bump_mutation_revision()
+        self._last_rows = slot  # expanded to flat rows when read (last_written_rows)
+        _compat.bump_mutation_revision(self)
         self._pos_np.fill(position + 1)  # every env stood at position; a fill costs a fifth of += 1
         self._grow_every_size(1)
         return position
 
     @property
-    def _last_cursor(self) -> torch.Tensor | None:
-        """Flat rows of the last write, as ``write_at`` records them (kept for inspection:
-        TorchRL's shared last-cursor index has no meaning for per-env rings). A step
-        write records only its slot: building the rows costs a tensor per step, about
-        as much as a step's copies, and is rarely needed."""
-        cursor = self.__dict__.get("_last_cursor_value")
-        if isinstance(cursor, int):
-            cursor = self._last_cursor_value = self.flat_index(torch.arange(self._num_envs), torch.tensor(cursor))
-        return cursor
-
-    @_last_cursor.setter
-    def _last_cursor(self, cursor: torch.Tensor | int | None) -> None:
-        self.__dict__["_last_cursor_value"] = cursor
+    def last_written_rows(self) -> torch.Tensor | None:
+        """Flat rows (see :meth:`flat_index`) of the last write, ``None`` before one. A step
+        write records only its slot; the rows are built when read."""
+        rows = getattr(self, "_last_rows", None)  # absent in pickles of older versions
+        if isinstance(rows, int):
+            rows = self._last_rows = self.flat_index(torch.arange(self._num_envs), torch.tensor(rows))
+        return rows

@@ -108,12 +108,13 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
         """Numpy views of the stored leaves of a 1-D storage (``leaves``: ``leaf_items`` of
         them, if the caller listed them); ``None`` otherwise or where numpy cannot view a leaf.
         Rebuilt when TorchRL replaces or moves a leaf (:class:`ColumnCache`)."""
-        if self.ndim != 1 or not isinstance(self._storage, TensorDictBase):
+        stored = _compat.stored_data(self)
+        if self.ndim != 1 or not isinstance(stored, TensorDictBase):
             return None
         cache = self.__dict__.get("_numpy_columns")
         if cache is None:
             cache = self._numpy_columns = ColumnCache()
-        return cache.get(leaf_items(self._storage) if leaves is None else leaves, batch_dims=1)
+        return cache.get(leaf_items(stored) if leaves is None else leaves, batch_dims=1)
 
     def gather(self, rows: torch.Tensor, extra: dict[Any, torch.Tensor] | None = None, *,
                leaves: list[tuple[Any, torch.Tensor]] | None = None) -> TensorDictBase:
@@ -128,8 +129,8 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
         """
         columns = self._columns(leaves) if rows.is_cpu and not self._pin_outputs else None
         if columns is not None:
-            return assemble(take_rows(columns, rows), rows.shape, self._storage.device, extra)
-        return gather_rows(self._storage, rows, extra=extra, leaves=leaves, pinned=self._pin_outputs)
+            return assemble(take_rows(columns, rows), rows.shape, _compat.stored_data(self).device, extra)
+        return gather_rows(_compat.stored_data(self), rows, extra=extra, leaves=leaves, pinned=self._pin_outputs)
 
     def _numpy_pairs(self, data: Any) -> list | None:
         """``(stored, new rows)`` numpy views for a ``[N]`` batch that matches the stored
@@ -161,8 +162,7 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
         if set_cursor:
             # What TorchRL's set records for a ring range (_set_last_cursor(cursor), then
             # _get_new_len), from the ranges instead of a dozen tensor ops on the cursor.
-            _compat.set_last_written(self, ranges[-1][1] - 1)
-            self._last_cursor = cursor
+            _compat.set_last_written(self, ranges[-1][1] - 1, cursor_as_written=cursor)
             _compat.set_length(self, min(len(self) + sum(stop - start for start, stop, _, _ in ranges), self.max_size))
         _compat.bump_mutation_revision(self)
 
@@ -217,12 +217,13 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
         if got != expected:
             _raise_layout_mismatch(expected, got)
         if isinstance(data, torch.Tensor):
-            return [(self._storage, data)]
-        return [(self._storage.get(key), leaf) for key, leaf in leaf_items(data)]
+            return [(_compat.stored_data(self), data)]
+        stored = _compat.stored_data(self)
+        return [(stored.get(key), leaf) for key, leaf in leaf_items(data)]
 
     def _stored_layout(self) -> dict[Any, tuple[tuple[int, ...], torch.dtype]] | None:
         # Read each time: a load_state_dict can add leaves to the same stored TensorDict.
-        return _layout(self._storage, item_dims=1)
+        return _layout(_compat.stored_data(self), item_dims=1)
 
     def _ring_ranges(self, cursor: Any, data: Any) -> list[tuple[int, int, int, int]] | None:
         """``(start, stop, data_first, data_last)`` slices equivalent to writing
@@ -249,7 +250,7 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
         return _ring_slices(start, n, capacity)
 
     def get(self, index: Any) -> Any:
-        stored = getattr(self, "_storage", None)
+        stored = _compat.stored_data(self)
         if (
             isinstance(index, torch.Tensor)
             and index.ndim == 1

@@ -16,7 +16,6 @@ to and :class:`~torchrl_ext.samplers.TrajectorySampler` picks windows.
 """
 from __future__ import annotations
 
-from multiprocessing.sharedctypes import Synchronized
 from pathlib import Path
 from typing import Any
 
@@ -152,7 +151,7 @@ class EnvRingStorage(PinnedOutputs, RingReads, RingStepWrites, RingSharing, Stor
         # clear even when the env has since been written past its old position.
         self._resets = torch.zeros(num_envs, dtype=torch.long)
         self._loads = 0  # load_state_dict calls: what samplers derived from the counters is void
-        self._last_cursor = None
+        self._last_rows: torch.Tensor | int | None = None  # see last_written_rows
 
     # ------------------------------------------------------------------
     @property
@@ -319,9 +318,9 @@ class EnvRingStorage(PinnedOutputs, RingReads, RingStepWrites, RingSharing, Stor
                 leaf.index_copy_(0, flat, value)
         if set_cursor:
             # TorchRL's shared last-cursor index describes a 1-D ring and has no
-            # meaning for per-env rings; the attribute is kept for inspection.
-            self._last_cursor = flat
-        self._bump_mutation_revision()
+            # meaning for per-env rings: the rows are kept under their own name.
+            self._last_rows = flat
+        _compat.bump_mutation_revision(self)
 
     def advance(self, env_ids: torch.Tensor | None, steps: int) -> None:
         """Moves the cursors of ``env_ids`` (distinct; ``None``: every env) on by ``steps`` written steps."""
@@ -338,24 +337,12 @@ class EnvRingStorage(PinnedOutputs, RingReads, RingStepWrites, RingSharing, Stor
         if not self._is_full:
             np.minimum(self._size_np + steps, self._max_length, out=self._size_np)
 
-    def _bump_mutation_revision(self) -> None:
-        """TorchRL's revision bump, locking once: the shared counter's ``value`` takes its
-        lock again for each read and write, which doubles the cost of the one call every
-        step write makes. Any other counter (a compilable storage's tensor) takes
-        TorchRL's path."""
-        revision = self.__dict__.get("_mutation_revision_value")
-        if type(revision) is not Synchronized:
-            super()._bump_mutation_revision()
-            return
-        with revision.get_lock():
-            revision.get_obj().value += 1
-
     def shrink(self, env_ids: torch.Tensor, n: torch.Tensor | int) -> None:
         """Forgets the ``n`` oldest steps of each env in ``env_ids`` (at most what it holds)."""
         env_ids = torch.as_tensor(env_ids, dtype=torch.long).cpu()
         size = self._current_size[env_ids]
         self._current_size[env_ids] = size - torch.minimum(torch.as_tensor(n), size)
-        self._bump_mutation_revision()
+        _compat.bump_mutation_revision(self)
 
     def reset(self, env_ids: torch.Tensor | None = None) -> None:
         """Sets the position and size of ``env_ids`` (all envs by default) to 0."""
@@ -363,7 +350,7 @@ class EnvRingStorage(PinnedOutputs, RingReads, RingStepWrites, RingSharing, Stor
         self._current_pos[env_ids] = 0
         self._current_size[env_ids] = 0
         self._resets[env_ids] += 1
-        self._bump_mutation_revision()
+        _compat.bump_mutation_revision(self)
 
     def _allocate(self, data: TensorDictBase, batch_dims: int) -> None:
         shape = (self._num_envs, self._max_length)
@@ -464,7 +451,7 @@ class EnvRingStorage(PinnedOutputs, RingReads, RingStepWrites, RingSharing, Stor
         self._current_size.copy_(size)
         self._resets.copy_(resets)
         self._loads = getattr(self, "_loads", 0) + 1
-        self._bump_mutation_revision()
+        _compat.bump_mutation_revision(self)
 
     def _empty(self) -> None:
         self.reset()

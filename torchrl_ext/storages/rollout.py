@@ -28,6 +28,7 @@ from tensordict import TensorDictBase
 from torchrl.data.replay_buffers.checkpointers import StorageCheckpointerBase
 from torchrl.data.replay_buffers.storages import Storage
 
+from torchrl_ext import _compat
 from torchrl_ext._checks import check_int
 from torchrl_ext.io.state_files import (
     load_component,
@@ -240,7 +241,7 @@ class RolloutStorage(PinnedOutputs, Storage):
         for key in self._carry_keys:
             after.set_(key, last.get(_next(key)).to(self._device))
         self._step += length
-        self._bump_mutation_revision()
+        _compat.bump_mutation_revision(self)
 
     def _allocate(self, step: TensorDictBase) -> None:
         if self._carry_keys is None:
@@ -285,7 +286,7 @@ class RolloutStorage(PinnedOutputs, Storage):
             )
         self._storage[: filled + 1] = data.to(self._device)
         self._step = filled
-        self._bump_mutation_revision()
+        _compat.bump_mutation_revision(self)
 
     def after_update(self) -> None:
         """Copies the carried entries of slot ``T`` into slot 0 and restarts at step 0."""
@@ -294,7 +295,7 @@ class RolloutStorage(PinnedOutputs, Storage):
             for key in self._carry_keys:
                 first.set_(key, last.get(key))
         self._step = 0
-        self._bump_mutation_revision()
+        _compat.bump_mutation_revision(self)
 
     def set_derived(self, key: Any, value: torch.Tensor) -> None:
         """Stores ``value`` ``[T + 1, N, ...]`` under ``key``, computed from the rollout.

@@ -65,7 +65,7 @@ class EnvRingWriter(Writer):
 
     @property
     def storage(self) -> EnvRingStorage:
-        storage = getattr(self, "_storage", None)
+        storage = _compat.writer_storage(self)
         if not isinstance(storage, EnvRingStorage):
             raise RuntimeError(
                 f"{type(self).__name__} writes into an EnvRingStorage; register one with "

@@ -20,6 +20,7 @@ import torch
 from tensordict import TensorDictBase
 from torchrl.data.replay_buffers.writers import Writer
 
+from torchrl_ext import _compat
 from torchrl_ext.storages.rollout import RolloutStorage
 
 __all__ = ["RolloutWriter"]
@@ -63,15 +64,17 @@ class RolloutWriter(Writer):
         return torch.stack([time, env], -1)
 
     def add(self, data: Any) -> torch.Tensor:
-        first = self._storage.step
-        self._storage.insert(data)
+        storage = _compat.writer_storage(self)
+        first = storage.step
+        storage.insert(data)
         return self._coordinates(first, data.unsqueeze(0))
 
     def extend(self, data: Any) -> torch.Tensor:
         if not isinstance(data, TensorDictBase):
             raise TypeError(f"data must be a TensorDict, got {type(data).__name__}.")
-        first = self._storage.step
-        self._storage.insert_steps(data, time_dim=0)
+        storage = _compat.writer_storage(self)
+        first = storage.step
+        storage.insert_steps(data, time_dim=0)
         steps = data if data.batch_dims > 1 else data.unsqueeze(1)
         return self._coordinates(first, steps)
 
