@@ -11,7 +11,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from torchrl_ext._checks import check_bool, check_int, check_real, check_reals, resolve_time_dim
+from torchrl_ext._checks import bounds, check_bool, check_int, check_real, check_reals, resolve_time_dim
 from torchrl_ext.demos import DemoStore
 from torchrl_ext.presets import l2r_ppo_buffer
 from torchrl_ext.replay_buffers.on_policy import OnPolicyReplayBuffer, VTraceReplayBuffer
@@ -228,3 +228,16 @@ def test_check_bool_returns_a_python_bool(good):
 def test_check_bool_refuses_anything_but_a_bool(bad):
     with pytest.raises(TypeError, match=rf"flag must be True or False, got flag={re.escape(repr(bad))}\."):
         check_bool("flag", bad)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.uint8, torch.bool, torch.float32, torch.bfloat16])
+def test_bounds_are_python_numbers_of_the_smallest_and_largest_entry(dtype):
+    values = torch.tensor([2, 0, 1], dtype=dtype)
+    low, high = bounds(values)
+    assert (low, high) == ((False, True) if dtype is torch.bool else (0, 2))
+    assert type(low) is type(values[0].item())
+
+
+def test_bounds_propagate_nan_and_ignore_autograd_history():
+    assert all(math.isnan(x) for x in bounds(torch.tensor([1.0, math.nan, 2.0])))
+    assert bounds(torch.tensor([2.0, -1.0], requires_grad=True)) == (-1.0, 2.0)

@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from torchrl_ext._host import bounds
 
 __all__ = [
     "SHAPE_ERR",
@@ -157,6 +156,18 @@ def check_finite(name: str, values: torch.Tensor, then: str) -> None:
     bad = int((~torch.isfinite(values)).sum())
     if bad:
         raise ValueError(f"`{name}` holds {bad} NaN or infinite value(s) of {values.numel()}; {then}")
+
+
+def bounds(values: torch.Tensor) -> tuple[Any, Any]:
+    """``(min, max)`` of a non-empty tensor as Python numbers (NaN if it holds one).
+
+    Examples:
+        >>> import torch
+        >>> bounds(torch.tensor([3, -1, 2]))
+        (-1, 3)
+    """
+    low, high = torch.aminmax(values.detach())
+    return low.item(), high.item()
 
 
 def check_priorities(name: str, values: torch.Tensor) -> float:

@@ -40,8 +40,7 @@ from typing import Any, Sequence
 
 import torch
 
-from torchrl_ext._checks import check_int
-from torchrl_ext._host import bounds, last, smallest
+from torchrl_ext._checks import bounds, check_int
 
 __all__ = ["MaxSegmentTree", "MinSegmentTree", "SegmentTree", "SumSegmentTree"]
 
@@ -487,7 +486,7 @@ class SumSegmentTree(SegmentTree):
         if thr.numel() == 0:
             return torch.empty(shape, dtype=torch.long, device=self._device)
         prefix = self._top_prefix()
-        total = last(prefix)
+        total = prefix[-1].item()
         tmin, tmax = bounds(thr)
         # summary() (in the tree's dtype) is what a caller sees as "the total";
         # a total summed in another order (ALF's, say) may exceed it by a few
@@ -515,7 +514,7 @@ class SumSegmentTree(SegmentTree):
         non-zero child.
         """
         node, value = self._walk(thr, prefix, capped=False)
-        if len(self._levels) > 1 and not smallest(value) > 0:
+        if len(self._levels) > 1 and not value.detach().amin().item() > 0:
             node, value = self._walk(thr, prefix, capped=True)
         return node, value
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pickle
 
+import numpy as np
 import pytest
 import torch
 from tensordict import TensorDict
@@ -212,3 +213,14 @@ def test_leaf_items_list_what_items_lists_in_the_same_order():
     assert [key for key, _ in leaf_items(non_tensor)][-1] == "note"
 
 
+
+
+def test_numpy_view_shares_memory_and_refuses_what_numpy_cannot_view():
+    from torchrl_ext.storages._numpy_rows import NUMPY_DTYPES, TORCH_DTYPES, numpy_view
+
+    values = torch.arange(4)
+    numpy_view(values)[0] = 9
+    assert values[0] == 9
+    assert numpy_view(torch.ones(2, requires_grad=True)) is None
+    assert numpy_view(torch.ones(2, dtype=torch.bfloat16)) is None
+    assert all(TORCH_DTYPES[np.dtype(numpy_dtype)] is dtype for dtype, numpy_dtype in NUMPY_DTYPES.items())

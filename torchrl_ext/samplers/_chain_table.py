@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from torchrl_ext import _compat
-from torchrl_ext._host import numpy_view
+from torchrl_ext.storages._numpy_rows import numpy_view
 from torchrl_ext.storages._gathers import take
 
 __all__ = ["ChainTable"]

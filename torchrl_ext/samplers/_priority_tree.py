@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from torchrl_ext._host import numpy_view, smallest
+from torchrl_ext.storages._numpy_rows import numpy_view
 from torchrl_ext.segment_tree import SumSegmentTree, _store
 from torchrl_ext.storages._numpy_rows import ColumnCache
 
@@ -92,7 +92,7 @@ class PrioritySegmentTree(SumSegmentTree):
         if len(self._levels) == 1:
             key = int(self._min_keys(self._levels[0], reuse=False).amin())
         else:
-            key = smallest(self._min_levels[-1])
+            key = self._min_levels[-1].amin().item()
         if key == _NO_KEY[_KEY_DTYPES[self._dtype]]:
             return math.inf
         # Decode the key on the host: cheaper than three tiny kernels.

@@ -19,8 +19,7 @@ from torchrl.data import PrioritizedSampler as _TorchRLPrioritizedSampler
 from torchrl.data.replay_buffers.storages import Storage
 
 from torchrl_ext import _compat
-from torchrl_ext._checks import check_batch_size, check_int, check_priorities, check_real
-from torchrl_ext._host import bounds, last
+from torchrl_ext._checks import bounds, check_batch_size, check_int, check_priorities, check_real
 from torchrl_ext.samplers._priority_state import SHARING_REFUSED, PriorityCheckpoints
 from torchrl_ext.samplers._priority_tree import PrioritySegmentTree, reduce_per_item
 
@@ -233,7 +232,7 @@ class PrioritizedSampler(PriorityCheckpoints, _TorchRLPrioritizedSampler):
         drawn = None if self._stratified else tree.draw_by_rejection(batch_size, _compat.generator(self))
         if drawn is not None:
             index, value = drawn
-            total = last(tree._top_prefix()) if self._weights == "alf" else math.nan
+            total = tree._top_prefix()[-1].item() if self._weights == "alf" else math.nan
         else:
             index, value, total = self._walk_draw(tree, batch_size)
         per = self._weights == "per"
@@ -264,7 +263,7 @@ class PrioritizedSampler(PriorityCheckpoints, _TorchRLPrioritizedSampler):
         """Leaf indices, their values and the total, by walking the tree from
         uniform (or, without replacement, stratified) thresholds."""
         prefix = tree._top_prefix()
-        total = last(prefix)
+        total = prefix[-1].item()
         if not total > 0:
             raise RuntimeError(
                 "every stored priority is zero, so nothing can be sampled; give some "

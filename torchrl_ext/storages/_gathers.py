@@ -13,8 +13,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from torchrl_ext import _compat
-from torchrl_ext._host import TORCH_DTYPES
-from torchrl_ext.storages._numpy_rows import Columns
+from torchrl_ext.storages._numpy_rows import TORCH_DTYPES, Columns
 from torchrl_ext.storages import _output_memory
 
 __all__ = ["assemble", "gather_coordinates", "gather_rows", "new_output", "select_rows", "take", "take_rows"]

@@ -18,7 +18,23 @@ import torch
 from tensordict import TensorDict, TensorDictBase, is_leaf_nontensor
 
 from torchrl_ext import _compat
-from torchrl_ext._host import numpy_view
+
+
+#: torch dtypes whose CPU tensors numpy views without a copy (bfloat16 has no numpy twin).
+NUMPY_DTYPES = {
+    torch.bool: np.bool_, torch.uint8: np.uint8, torch.int8: np.int8, torch.int16: np.int16,
+    torch.int32: np.int32, torch.int64: np.int64, torch.float16: np.float16,
+    torch.float32: np.float32, torch.float64: np.float64,
+}
+#: The reverse map, keyed by ``np.dtype``.
+TORCH_DTYPES = {np.dtype(numpy_dtype): dtype for dtype, numpy_dtype in NUMPY_DTYPES.items()}
+
+
+def numpy_view(values: torch.Tensor) -> np.ndarray | None:
+    """``values.numpy()`` (same memory) when numpy can view it, else ``None``."""
+    if values.is_cpu and not values.requires_grad and values.dtype in NUMPY_DTYPES:
+        return values.numpy()
+    return None
 
 
 #: A stored column: (the stored leaf as a numpy array, the item shape, the numpy dtype).

@@ -31,7 +31,7 @@ import torch
 from tensordict import TensorDictBase
 
 from torchrl_ext._checks import check_int
-from torchrl_ext._host import NUMPY_DTYPES
+from torchrl_ext.storages._numpy_rows import NUMPY_DTYPES
 from torchrl_ext._keys import nested_key
 from torchrl_ext.storages.episodes import EpisodicEnvRingStorage
 from torchrl_ext.storages._gathers import select_rows

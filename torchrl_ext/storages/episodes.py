@@ -31,8 +31,7 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
-from torchrl_ext._checks import check_real
-from torchrl_ext._host import bounds
+from torchrl_ext._checks import bounds, check_real
 from torchrl_ext._keys import nested_key
 from torchrl_ext.storages.ring import EnvRingStorage
 from torchrl_ext.value.functional import discounted_cumsum

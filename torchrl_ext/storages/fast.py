@@ -36,8 +36,7 @@ from torchrl.data import LazyMemmapStorage, LazyTensorStorage
 from torchrl.data.replay_buffers.writers import RoundRobinWriter
 
 from torchrl_ext import _compat
-from torchrl_ext._checks import check_int
-from torchrl_ext._host import bounds
+from torchrl_ext._checks import bounds, check_int
 from torchrl_ext.storages._gathers import assemble, gather_rows, take_rows
 from torchrl_ext.storages._numpy_rows import ColumnCache, Columns, matching_arrays, leaf_items
 from torchrl_ext.storages._output_memory import PinnedOutputs
