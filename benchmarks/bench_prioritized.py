@@ -274,7 +274,7 @@ def skewed_case(suffix: str, sigma: float, capacity: int, batch_size: int = 256)
         Impl(EXT_S, f"torchrl_ext PrioritizedSampler.sample(storage, {batch_size}) + update_priority",
              False, sampler_op(ext, storage, batch_size, pool)),
     ]
-    rows = ext._sum_tree._levels[1][: ext._sum_tree._sizes[1]]
+    rows = ext.tree._levels[1][: ext.tree._sizes[1]]
     acceptance = float(rows.mean() / rows.max())
 
     def checks() -> list[Check]:
@@ -297,10 +297,10 @@ def big_sampler_case(capacity: int) -> tuple[Case, PrioritizedSampler, dict[str,
     # A full storage of that length; the sampler reads only len() and ndim, so one bool per row.
     storage = TensorStorage(TensorDict({"done": torch.zeros(capacity, 1, dtype=torch.bool)}, [capacity]))
     sampler = PrioritizedSampler(capacity, ALPHA, BETA)
-    nbytes = {"built": sampler._sum_tree.nbytes()}
+    nbytes = {"built": sampler.tree.nbytes()}
     sampler.update_priority(torch.arange(capacity),
                             torch.rand(capacity, generator=torch.Generator().manual_seed(2)))
-    nbytes["after_setting_all_priorities"] = sampler._sum_tree.nbytes()
+    nbytes["after_setting_all_priorities"] = sampler.tree.nbytes()
     impls = [Impl(f"{EXT_S} B={b}", f"torchrl_ext PrioritizedSampler.sample(storage, {b}) + "
                   f"update_priority({b})", False, sampler_op(sampler, storage, b, priority_pool(b, seed=b)))
              for b in BATCH_SIZES]
@@ -423,9 +423,9 @@ def main() -> int:
     if selected(a, "per_10M_sampler"):  # i.e. the case key contains --only
         case, sampler, nbytes = big_sampler_case(BIG_CAPACITY)
         run(case)
-        nbytes["after_timing"] = sampler._sum_tree.nbytes()
+        nbytes["after_timing"] = sampler.tree.nbytes()
         tree_ratio = nbytes["after_timing"] / (4 * BIG_CAPACITY)
-        print("Tree memory, `sampler._sum_tree.nbytes()` / (4 B x capacity): "
+        print("Tree memory, `sampler.tree.nbytes()` / (4 B x capacity): "
               + ", ".join(f"{stage.replace('_', ' ')} {n / (4 * BIG_CAPACITY):.2f} ({n / 2**20:.0f} MiB)"
                           for stage, n in nbytes.items())
               + ". The target uses the value after timing.\n")

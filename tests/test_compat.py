@@ -22,7 +22,6 @@ from tensordict.nn import NormalParamExtractor, TensorDictModule
 from torch import nn
 from torchrl.data import LazyTensorStorage, ReplayBuffer, RoundRobinWriter, TensorDictReplayBuffer
 from torchrl.data.replay_buffers.checkpointers import TensorStorageCheckpointer
-from torchrl.data.replay_buffers.samplers import PrioritizedSampler
 from torchrl.modules import ProbabilisticActor, TanhNormal
 from torchrl.objectives.value import GAE
 
@@ -260,17 +259,6 @@ def test_checkpointer_hooks_are_the_registered_ones():
     assert save == [hook] and load == [hook]
 
 
-def test_trees_on_storage_device_keeps_the_trees_with_the_storage():
-    storage = LazyTensorStorage(8, device="cpu")
-    storage.set(torch.arange(3), TensorDict({"x": torch.zeros(3)}, [3]))
-    sampler = PrioritizedSampler(8, alpha=1.0, beta=0.4)
-    sampler.update_priority(torch.arange(3), torch.ones(3))
-    _compat.trees_on_storage_device(sampler, storage)
-    assert sampler.device == torch.device("cpu")
-    index, _ = sampler.sample(storage, 64)
-    assert set(index.tolist()) <= {0, 1, 2}
-
-
 def test_replacement_dispatch_routes_torchrls_prioritized_sampler():
     table = _compat.replacement_dispatch()
     assert table is not None and isinstance(table, dict)
@@ -429,20 +417,6 @@ def _upstream_private_names(cls: type) -> set[str]:
     return names
 
 
-#: ``(module, attribute)`` pairs still read on ``self`` by design: the prioritized samplers do
-#: not run TorchRL's ``PrioritizedSampler.__init__`` (it builds C++ trees) and set its state
-#: under TorchRL's own names, because TorchRL's inherited ``max_size``, ``device``,
-#: ``mark_update`` and its buffers' tree moves read them. Moving them to names of our own
-#: needs those members overridden first (issue 34); this list may only shrink.
-OWN_STATE_UNDER_UPSTREAM_NAMES = {
-    ("samplers/prioritized.py", name)
-    for name in ("_alpha", "_beta", "_device", "_eps", "_max_capacity", "_max_priority_within_buffer", "_sum_tree")
-} | {
-    ("samplers/_priority_state.py", name)
-    for name in ("_alpha", "_beta", "_eps", "_max_capacity", "_max_priority_within_buffer", "_sum_tree")
-} | {("samplers/prioritized_nstep.py", name) for name in ("_alpha", "_beta", "_eps", "_max_capacity")}
-
-
 def test_no_class_reads_private_upstream_attributes_on_self_outside_compat():
     """Subclasses of TorchRL classes (and the mixins they are built from) reach TorchRL's private
     state through ``_compat`` or public properties (``self.storage``, not ``self._storage``)."""
@@ -457,11 +431,42 @@ def test_no_class_reads_private_upstream_attributes_on_self_outside_compat():
             if not own.__module__.startswith("torchrl_ext") or own.__module__ == "torchrl_ext._compat":
                 continue
             module = str(Path(inspect.getsourcefile(own)).relative_to(PACKAGE))
+            first = inspect.getsourcelines(own)[1] - 1  # node line numbers count from the class
             for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(own)))):
                 if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
                         and node.value.id == "self" and node.attr in names:
-                    found.add((module, node.attr))
-                elif isinstance(node, ast.Constant) and node.value in names:  # getattr(self, "_name")
-                    found.add((module, node.value))
-    assert found - OWN_STATE_UNDER_UPSTREAM_NAMES == set(), "use torchrl_ext._compat or a public property"
-    assert OWN_STATE_UNDER_UPSTREAM_NAMES - found == set(), "shrink OWN_STATE_UNDER_UPSTREAM_NAMES"
+                    found.add((module, first + node.lineno, node.attr))
+                elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                        and node.func.id in ("getattr", "hasattr", "setattr") and len(node.args) >= 2 \
+                        and isinstance(node.args[0], ast.Name) and node.args[0].id == "self" \
+                        and isinstance(node.args[1], ast.Constant) and node.args[1].value in names:
+                    found.add((module, first + node.lineno, node.args[1].value))
+    assert not found, "use torchrl_ext._compat or a public property:\n" + "\n".join(map(str, sorted(found)))
+
+
+def test_no_module_reads_private_upstream_attributes_of_other_objects_outside_compat():
+    """``obj._name`` and ``getattr(obj, "_name")`` on any object, for the private state of every
+    TorchRL / TensorDict class the package builds on (``super()._hook()`` calls excepted)."""
+    names = set()
+    for cls in _package_classes():
+        for base in cls.__mro__:
+            if base.__module__.split(".")[0] in ("torchrl", "tensordict"):
+                names |= _upstream_private_names(base)
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name == "_compat.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in names:
+                owner = node.value
+                if isinstance(owner, ast.Name) and owner.id == "self":
+                    continue  # the rule above, which knows each class's own bases
+                if isinstance(owner, ast.Call) and isinstance(owner.func, ast.Name) and owner.func.id == "super":
+                    continue  # an overridden hook calling TorchRL's (listed in _compat.HOOKS)
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {ast.unparse(node)}")
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                    and node.func.id in ("getattr", "hasattr", "setattr") and len(node.args) >= 2 \
+                    and isinstance(node.args[1], ast.Constant) and node.args[1].value in names \
+                    and not (isinstance(node.args[0], ast.Name) and node.args[0].id == "self"):
+                found.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {ast.unparse(node)}")
+    assert not found, "use torchrl_ext._compat:\n" + "\n".join(found)

@@ -143,6 +143,11 @@ def ensure_initialized(buffer: Any) -> None:
         buffer._init()
 
 
+def prefetch_size(buffer: Any) -> int | None:
+    """The ``prefetch`` a TorchRL buffer was built with (batches sampled ahead; ``None``/0: none)."""
+    return buffer._prefetch
+
+
 def samples_plainly(buffer: Any) -> bool:
     """Whether TorchRL's ``sample`` would add nothing to the sampler's draw, the storage's read,
     the collate function and the transform: no prefetch queue, no pinned outputs, no shut-down
@@ -257,12 +262,6 @@ def attached_entities(storage: Any) -> Iterable[Any]:
 def checkpointer_hooks(checkpointer: Any) -> tuple[list[Callable], list[Callable]]:
     """``(save_hooks, load_hooks)`` registered on a storage checkpointer."""
     return checkpointer._save_hooks, checkpointer._load_hooks
-
-
-def trees_on_storage_device(sampler: Any, storage: Any) -> None:
-    """Moves a TorchRL ``PrioritizedSampler``'s trees to ``storage``'s device (rebuilding them
-    empty) when they differ, as TorchRL does before its first sample."""
-    sampler._maybe_init_from_storage(storage)
 
 
 def replacement_dispatch() -> dict[type, type] | None:

@@ -282,8 +282,8 @@ def share_buffer(rb: ReplayBuffer, example: Any = None) -> ReplayBuffer:
             "one process); write from one process, or host the buffer in a Ray actor "
             "(torchrl_ext.distributed.ray_replay_buffer)."
         )
-    if rb._prefetch:
-        raise ValueError(f"prefetch={rb._prefetch} cannot be combined with sharing; build with prefetch=None.")
+    if _compat.prefetch_size(rb):
+        raise ValueError(f"prefetch={_compat.prefetch_size(rb)} cannot be combined with sharing; build with prefetch=None.")
     if isinstance(storage, EnvRingStorage):
         storage.share_memory_(example)
     elif isinstance(storage, TensorStorage):

@@ -64,7 +64,7 @@ def test_buffer_config_instantiates_on_its_own() -> None:
                       overrides=["buffer.storage.max_size=64", "buffer.batch_size=8"]).buffer
     rb = instantiate(cfg)
     assert isinstance(rb.sampler, PrioritizedNStepSampler)
-    assert rb.sampler._max_capacity == 64
+    assert rb.sampler.max_size == 64
     obs = torch.arange(16.0).reshape(4, 4, 1)
     rb.extend(TensorDict({"observation": obs, "next": {
         "observation": obs + 1, "reward": torch.ones(4, 4, 1),

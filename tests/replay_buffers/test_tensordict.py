@@ -131,7 +131,7 @@ def test_priority_write_back_from_the_batch():
     batch = rb.sample(16)
     batch["td_error"] = batch["index"].float() + 1
     rb.update_tensordict_priority(batch)
-    stored = rb.sampler._sum_tree[batch["index"]]
+    stored = rb.sampler.tree[batch["index"]]
     assert torch.equal(stored, batch["index"].float() + 1)
 
 
@@ -142,7 +142,7 @@ def test_per_agent_priorities_are_reduced_with_max():
     batch["td_error"] = torch.tensor([[1.0, 7.0, 3.0], [0.5, 0.25, 2.0]])
     batch["index"] = torch.tensor([2, 5])
     rb.update_tensordict_priority(batch)
-    assert rb.sampler._sum_tree[torch.tensor([2, 5])].tolist() == [7.0, 2.0]
+    assert rb.sampler.tree[torch.tensor([2, 5])].tolist() == [7.0, 2.0]
 
 
 def test_missing_priority_gives_the_default_priority():
@@ -154,7 +154,7 @@ def test_missing_priority_gives_the_default_priority():
     batch = rb[torch.tensor([0])]
     batch["index"] = torch.tensor([0])
     rb.update_tensordict_priority(batch)
-    assert rb.sampler._sum_tree[torch.tensor([0])].item() == 3.0
+    assert rb.sampler.tree[torch.tensor([0])].item() == 3.0
 
 
 def test_priorities_given_at_extend_are_used():
@@ -208,7 +208,7 @@ def test_pickle_round_trip():
     rb.extend(transitions(30))
     rb.sample(4)
     clone = pickle.loads(pickle.dumps(rb))
-    assert torch.equal(clone.sampler._sum_tree.leaves, rb.sampler._sum_tree.leaves)
+    assert torch.equal(clone.sampler.tree.leaves, rb.sampler.tree.leaves)
     batch = clone.sample(4)
     assert torch.equal(batch["obs"][:, 0], batch["index"].float())
 
@@ -390,12 +390,12 @@ def test_an_extend_with_a_bad_priority_stores_nothing_and_the_retry_stores_once(
     rb.extend(TensorDict({"obs": torch.arange(3.0), "td_error": torch.ones(3)}, [3]))
     priority = torch.tensor([1.0, bad, 1.0])
     batch = TensorDict({"obs": torch.arange(10.0, 13.0), "td_error": priority}, [3])
-    leaves = rb.sampler._sum_tree.leaves.clone()
+    leaves = rb.sampler.tree.leaves.clone()
     # TorchRL's wording and type (RuntimeError), and a ValueError: the input is bad.
     with pytest.raises(RuntimeError, match="Failed to update priority of extended data: priority must be"):
         rb.extend(batch)
     assert len(rb) == 3 and rb.writer._cursor == 3
-    assert torch.equal(rb.sampler._sum_tree.leaves, leaves)
+    assert torch.equal(rb.sampler.tree.leaves, leaves)
     with pytest.raises(ValueError, match="priority must be finite and >= 0.*Nothing was stored"):
         rb.add(TensorDict({"obs": torch.tensor(9.0), "td_error": torch.tensor(bad)}, []))
     assert len(rb) == 3 and rb.writer._cursor == 3

@@ -62,8 +62,8 @@ def test_is_a_torchrl_prioritized_sampler_and_works_in_its_buffer():
     assert torch.equal(batch["obs"], batch["index"].float())
     batch["td_error"] = batch["index"].float() * 10
     rb.update_tensordict_priority(batch)  # TorchRL's write-back path, unchanged
-    stored = sampler._sum_tree[batch["index"]]
-    torch.testing.assert_close(stored, (batch["td_error"] + sampler._eps) ** 0.7)
+    stored = sampler.tree[batch["index"]]
+    torch.testing.assert_close(stored, (batch["td_error"] + sampler.eps) ** 0.7)
 
 
 def test_replacement_false_dispatches_to_the_stratified_sampler():
@@ -99,7 +99,7 @@ def test_frequencies_in_a_two_level_tree_by_rejection_and_by_walk(skewed, monkey
         priorities[123], group[123] = 1e9, blocks
     sampler = filled_sampler(priorities.tolist(), alpha=0.7)
     sampler._rng = torch.Generator().manual_seed(0)
-    tree = sampler._sum_tree
+    tree = sampler.tree
     assert len(tree._levels) > 1
     walks = []
     walk = tree._sample_walk
@@ -174,7 +174,7 @@ def test_new_data_gets_the_max_priority_and_at_least_initial_priority():
     sampler.update_priority(torch.tensor([0]), torch.tensor([5.0]))
     assert sampler.default_priority == 5.0
     sampler.mark_update(torch.tensor([1, 2]))
-    assert sampler._sum_tree[torch.tensor([1, 2])].tolist() == [5.0, 5.0]
+    assert sampler.tree[torch.tensor([1, 2])].tolist() == [5.0, 5.0]
     sampler.update_priority(torch.tensor([0]), torch.tensor([0.5]))
     assert sampler.default_priority == 5.0  # the max ever seen
 
@@ -193,7 +193,7 @@ def test_max_priority_within_buffer_drops_when_the_max_is_overwritten():
 def test_per_agent_priorities_are_reduced(reduction, expected):
     sampler = PrioritizedSampler(5, alpha=1.0, beta=0.4, eps=0.0, reduction=reduction)
     sampler.update_priority(torch.tensor([2]), torch.tensor([[1.0, 4.0, 2.0, 3.0]]))
-    assert sampler._sum_tree[torch.tensor([2])].item() == pytest.approx(expected)
+    assert sampler.tree[torch.tensor([2])].item() == pytest.approx(expected)
 
 
 def test_per_agent_priorities_through_the_buffer_extend_path():
@@ -204,13 +204,13 @@ def test_per_agent_priorities_through_the_buffer_extend_path():
     )
     data = TensorDict({"obs": torch.zeros(3, 2), "td_error": torch.tensor([[1.0, 5.0]] * 3)}, [3])
     rb.extend(data)  # TorchRL passes the raw [3, 2] priority; the sampler reduces it
-    assert rb.sampler._sum_tree[torch.arange(3)].tolist() == [5.0, 5.0, 5.0]
+    assert rb.sampler.tree[torch.arange(3)].tolist() == [5.0, 5.0, 5.0]
 
 
 def test_minus_one_indices_are_skipped():
     sampler = PrioritizedSampler(4, alpha=1.0, beta=0.4, eps=0.0)
     sampler.update_priority(torch.tensor([-1, 2, -1]), torch.tensor([7.0, 3.0, 9.0]))
-    assert sampler._sum_tree.leaves.tolist() == [0.0, 0.0, 3.0, 0.0]
+    assert sampler.tree.leaves.tolist() == [0.0, 0.0, 3.0, 0.0]
 
 
 def test_multi_dimensional_storage_coordinates():
@@ -225,7 +225,7 @@ def test_multi_dimensional_storage_coordinates():
     rb.update_priority(torch.tensor([[1, 2]]), torch.tensor([10.0]))
     rows, columns = rb.storage.shape  # TorchRL extends 2-d storages along dim 1
     assert (rows, columns) == (4, 3)
-    assert rb.sampler._sum_tree[torch.tensor([1 * columns + 2])].item() == 10.0
+    assert rb.sampler.tree[torch.tensor([1 * columns + 2])].item() == 10.0
 
 
 # --------------------------------------------------------------------------- schedules
@@ -241,8 +241,8 @@ def test_beta_is_schedulable_with_torchrl_schedulers():
 def test_changing_alpha_retransforms_stored_priorities():
     sampler = filled_sampler([1.0, 4.0, 9.0], alpha=1.0, eps=0.0)
     sampler.alpha = 0.5
-    assert sampler._sum_tree.leaves.tolist() == pytest.approx([1.0, 2.0, 3.0])
-    assert sampler._sum_tree.min_nonzero() == pytest.approx(1.0)
+    assert sampler.tree.leaves.tolist() == pytest.approx([1.0, 2.0, 3.0])
+    assert sampler.tree.min_nonzero() == pytest.approx(1.0)
 
 
 # --------------------------------------------------------------------------- checkpoints
@@ -277,7 +277,7 @@ def test_dumps_loads_round_trip(tmp_path):
     }
     restored = PrioritizedSampler(3000, 0.6, 0.4, weights="alf")
     restored.loads(tmp_path / "sampler")
-    assert restored._sum_tree.nnz == original._sum_tree.nnz
+    assert restored.tree.nnz == original.tree.nnz
     for (i1, w1), (i2, w2) in zip(_stream(original), _stream(restored)):
         assert torch.equal(i1, i2) and torch.equal(w1, w2)
 
@@ -293,7 +293,7 @@ def test_load_state_dict_rejects_mismatched_samplers():
 def test_empty_resets_the_trees():
     sampler = filled_sampler([1.0, 2.0])
     sampler._empty()
-    assert float(sampler._sum_tree.summary()) == 0.0
+    assert float(sampler.tree.summary()) == 0.0
     assert sampler.default_priority == 1.0
 
 
@@ -397,10 +397,10 @@ def test_write_back_for_an_item_not_stored_is_refused_and_writes_nothing(storage
     # draws returned never-written memory.
     rb = _buffer(storage_cls(100))
     rb.extend(_rows(range(10)))
-    leaves = rb.sampler._sum_tree.leaves.clone()
+    leaves = rb.sampler.tree.leaves.clone()
     with pytest.raises(ValueError, match=r"index 50 is not stored: the storage holds 10 items"):
         rb.update_priority(torch.tensor([3, 50]), torch.tensor([1.0, 1e6]))
-    assert torch.equal(rb.sampler._sum_tree.leaves, leaves)
+    assert torch.equal(rb.sampler.tree.leaves, leaves)
     assert int(rb.sample()["index"].max()) < 10
 
 
@@ -481,7 +481,7 @@ def test_infinite_settings_are_refused(name):
 
 def test_check_priority_raises_what_update_priority_would_and_writes_nothing():
     sampler = filled_sampler([1.0, 2.0, 3.0])
-    leaves = sampler._sum_tree.leaves.clone()
+    leaves = sampler.tree.leaves.clone()
     with pytest.raises(ValueError, match=r"priority of shape \(3,\) does not match 4 indices"):
         sampler.check_priority(torch.ones(3), 4)
     with pytest.raises(ValueError, match="priority must be finite and >= 0"):
@@ -489,7 +489,7 @@ def test_check_priority_raises_what_update_priority_would_and_writes_nothing():
     with pytest.raises(TypeError, match="priority must hold real numbers"):
         sampler.check_priority(torch.ones(2, dtype=torch.complex64), 2)
     sampler.check_priority(torch.ones(4, 2), 4)  # per-agent priorities, reduced
-    assert torch.equal(sampler._sum_tree.leaves, leaves)
+    assert torch.equal(sampler.tree.leaves, leaves)
 
 
 # ---------------------------------------------------------------------------
@@ -548,8 +548,32 @@ def test_same_priorities_and_weights_as_torchrls_sampler(ops, seed):
         assert len(ours) == len(theirs)
         stored = len(theirs)
         if stored:
-            mine = ours.sampler._sum_tree.leaves[:stored].double()
+            mine = ours.sampler.tree.leaves[:stored].double()
             their_leaves = torch.tensor([theirs.sampler._sum_tree[i] for i in range(stored)], dtype=torch.float64)
             torch.testing.assert_close(mine, their_leaves, rtol=1e-4, atol=1e-6)
             assert ours.sampler.default_priority == pytest.approx(
                 max(float(theirs.sampler._max_priority[0] or 0.0), 1.0), rel=1e-5)
+
+
+def test_trees_stay_with_their_priorities_on_a_cpu_storage():
+    storage = LazyTensorStorage(8, device="cpu")
+    storage.set(torch.arange(3), TensorDict({"x": torch.zeros(3)}, [3]))
+    sampler = PrioritizedSampler(8, alpha=1.0, beta=0.4)
+    sampler.update_priority(torch.arange(3), torch.tensor([1.0, 2.0, 3.0]))
+    index, _ = sampler.sample(storage, 64)
+    assert sampler.device == torch.device("cpu") and sampler.max_size == 8
+    assert set(index.tolist()) <= {0, 1, 2}
+    assert sampler.tree.leaves[:3].tolist() == [1.0, 2.0, 3.0]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="trees follow a CUDA storage")
+def test_trees_follow_a_cuda_storage_unless_a_device_was_given():
+    storage = LazyTensorStorage(8, device="cuda")
+    storage.set(torch.arange(3), TensorDict({"x": torch.zeros(3)}, [3]))
+    follows, pinned = PrioritizedSampler(8, alpha=1.0, beta=0.4), PrioritizedSampler(8, alpha=1.0, beta=0.4, device="cpu")
+    for sampler in (follows, pinned):
+        # The first write moves the trees (as TorchRL's sampler does), so it is not lost at the first sample.
+        sampler.update_priority(torch.arange(3), torch.tensor([1.0, 2.0, 3.0]), storage=storage)
+        index, _ = sampler.sample(storage, 64)
+        assert set(index.tolist()) <= {0, 1, 2} and sampler.tree.leaves[:3].tolist() == [1.0, 2.0, 3.0]
+    assert follows.device.type == "cuda" and pinned.device == torch.device("cpu")

@@ -192,7 +192,7 @@ class PrioritizedMachine(StateDictRoundTrip, RuleBasedStateMachine):
     # ------------------------------------------------------------------ invariants
     @invariant()
     def tree_matches_the_model(self) -> None:
-        m, tree = self.model, self.sampler._sum_tree
+        m, tree = self.model, self.sampler.tree
         assert len(self.rb) == m.filled()
         expected = torch.tensor([m.leaf(r) for r in range(m.capacity)], dtype=torch.float64)
         torch.testing.assert_close(tree.leaves[: m.capacity].double(), expected, rtol=1e-5, atol=1e-7)

@@ -99,7 +99,7 @@ def cells(rb) -> int:
 def test_chains_equal_a_float64_walk_over_the_streams(kind, seed):
     rb, sampler, history = fill(kind, seed)
     # Uneven priorities so the draw is not uniform; every cell stays drawable.
-    flat = torch.arange(sampler._max_capacity)
+    flat = torch.arange(sampler.max_size)
     sampler.update_priority(flat, torch.rand(flat.numel(), generator=torch.Generator().manual_seed(seed)) + 0.1)
     count = cells(rb)  # the sampler wants at least batch_size stored steps
     batch = torch.cat([rb.sample(count) for _ in range(3)])
@@ -136,7 +136,7 @@ def test_chains_stop_at_the_newest_step_of_each_env():
 # --------------------------------------------------------------------------- sampling law
 def test_one_huge_priority_dominates_and_zero_priorities_are_never_drawn():
     rb, sampler, history = fill("fast", seed=1)
-    n = sampler._max_capacity
+    n = sampler.max_size
     priority = torch.ones(n)
     priority[: n // 2] = 0.0  # eps=0: these cells cannot be drawn at all
     priority[n - 1] = 1e6
@@ -177,7 +177,7 @@ def test_start_frequencies_follow_priorities_to_the_alpha():
 @pytest.mark.parametrize("alpha, beta, eps", [(1.0, 0.5, 0.0), (0.6, 0.4, 1e-3), (0.5, 1.0, 1e-6)])
 def test_importance_weights_follow_the_per_formula(alpha, beta, eps):
     rb, sampler, _ = fill("lazy", seed=2)
-    rb._sampler = sampler = PrioritizedNStepSampler(sampler._max_capacity, alpha, beta, eps,
+    rb._sampler = sampler = PrioritizedNStepSampler(sampler.max_size, alpha, beta, eps,
                                                     n_step=3, gamma=GAMMA)
     n = cells(rb)
     raw = [0.05 * (i % 9) + 0.01 * i for i in range(n)]
@@ -200,7 +200,7 @@ def test_new_steps_get_the_largest_priority_seen():
     assert sampler.default_priority == 1.0
     rb.update_priority(torch.tensor([[0, 0], [1, 2]]), torch.tensor([0.5, 7.0]))
     rb.extend(collect(random.Random(9), history, 2))  # times 4 and 5 -> rows 4 and 5
-    new = sampler._sum_tree.leaves[4 * 3: 6 * 3]
+    new = sampler.tree.leaves[4 * 3: 6 * 3]
     torch.testing.assert_close(new, torch.full((6,), 7.0))
 
 
@@ -209,7 +209,7 @@ def test_written_back_td_errors_change_the_next_samples():
     batch = rb.sample(16)
     favourite = batch["index"][0].clone()
     # Everything else drops to zero priority; the favourite's start gets 5.
-    sampler.update_priority(torch.arange(sampler._max_capacity), 0.0)
+    sampler.update_priority(torch.arange(sampler.max_size), 0.0)
     batch["td_error"] = torch.zeros(16, 1)
     same = (batch["index"] == favourite).all(-1)
     batch["td_error"][same] = 5.0
@@ -218,7 +218,7 @@ def test_written_back_td_errors_change_the_next_samples():
     assert bool((again["index"] == favourite).all())
     assert torch.allclose(again["priority_weight"], torch.ones(32))
     row, env = favourite.tolist()
-    assert sampler._sum_tree.leaves[row * 3 + env].item() == pytest.approx(5.0)
+    assert sampler.tree.leaves[row * 3 + env].item() == pytest.approx(5.0)
 
 
 def test_per_agent_priorities_are_reduced_by_the_sampler():
@@ -227,7 +227,7 @@ def test_per_agent_priorities_are_reduced_by_the_sampler():
     # [N, A] priorities (one per agent) straight to the sampler; TorchRL's buffer
     # flattens multi-dim priorities of a 2-D storage, so reduce before going through it.
     sampler.update_priority(torch.tensor([[1, 1]]), torch.tensor([[2.0, 4.0]]), storage=rb.storage)
-    assert sampler._sum_tree.leaves[1 * 3 + 1].item() == pytest.approx(3.0)
+    assert sampler.tree.leaves[1 * 3 + 1].item() == pytest.approx(3.0)
 
 
 # --------------------------------------------------------------------------- TorchRL hooks
@@ -250,14 +250,14 @@ def test_n_step_and_gamma_can_change_between_samples():
 
 def test_state_dict_round_trip(tmp_path):
     rb, sampler, _ = fill("fast", seed=8)
-    n = sampler._max_capacity
+    n = sampler.max_size
     sampler.update_priority(torch.arange(n), torch.linspace(0.1, 3.0, n))
     sampler.gamma = 0.8
     state = sampler.state_dict()
     restored = PrioritizedNStepSampler(n, 0.1, 0.1, n_step=1)
     restored.load_state_dict(state)
     assert (restored.n_step, restored.gamma, restored.alpha, restored.beta) == (3, 0.8, 1.0, 0.5)
-    torch.testing.assert_close(restored._sum_tree.leaves, sampler._sum_tree.leaves)
+    torch.testing.assert_close(restored.tree.leaves, sampler.tree.leaves)
     # Same trees and RNG state: same draws, same weights, same chains. (A new
     # buffer over the filled storage would re-mark every stored step as new.)
     sampler._rng = torch.Generator().manual_seed(1)
@@ -271,16 +271,16 @@ def test_state_dict_round_trip(tmp_path):
     sampler.dumps(tmp_path / "sampler")
     from_files = PrioritizedNStepSampler(n, 0.1, 0.1)
     from_files.loads(tmp_path / "sampler")
-    torch.testing.assert_close(from_files._sum_tree.leaves, sampler._sum_tree.leaves)
+    torch.testing.assert_close(from_files.tree.leaves, sampler.tree.leaves)
     assert from_files.gamma == 0.8
     clone = pickle.loads(pickle.dumps(sampler))
-    torch.testing.assert_close(clone._sum_tree.leaves, sampler._sum_tree.leaves)
+    torch.testing.assert_close(clone.tree.leaves, sampler.tree.leaves)
 
 
 def test_empty_resets_the_priorities():
     rb, sampler, _ = fill("fast", seed=9)
     rb.empty()
-    assert sampler._sum_tree.leaves.sum().item() == 0
+    assert sampler.tree.leaves.sum().item() == 0
     with pytest.raises(RuntimeError, match="empty storage"):
         rb.sample(4)
 

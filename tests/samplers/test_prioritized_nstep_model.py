@@ -157,7 +157,7 @@ class PrioritizedNStepMachine(StateDictRoundTrip, RuleBasedStateMachine):
         if not hasattr(self, "rb"):
             return
         m = self.model
-        leaves = self.rb.sampler._sum_tree.leaves[: self.R * self.N].tolist()
+        leaves = self.rb.sampler.tree.leaves[: self.R * self.N].tolist()
         expected = [0.0] * (self.R * self.N)
         for (row, env), p in m.priority.items():
             expected[row * self.N + env] = (p + self.eps) ** self.alpha

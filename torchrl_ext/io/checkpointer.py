@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 from tensordict import TensorDict, TensorDictBase
+from torchrl.data.replay_buffers.storages import TensorStorage
 from torchrl.data.replay_buffers.checkpointers import StorageCheckpointerBase
 
 from torchrl_ext import _compat
@@ -211,7 +212,7 @@ def ring_fields(metadata: dict[str, Any], pair: CheckpointPair) -> tuple[int, in
 
 
 def _check_tensor_storage(storage: Any) -> None:
-    if getattr(storage, "ndim", None) != 1 or not hasattr(storage, "_init"):
+    if getattr(storage, "ndim", None) != 1 or not isinstance(storage, TensorStorage):
         raise ValueError(
             f"{type(storage).__name__} is not supported: the safetensors checkpointers need a "
             f"1-D tensor storage (LazyTensorStorage, FastTensorStorage, LazyMemmapStorage)."

@@ -65,7 +65,7 @@ def _check_sampler_capacity(sampler: Any, storage: Any) -> None:
     """Refuses a prioritized sampler with fewer priorities than a 1-D storage has rows: rows
     past its capacity could be stored but never get a priority (TorchRL would find out only
     after storing them)."""
-    capacity = getattr(sampler, "_max_capacity", None)
+    capacity = getattr(sampler, "max_size", None)
     rows = getattr(storage, "max_size", None)
     if (
         isinstance(capacity, int) and isinstance(rows, int) and capacity < rows

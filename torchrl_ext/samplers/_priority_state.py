@@ -1,8 +1,9 @@
 """Checkpoints of :class:`~torchrl_ext.samplers.PrioritizedSampler`: state dicts, files, pickling.
 
-A mixin, not a sampler: it reads the sampler's settings (``_alpha``, ``_beta``, ``_eps``,
-``_max_seen``, ``_initial_priority``, ``_weights``, ``_max_priority_within_buffer``,
-``_max_capacity``) and its ``_sum_tree``.
+A mixin, not a sampler: it reads the sampler's settings (``_priority_exponent``,
+``_weight_exponent``, ``_priority_offset``, ``_max_seen``, ``_initial_priority``, ``_weights``,
+``_max_in_buffer``, ``_capacity``) and its ``_tree``. The state dict keeps the key names of
+earlier releases (``"_alpha"``, ``"_sum_tree"``, ...).
 """
 from __future__ import annotations
 
@@ -37,14 +38,14 @@ class PriorityCheckpoints:
     def state_dict(self) -> dict[str, Any]:
         return {
             "_schema_version": 1,
-            "_alpha": self._alpha,
-            "_beta": self._beta,
-            "_eps": self._eps,
+            "_alpha": self._priority_exponent,
+            "_beta": self._weight_exponent,
+            "_eps": self._priority_offset,
             "_max_seen": self._max_seen,
             "_initial_priority": self._initial_priority,
             "_weights": self._weights,
-            "_max_priority_within_buffer": self._max_priority_within_buffer,
-            "_sum_tree": self._sum_tree.state_dict(),
+            "_max_priority_within_buffer": self._max_in_buffer,
+            "_sum_tree": self._tree.state_dict(),
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -60,7 +61,7 @@ class PriorityCheckpoints:
             raise ValueError(f"state_dict lacks {missing}: it is damaged or of another sampler.")
         self._check_geometry(state_dict["_sum_tree"].get("capacity"))
         saved = (state_dict["_weights"], state_dict["_max_priority_within_buffer"])
-        if saved != (self._weights, self._max_priority_within_buffer):
+        if saved != (self._weights, self._max_in_buffer):
             raise ValueError(
                 f"state_dict was saved with weights={saved[0]!r} and "
                 f"max_priority_within_buffer={saved[1]}; build the sampler the same way."
@@ -73,17 +74,17 @@ class PriorityCheckpoints:
         if isinstance(max_seen, bool) or not isinstance(max_seen, (int, float)) or math.isnan(max_seen) \
                 or max_seen == math.inf:
             raise ValueError(f"state_dict['_max_seen'] must be a finite number or -inf, got {max_seen!r}.")
-        self._sum_tree.load_state_dict(state_dict["_sum_tree"])  # checks its levels before writing
-        self._alpha, self._beta, self._eps = alpha, beta, eps
+        self._tree.load_state_dict(state_dict["_sum_tree"])  # checks its levels before writing
+        self._priority_exponent, self._weight_exponent, self._priority_offset = alpha, beta, eps
         self._initial_priority, self._max_seen = initial_priority, float(max_seen)
-        written = torch.nonzero(self._sum_tree.leaves)
+        written = torch.nonzero(self._tree.leaves)
         self._written_below = int(written.max()) + 1 if written.numel() else 0
 
     def _check_geometry(self, capacity: int) -> None:
-        if capacity != self._max_capacity:
+        if capacity != self._capacity:
             raise ValueError(
                 f"the checkpoint holds {capacity} priorities but this sampler has "
-                f"max_capacity={self._max_capacity}; build it with the same capacity."
+                f"max_capacity={self._capacity}; build it with the same capacity."
             )
 
     def dumps(self, path: str | Path) -> None:

@@ -112,7 +112,7 @@ class GridStreams:
         return _compat.filled_rows(self.storage)
 
     def draw(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        rng = getattr(self.storage, "_rng", None)
+        rng = _compat.generator(self.storage)
         cell = torch.randint(self.stored(), (batch_size,), generator=rng)
         return cell % self.num_envs, cell // self.num_envs
 
@@ -215,7 +215,7 @@ def streams_of(sampler: Any, storage: Any) -> RingStreams | GridStreams:
     if isinstance(storage, EnvRingStorage):
         return RingStreams(storage)
     if isinstance(storage, TensorStorage) and storage.ndim == 2:
-        stored = getattr(storage, "_storage", None)
+        stored = _compat.stored_data(storage)
         if not isinstance(stored, TensorDictBase) or not storage.initialized:
             raise RuntimeError("Cannot sample from an empty storage.")
         # Built per sample (views, no copies): TorchRL adds and replaces leaves of the same

@@ -122,14 +122,14 @@ class PrioritizedSampler(PriorityCheckpoints, _TorchRLPrioritizedSampler):
             dtype = getattr(torch, dtype)
         if dtype not in (torch.float32, torch.float64):
             raise TypeError(f"dtype must be torch.float32 or torch.float64, got dtype={dtype!r}.")
-        self._max_capacity = max_capacity
-        self._alpha = check_real("alpha", alpha, low=0.0)
-        self._beta = check_real("beta", beta, low=0.0, high=1.0)
-        self._eps = float(eps)
+        self._capacity = max_capacity
+        self._priority_exponent = check_real("alpha", alpha, low=0.0)
+        self._weight_exponent = check_real("beta", beta, low=0.0, high=1.0)
+        self._priority_offset = float(eps)
         self.reduction = reduction
         self.dtype = dtype
-        self._max_priority_within_buffer = bool(max_priority_within_buffer)
-        self._device = torch.device(device) if device is not None else None
+        self._max_in_buffer = bool(max_priority_within_buffer)
+        self._tree_device = torch.device(device) if device is not None else None
         self._initial_priority = float(initial_priority)
         self._weights = weights
         self._fanout = fanout
@@ -137,22 +137,22 @@ class PrioritizedSampler(PriorityCheckpoints, _TorchRLPrioritizedSampler):
 
     def __repr__(self) -> str:
         return (
-            f"{type(self).__name__}(max_capacity={self._max_capacity}, alpha={self._alpha}, "
-            f"beta={self._beta}, eps={self._eps}, weights={self._weights!r}, "
+            f"{type(self).__name__}(max_capacity={self._capacity}, alpha={self._priority_exponent}, "
+            f"beta={self._weight_exponent}, eps={self._priority_offset}, weights={self._weights!r}, "
             f"device={self.device})"
         )
 
     # ------------------------------------------------------------------
     # Trees
     def _init(self) -> None:
-        device = self._device or torch.device("cpu")
+        device = self._tree_device or torch.device("cpu")
         options = {"fanout": self._fanout, "dtype": self.dtype, "device": device}
         # One tree holds the sums, the minimum over the sampleable (non-zero)
         # priorities for the weights, and the maximum for new data.
-        self._sum_tree = PrioritySegmentTree(
-            self._max_capacity,
+        self._tree = PrioritySegmentTree(
+            self._capacity,
             track_nnz=self._weights == "alf",
-            track_max=self._max_priority_within_buffer,
+            track_max=self._max_in_buffer,
             **options,
         )
         self._max_seen = -math.inf
@@ -173,11 +173,37 @@ class PrioritizedSampler(PriorityCheckpoints, _TorchRLPrioritizedSampler):
         return
 
     def _max_raw_priority(self) -> float:
-        if self._max_priority_within_buffer and self._alpha > 0:
+        if self._max_in_buffer and self._priority_exponent > 0:
             # The tree stores (p + eps) ** alpha, which is increasing in p.
-            stored = float(self._sum_tree.max())
-            return max(stored ** (1.0 / self._alpha) - self._eps, 0.0) if stored > 0 else -math.inf
+            stored = float(self._tree.max())
+            return max(stored ** (1.0 / self._priority_exponent) - self._priority_offset, 0.0) if stored > 0 else -math.inf
         return self._max_seen
+
+    @property
+    def max_size(self) -> int:
+        """Capacity of the trees (the ``max_capacity`` given)."""
+        return self._capacity
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the priority trees."""
+        return self._tree.device
+
+    @property
+    def tree(self) -> PrioritySegmentTree:
+        """The sum tree of the transformed priorities ``(p + eps) ** alpha`` (read it, do not write it)."""
+        return self._tree
+
+    def _trees_follow_storage(self, storage: Storage) -> None:
+        """Without a ``device`` given, trees follow a CUDA storage (rebuilt empty on it before
+        the first sample), as TorchRL's sampler does; any other storage keeps them on the CPU."""
+        if self._tree_device is not None:
+            return
+        device = getattr(storage, "device", None)
+        if device is None or device == "auto" or torch.device(device).type != "cuda":
+            return
+        self._tree_device = torch.device(device)
+        self._init()
 
     @property
     def default_priority(self) -> float:
@@ -197,29 +223,34 @@ class PrioritizedSampler(PriorityCheckpoints, _TorchRLPrioritizedSampler):
     @property
     def beta(self) -> float:
         """Importance-sampling exponent in ``[0, 1]``; settable (schedulable)."""
-        return self._beta
+        return self._weight_exponent
 
     @beta.setter
     def beta(self, value: float) -> None:
-        self._beta = check_real("beta", value, low=0.0, high=1.0)
+        self._weight_exponent = check_real("beta", value, low=0.0, high=1.0)
+
+    @property
+    def eps(self) -> float:
+        """Added to every priority before the exponent."""
+        return self._priority_offset
 
     @property
     def alpha(self) -> float:
         """Priority exponent ``>= 0``; setting it re-transforms stored priorities."""
-        return self._alpha
+        return self._priority_exponent
 
     @alpha.setter
     def alpha(self, value: float) -> None:
         value = check_real("alpha", value, low=0.0)
-        old = self._alpha
-        self._alpha = value
+        old = self._priority_exponent
+        self._priority_exponent = value
         if value != old:
             self._retransform_priority_trees(old, value)
 
     # ------------------------------------------------------------------
     # Sampling
     def sample(self, storage: Storage, batch_size: int) -> tuple[Any, dict[str, torch.Tensor]]:
-        _compat.trees_on_storage_device(self, storage)
+        self._trees_follow_storage(storage)
         stored = len(storage)
         if stored == 0:
             raise RuntimeError(
@@ -228,7 +259,7 @@ class PrioritizedSampler(PriorityCheckpoints, _TorchRLPrioritizedSampler):
         check_batch_size(batch_size)
         if self._written_below > stored:
             self._drop_unstored(stored)
-        tree = self._sum_tree
+        tree = self._tree
         drawn = None if self._stratified else tree.draw_by_rejection(batch_size, _compat.generator(self))
         if drawn is not None:
             index, value = drawn
@@ -239,10 +270,10 @@ class PrioritizedSampler(PriorityCheckpoints, _TorchRLPrioritizedSampler):
         if value.is_cpu:  # numpy: a fraction of a torch kernel per call at a batch's size
             array = value.numpy()
             weight = torch.from_numpy(
-                np.power(array / tree.min_nonzero(), -self._beta) if per else array * tree.nnz / total
+                np.power(array / tree.min_nonzero(), -self._weight_exponent) if per else array * tree.nnz / total
             )
         elif per:
-            weight = value.div(tree.min_nonzero()).pow_(-self._beta)
+            weight = value.div(tree.min_nonzero()).pow_(-self._weight_exponent)
         else:
             weight = value.mul(tree._nnz.to(value.dtype)).div_(total)
         if storage.ndim > 1:
@@ -251,8 +282,8 @@ class PrioritizedSampler(PriorityCheckpoints, _TorchRLPrioritizedSampler):
 
     def _drop_unstored(self, stored: int) -> None:
         """Zeroes the leaves of items ``>= stored``: they hold no data, so they are never drawn."""
-        tree = self._sum_tree
-        end = min(self._written_below, self._max_capacity)
+        tree = self._tree
+        end = min(self._written_below, self._capacity)
         index = torch.arange(stored, end, device=tree.device)
         tree._write(index, torch.zeros(index.numel(), dtype=self.dtype, device=tree.device))
         self._written_below = stored
@@ -317,7 +348,9 @@ class PrioritizedSampler(PriorityCheckpoints, _TorchRLPrioritizedSampler):
             ValueError: on indices outside the capacity or (with ``storage``) not
                 stored, or NaN, infinite or negative priorities. Nothing is written then.
         """
-        device = self._sum_tree.device
+        if storage is not None:  # before the first write, as sample() does: a move empties the trees
+            self._trees_follow_storage(storage)
+        device = self._tree.device
         index = self._tree_rows(index, storage, device)
         priority = self._priority_vector(priority, index.shape[0], device)
         if index.numel() == 0:
@@ -329,11 +362,11 @@ class PrioritizedSampler(PriorityCheckpoints, _TorchRLPrioritizedSampler):
             if index.numel() == 0:
                 return
             low, high = bounds(index)
-        if low < 0 or high >= self._max_capacity:
+        if low < 0 or high >= self._capacity:
             bad = low if low < 0 else high
             raise ValueError(
                 f"index {bad} is out of range for a sampler of max_capacity "
-                f"{self._max_capacity}; indices must lie in [0, {self._max_capacity - 1}] "
+                f"{self._capacity}; indices must lie in [0, {self._capacity - 1}] "
                 "(or be -1 to skip an entry)."
             )
         if storage is not None and high >= len(storage):
@@ -350,7 +383,7 @@ class PrioritizedSampler(PriorityCheckpoints, _TorchRLPrioritizedSampler):
         for ``priority`` given for ``num_items`` items, and writes nothing: buffers call it
         before they store a batch that carries priorities, so a refused priority never
         leaves the rows stored without one."""
-        vector = self._priority_vector(priority, num_items, self._sum_tree.device)
+        vector = self._priority_vector(priority, num_items, self._tree.device)
         if vector.numel():
             check_priorities("priority", vector)
 
@@ -358,10 +391,10 @@ class PrioritizedSampler(PriorityCheckpoints, _TorchRLPrioritizedSampler):
         self, index: torch.Tensor, priority: torch.Tensor, pmax: float, high: int
     ) -> None:
         if priority.is_cpu:  # two numpy calls cost a fraction of two torch kernels here
-            value = torch.from_numpy(np.power(priority.numpy() + self._eps, self._alpha))
+            value = torch.from_numpy(np.power(priority.numpy() + self._priority_offset, self._priority_exponent))
         else:
-            value = priority.add(self._eps).pow_(self._alpha)
-        self._sum_tree._write(index, value)
+            value = priority.add(self._priority_offset).pow_(self._priority_exponent)
+        self._tree._write(index, value)
         if pmax > self._max_seen:
             self._max_seen = pmax
         if high >= self._written_below:
@@ -405,15 +438,15 @@ class PrioritizedSampler(PriorityCheckpoints, _TorchRLPrioritizedSampler):
         )
 
     def _retransform_priority_trees(self, old_alpha: float, new_alpha: float) -> None:
-        stored = self._sum_tree.leaves
+        stored = self._tree.leaves
         written = torch.nonzero(stored > 0).squeeze(1)
         if written.numel() == 0 or old_alpha == 0:
             # With alpha == 0 every stored value is 1: the raw priorities are
             # gone, and entries are corrected as they get new priorities.
             return
-        raw = (stored[written].double().pow(1.0 / old_alpha) - self._eps).clamp_min(0)
-        new = (raw + self._eps).pow(new_alpha).to(self.dtype)
-        self._sum_tree._write(written, new)
+        raw = (stored[written].double().pow(1.0 / old_alpha) - self._priority_offset).clamp_min(0)
+        new = (raw + self._priority_offset).pow(new_alpha).to(self.dtype)
+        self._tree._write(written, new)
 
     def _empty(self) -> None:
         self._init()

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torchrl.data.replay_buffers.storages import Storage, TensorStorage
 
+from torchrl_ext import _compat
 from torchrl_ext._checks import check_batch_size
 from torchrl_ext.samplers._streams import streams_of
 from torchrl_ext.samplers.nstep import NStepSampler
@@ -147,8 +148,8 @@ class PrioritizedNStepSampler(PrioritizedSampler):
     def __repr__(self) -> str:
         group = "" if self.agent_group is None else f", agent_group={self.agent_group!r}"
         return (
-            f"{type(self).__name__}(max_capacity={self._max_capacity}, alpha={self._alpha}, "
-            f"beta={self._beta}, eps={self._eps}, n_step={self.n_step}, gamma={self.gamma}"
+            f"{type(self).__name__}(max_capacity={self._capacity}, alpha={self._priority_exponent}, "
+            f"beta={self._weight_exponent}, eps={self._priority_offset}, n_step={self.n_step}, gamma={self.gamma}"
             f"{group}, weights={self._weights!r}, device={self.device})"
         )
 
@@ -249,14 +250,14 @@ class PrioritizedNStepSampler(PrioritizedSampler):
         )
 
     def _check_capacity(self, storage: TensorStorage) -> None:
-        stored = getattr(storage, "_storage", None)
+        stored = _compat.stored_data(storage)
         if not storage.initialized or stored is None:
             return
         rows, num_envs = int(stored.shape[0]), int(stored.shape[1])
         cells = rows * num_envs
-        if cells > self._max_capacity:
+        if cells > self._capacity:
             raise ValueError(
-                f"max_capacity={self._max_capacity} is smaller than the storage's {cells} cells "
+                f"max_capacity={self._capacity} is smaller than the storage's {cells} cells "
                 f"({rows} rows x {num_envs} envs): build the sampler with max_capacity={cells} "
                 f"(or give the storage a max_size that is a multiple of num_envs={num_envs})."
             )
