@@ -283,7 +283,9 @@ def share_buffer(rb: ReplayBuffer, example: Any = None) -> ReplayBuffer:
             "(torchrl_ext.distributed.ray_replay_buffer)."
         )
     if _compat.prefetch_size(rb):
-        raise ValueError(f"prefetch={_compat.prefetch_size(rb)} cannot be combined with sharing; build with prefetch=None.")
+        raise ValueError(
+            f"prefetch={_compat.prefetch_size(rb)} cannot be combined with sharing; build with prefetch=None."
+        )
     if isinstance(storage, EnvRingStorage):
         storage.share_memory_(example)
     elif isinstance(storage, TensorStorage):

@@ -176,7 +176,9 @@ class PrioritizedSampler(PriorityCheckpoints, _TorchRLPrioritizedSampler):
         if self._max_in_buffer and self._priority_exponent > 0:
             # The tree stores (p + eps) ** alpha, which is increasing in p.
             stored = float(self._tree.max())
-            return max(stored ** (1.0 / self._priority_exponent) - self._priority_offset, 0.0) if stored > 0 else -math.inf
+            if not stored > 0:
+                return -math.inf
+            return max(stored ** (1.0 / self._priority_exponent) - self._priority_offset, 0.0)
         return self._max_seen
 
     @property

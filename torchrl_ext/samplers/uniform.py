@@ -48,7 +48,8 @@ class DistinctUniformSampler(StatelessSampler):
             raise RuntimeError("Cannot sample from an empty storage.")
         take = min(batch_size, count)
         if take * 4 < count:  # far fewer than stored: rejection-free partial draw
-            picks = torch.multinomial(torch.ones(count), take, replacement=False, generator=_compat.generator(self))
+            rng = _compat.generator(self)
+            picks = torch.multinomial(torch.ones(count), take, replacement=False, generator=rng)
         else:
             picks = torch.randperm(count, generator=_compat.generator(self))[:take]
         index = picks if eligible is None else eligible[picks]
