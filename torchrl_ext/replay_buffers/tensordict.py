@@ -247,7 +247,7 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
             batch_size = self.batch_size
         elif self.batch_size is not None and batch_size != self.batch_size:
             return super().sample(batch_size, return_info=return_info)
-        data, info = self._sample(batch_size)
+        data, info = self._lean_sample(batch_size)  # _lean_path() held just above
         return (data, info) if return_info else data
 
     def _sample(self, batch_size: int) -> tuple[Any, dict]:
@@ -258,6 +258,10 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
                     # TorchRL broadcasts info of fewer dims over the rest (per-item info of windows).
                     check_info_leads(key, value, data.batch_size[: value.ndim])
             return data, info
+        return self._lean_sample(batch_size)
+
+    def _lean_sample(self, batch_size: int) -> tuple[Any, dict]:
+        """TorchRL's ``_sample`` in one layer, for buffers where :meth:`_lean_path` holds."""
         storage = self.storage
         with _compat.replay_lock(self), _compat.write_lock(self):
             index, info = self.sampler.sample(storage, batch_size)

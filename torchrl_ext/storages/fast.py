@@ -126,10 +126,11 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
 
         Shape contract: ``rows`` ``[B]`` gives a TensorDict of batch size ``[B]``.
         """
+        stored = _compat.stored_data(self)
         columns = self._columns(leaves) if rows.is_cpu and not self._pin_outputs else None
         if columns is not None:
-            return assemble(take_rows(columns, rows), rows.shape, _compat.stored_data(self).device, extra)
-        return gather_rows(_compat.stored_data(self), rows, extra=extra, leaves=leaves, pinned=self._pin_outputs)
+            return assemble(take_rows(columns, rows), rows.shape, stored.device, extra)
+        return gather_rows(stored, rows, extra=extra, leaves=leaves, pinned=self._pin_outputs)
 
     def _numpy_pairs(self, data: Any) -> list | None:
         """``(stored, new rows)`` numpy views for a ``[N]`` batch that matches the stored
@@ -215,9 +216,9 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
             return None
         if got != expected:
             _raise_layout_mismatch(expected, got)
-        if isinstance(data, torch.Tensor):
-            return [(_compat.stored_data(self), data)]
         stored = _compat.stored_data(self)
+        if isinstance(data, torch.Tensor):
+            return [(stored, data)]
         return [(stored.get(key), leaf) for key, leaf in leaf_items(data)]
 
     def _stored_layout(self) -> dict[Any, tuple[tuple[int, ...], torch.dtype]] | None:
