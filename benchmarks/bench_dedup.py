@@ -719,7 +719,7 @@ def timing_part(a: argparse.Namespace, results: dict[str, Any], all_checks: list
                         "capacity": cap}
 
     if selected(a, SAMPLE_KEY):
-        leaves = [leaf for _, leaf in plain.storage._flat]
+        leaves = [leaf for _, leaf in plain.storage.flat_leaves]
 
         def ref() -> Any:
             flat = torch.randint(cap, (BATCH,))

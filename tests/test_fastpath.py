@@ -117,7 +117,7 @@ def _run_rings(storage_factory, sampler_factory, seed: int) -> list[TensorDict]:
         positions = torch.arange(end - 6, end)
         out.append(rb.read(torch.full_like(positions, env), positions))
     # Whether the every-env step write (a fast path) ran.
-    out.append(TensorDict({"step_path": torch.tensor("_step_columns_cache" in storage.__dict__)}, []))
+    out.append(TensorDict({"step_path": torch.tensor(bool(storage._rings.step_columns_cache))}, []))
     return out
 
 

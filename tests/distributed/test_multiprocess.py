@@ -100,8 +100,8 @@ def test_a_shared_ring_keeps_its_cursors_in_shared_memory() -> None:
     rb = alf_replay_buffer(2, 4, batch_length=1, batch_size=2)
     share_buffer(rb, example=tagged_steps(torch.arange(2)))
     storage = rb.storage
-    assert storage.is_shared and storage._current_pos.is_shared() and storage._current_size.is_shared()
-    assert all(leaf.is_shared() for leaf in storage._storage.values(True, True))
+    assert storage.is_shared and storage.positions.is_shared() and storage.sizes.is_shared()
+    assert all(leaf.is_shared() for leaf in storage._rings.data.values(True, True))
     rb.extend(tagged_steps(torch.tensor([5, 6])), env_ids=torch.tensor([1, 0]))
     # The numpy views the writer updates are the shared tensors.
     assert storage.current_pos.tolist() == [1, 1] and len(rb) == 2

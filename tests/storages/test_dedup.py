@@ -165,10 +165,10 @@ def test_bytes_per_transition_for_4_stacked_84x84_frames():
         td["observation"] = td["observation"].to(torch.uint8)
         td["next", "observation"] = td["next", "observation"].to(torch.uint8)
         rb.extend(td, env_ids=ids)
-    tensors = [leaf for _, leaf in storage._flat] + [
+    tensors = [leaf for _, leaf in storage.flat_leaves] + [
         storage._is_first, storage._indexed, storage._headless, storage._disc0, storage._returns,
         storage._terminal_row, storage._last_done, storage._pending_next, storage._terminal,
-        storage._current_pos, storage._current_size, storage._resets,
+        storage.positions, storage.sizes, storage.resets,
     ]
     per_transition = sum(t.numel() * t.element_size() for t in tensors) / (num_envs * max_length)
     assert per_transition <= 1.1 * 84 * 84, per_transition

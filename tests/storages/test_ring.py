@@ -49,11 +49,11 @@ def test_rings_hold_the_latest_steps_of_each_env(device):
     assert storage.current_size.tolist() == [4, 3, 4]
     assert len(storage) == len(rb) == 11
     # env 0 wrote k = 0..5 into slots k % 4: slots hold 4, 5, 2, 3.
-    assert storage._storage["obs"][0, :, 0].tolist() == [4.0, 5.0, 2.0, 3.0]
+    assert storage._rings.data["obs"][0, :, 0].tolist() == [4.0, 5.0, 2.0, 3.0]
     # env 1 wrote only k = 0, 2, 4 (positions 0, 1, 2).
     assert storage.read(torch.tensor([1, 1, 1]), torch.tensor([0, 1, 2]))["obs"][:, 0].tolist() == [
         100.0, 102.0, 104.0]
-    assert storage._storage["obs"].device.type == torch.device(device).type
+    assert storage._rings.data["obs"].device.type == torch.device(device).type
     assert storage.earliest_position().tolist() == [2, 0, 2]
 
 
@@ -123,7 +123,7 @@ def test_writes_with_other_keys_shapes_or_dtypes_raise_and_leave_the_data_untouc
 def test_set_checks_coordinates_and_data():
     storage = EnvRingStorage(2, 3)
     data = TensorDict({"x": torch.zeros(2)}, [2])
-    with pytest.raises(ValueError, match=r"env index out of range: got values in \[0, 2\], num_envs=2"):
+    with pytest.raises(ValueError, match=r"env_ids must lie in \[0, 1\], got values in \[0, 2\]"):
         storage.set((torch.tensor([0, 2]), torch.tensor([0, 0])), data)
     with pytest.raises(ValueError, match="positions must be >= 0, got -1"):
         storage.set((torch.tensor([0, 1]), torch.tensor([0, -1])), data)
@@ -159,8 +159,8 @@ def test_state_dict_round_trip_restores_data_and_counters():
     fresh.load_state_dict(rb.state_dict())
     assert fresh.storage.current_pos.tolist() == [6, 3, 6]
     assert fresh.storage.current_size.tolist() == [4, 3, 4]
-    for key, value in rb.storage._storage.items(include_nested=True, leaves_only=True):
-        assert torch.equal(fresh.storage._storage[key], value)
+    for key, value in rb.storage._rings.data.items(include_nested=True, leaves_only=True):
+        assert torch.equal(fresh.storage._rings.data[key], value)
     # Writing continues at the same slots.
     fresh.extend(steps([1], [999]))
     assert fresh.storage.read(torch.tensor([1]), torch.tensor([3]))["obs"][0, 0] == 999.0
@@ -173,7 +173,7 @@ def test_dumps_loads_round_trip(tmp_path):
     fresh = EnvRingReplayBuffer(num_envs=3, max_length=4)
     fresh.loads(tmp_path / "rb")
     assert torch.equal(fresh.storage.current_pos, rb.storage.current_pos)
-    assert torch.equal(fresh.storage._storage["next", "done"], rb.storage._storage["next", "done"])
+    assert torch.equal(fresh.storage._rings.data["next", "done"], rb.storage._rings.data["next", "done"])
     assert fresh.write_count == rb.write_count == 15
 
 
@@ -219,27 +219,27 @@ def test_writes_after_unpickling_reach_the_checkpointed_data():
     copy.extend(TensorDict({"x": torch.tensor([5.0, 6.0])}, [2]), env_ids=torch.tensor([1, 0]))
     restored = EnvRingStorage(2, 3)
     restored.load_state_dict(copy.storage.state_dict())
-    assert restored._storage["x"].tolist() == [[2.0, 6.0, 0.0], [1.0, 5.0, 0.0]]
-    assert copy.storage._storage["x"].tolist() == [[2.0, 6.0, 0.0], [1.0, 5.0, 0.0]]
-    assert rb.storage._storage["x"].tolist() == [[2.0, 0.0, 0.0], [1.0, 0.0, 0.0]]
+    assert restored._rings.data["x"].tolist() == [[2.0, 6.0, 0.0], [1.0, 5.0, 0.0]]
+    assert copy.storage._rings.data["x"].tolist() == [[2.0, 6.0, 0.0], [1.0, 5.0, 0.0]]
+    assert rb.storage._rings.data["x"].tolist() == [[2.0, 0.0, 0.0], [1.0, 0.0, 0.0]]
 
 
 def test_common_position_and_fullness_follow_every_env_counter():
     """The byte comparisons behind the every-env write path: one differing env is enough."""
     storage = EnvRingStorage(num_envs=3, max_length=2)
-    assert storage._common_position() == 0 and not storage._is_full
+    assert storage._rings.common_position() == 0 and not storage._is_full
     storage.advance(None, 1)
-    assert storage._common_position() == 1 and not storage._is_full
+    assert storage._rings.common_position() == 1 and not storage._is_full
     storage.advance(torch.tensor([2]), 1)  # env 2 alone: positions 1, 1, 2
-    assert storage._common_position() is None and not storage._is_full
+    assert storage._rings.common_position() is None and not storage._is_full
     storage.advance(torch.tensor([0, 1]), 1)  # back in step at 2: every ring full
-    assert storage._common_position() == 2 and storage._is_full
+    assert storage._rings.common_position() == 2 and storage._is_full
     storage.shrink(torch.tensor([1]), 1)
-    assert storage._common_position() == 2 and not storage._is_full
+    assert storage._rings.common_position() == 2 and not storage._is_full
     assert storage.current_size.tolist() == [2, 1, 2]
     single = EnvRingStorage(num_envs=1, max_length=4)
     single.advance(None, 3)
-    assert single._common_position() == 3 and not single._is_full
+    assert single._rings.common_position() == 3 and not single._is_full
 
 
 @pytest.mark.parametrize("key", ["tag", ("sub", "tag")])
@@ -275,7 +275,7 @@ def test_memory_layout_and_env_major_checkpoints(time_major):
     rb = filled_with(time_major)  # env 0's slots hold k = 4, 5, 2, 3; env 2's 204, 205, 202, 203
     storage = rb.storage
     assert storage.time_major is time_major
-    flat, obs = storage.flat_leaf("obs"), storage._storage["obs"]
+    flat, obs = storage.flat_leaf("obs"), storage._rings.data["obs"]
     assert obs.shape == (3, 4, 2) and obs.data_ptr() == flat.data_ptr()
     row = (lambda e, s: s * 3 + e) if time_major else (lambda e, s: e * 4 + s)
     assert flat[[row(0, s) for s in range(4)], 0].tolist() == [4.0, 5.0, 2.0, 3.0]
@@ -292,7 +292,7 @@ def test_memory_layout_and_env_major_checkpoints(time_major):
     for other_layout in (True, False):
         restored = EnvRingStorage(3, 4, time_major=other_layout)
         restored.load_state_dict(state)  # env-major leaves in: the storage's own layout out
-        memory = restored._storage["obs"].transpose(0, 1) if other_layout else restored._storage["obs"]
+        memory = restored._rings.data["obs"].transpose(0, 1) if other_layout else restored._rings.data["obs"]
         assert memory.is_contiguous()
         assert (restored.get(everything) == storage.get(everything)).all()
 
@@ -345,10 +345,10 @@ def test_every_env_steps_store_the_same_by_the_step_path_the_general_write_or_wi
     for path in ("step", "fastpath off"):
         got = results[path]
         assert got.current_pos.tolist() == want.current_pos.tolist() == [10, 10, 10]
-        for key, leaf in want._storage.items(True, True):
-            assert torch.equal(got._storage[key], leaf), (path, key)
-    assert "_step_columns_cache" in results["step"].__dict__
-    assert "_step_columns_cache" not in results["fastpath off"].__dict__
+        for key, leaf in want._rings.data.items(True, True):
+            assert torch.equal(got._rings.data[key], leaf), (path, key)
+    assert bool(results["step"]._rings.step_columns_cache)
+    assert not results["fastpath off"]._rings.step_columns_cache
 
 
 def test_the_memory_layout_is_fixed_at_construction():

@@ -325,7 +325,7 @@ class EnvRingMachine(RuleBasedStateMachine):
         storage = rb.storage
         raw = None
         if storage.initialized:
-            raw = (storage._storage["x"].tolist(), storage._storage["nested", "k"].tolist())
+            raw = (storage._rings.data["x"].tolist(), storage._rings.data["nested", "k"].tolist())
         return storage.current_pos.tolist(), storage.current_size.tolist(), raw
 
     def snapshot(self) -> tuple:
@@ -349,8 +349,8 @@ class EnvRingMachine(RuleBasedStateMachine):
             return
         x = [[uid_x(u) if u is not None else [0.0, 0.0] for u in ring] for ring in self.model.ring]
         k = [[uid_k(u) if u is not None else 0 for u in ring] for ring in self.model.ring]
-        assert storage._storage["x"].tolist() == x
-        assert storage._storage["nested", "k"].tolist() == k
+        assert storage._rings.data["x"].tolist() == x
+        assert storage._rings.data["nested", "k"].tolist() == k
 
     @invariant()
     def stored_steps_read_back(self) -> None:
@@ -462,7 +462,7 @@ def test_ring_ops_match_alf_slot_by_slot():
             raise AssertionError(f"unknown op in the vectors: {op}")
         assert rb.storage.current_pos.tolist() == step["current_pos"], op
         assert rb.storage.current_size.tolist() == step["current_size"], op
-        assert rb.storage._storage["x"].reshape(3, 4).tolist() == step["x"], op
+        assert rb.storage._rings.data["x"].reshape(3, 4).tolist() == step["x"], op
 
 
 def _filled_for_gather_all() -> EnvRingReplayBuffer:

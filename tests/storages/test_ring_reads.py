@@ -34,7 +34,7 @@ def expected(storage: EnvRingStorage, env: torch.Tensor, start: torch.Tensor, en
     """The stored leaf at ``(env, end)`` for "next" keys, at ``(env, start)`` otherwise, indexed
     on the ``[E, L]`` TensorDict (an independent path: advanced indexing of the leaf)."""
     position = end if isinstance(key, tuple) and key[0] == "next" else start
-    return storage._storage.get(key)[env, position % L]
+    return storage._rings.data.get(key)[env, position % L]
 
 
 def filled(dtype: torch.dtype = torch.float32, grad: bool = False, writes: int = 8) -> EnvRingStorage:
@@ -63,12 +63,12 @@ def coordinates(storage: EnvRingStorage, n: int, seed: int) -> tuple[torch.Tenso
 @pytest.mark.parametrize("case", ["float32", "bfloat16", "requires_grad"])
 def test_chain_and_window_reads_equal_the_stored_rows(case):
     storage = filled(torch.bfloat16 if case == "bfloat16" else torch.float32, grad=case == "requires_grad")
-    assert (storage._read_columns() is None) == (case != "float32")  # numpy only where it can view
+    assert (storage._rings.read_columns() is None) == (case != "float32")  # numpy only where it can view
     env, start, end = coordinates(storage, 64, seed=0)
     chain = storage.gather_chain(env, start, end)
     window = storage.gather(env.view(8, 8), start.view(8, 8))
     assert chain.batch_size == (64,) and window.batch_size == (8, 8)
-    for key in storage._storage.keys(include_nested=True, leaves_only=True):
+    for key in storage._rings.data.keys(include_nested=True, leaves_only=True):
         want = expected(storage, env, start, end, key)
         assert torch.equal(chain.get(key), want), key
         assert chain.get(key).dtype == want.dtype
@@ -100,7 +100,7 @@ def test_reads_follow_the_leaves_after_share_memory_load_and_pickling():
 
 def test_reads_of_an_empty_storage_build_their_views_on_the_first_write():
     storage = EnvRingStorage(E, L)
-    assert storage._read_columns() is None
+    assert storage._rings.read_columns() is None
     write(storage, step([1.0, 2.0, 3.0]))
     chain = storage.gather_chain(torch.arange(E), torch.zeros(E, dtype=torch.long), torch.zeros(E, dtype=torch.long))
     assert chain["obs"][:, 0].tolist() == [1.0, 2.0, 3.0]

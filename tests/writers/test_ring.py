@@ -35,7 +35,7 @@ def test_time_blocks_wrap_around_each_ring():
     assert index.tolist() == [[1, 3], [1, 4], [1, 5], [1, 6], [0, 0], [0, 1], [0, 2], [0, 3]]
     assert rb.storage.current_pos.tolist() == [4, 7]
     assert rb.storage.current_size.tolist() == [4, 5]
-    assert rb.storage._storage["x"][1].tolist() == [15.0, 16.0, 12.0, 13.0, 14.0]
+    assert rb.storage._rings.data["x"][1].tolist() == [15.0, 16.0, 12.0, 13.0, 14.0]
     data, _ = rb.storage.read(torch.tensor([1] * 5), torch.arange(2, 7)), None
     assert data["x"].tolist() == [12.0, 13.0, 14.0, 15.0, 16.0]
 
@@ -63,10 +63,10 @@ def test_env_ids_argument_and_index_entry():
 def test_bad_env_ids_raise_and_write_nothing(env_ids, message):
     rb = EnvRingReplayBuffer(num_envs=3, max_length=4)
     rb.extend(one_step([1], [1.0]))
-    before = rb.storage._storage["x"].clone()
+    before = rb.storage._rings.data["x"].clone()
     with pytest.raises(ValueError, match=message):
         rb.extend(one_step(env_ids, [8.0, 9.0]))
-    assert torch.equal(rb.storage._storage["x"], before)
+    assert torch.equal(rb.storage._rings.data["x"], before)
     assert rb.storage.current_pos.tolist() == [0, 1, 0] and rb.write_count == 1
 
 
@@ -168,7 +168,7 @@ def test_blocking_extend_wakes_on_clear_and_returns_none_on_stop():
     assert not thread.is_alive() and results[1] is None
     # After the clear: 7.0 went to position 0 (slot 0), then positions 1, 2
     # took 0.0 (slot 1) and 1.0 (slot 0); the stopped write changed nothing.
-    assert rb.storage._storage["x"][0].tolist() == [1.0, 0.0]
+    assert rb.storage._rings.data["x"][0].tolist() == [1.0, 0.0]
     rb.revive()
     rb.dequeue(1)
     assert rb.extend(one_step([0], [5.0]), blocking=True).tolist() == [[0, 3]]
@@ -179,7 +179,7 @@ def test_blocking_extend_times_out_with_a_clear_error():
     rb.extend(block([0, 1], [0, 0], 2))
     with pytest.raises(TimeoutError, match=r"no room for 1 step\(s\) in envs \[1\] after 0.05 s"):
         rb.extend(one_step([1], [5.0]), blocking=True, timeout=0.05)
-    assert rb.storage._storage["x"][1].tolist() == [0.0, 1.0]
+    assert rb.storage._rings.data["x"][1].tolist() == [0.0, 1.0]
 
 
 def test_blocking_extend_with_room_writes_at_once():

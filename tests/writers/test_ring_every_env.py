@@ -55,7 +55,7 @@ def spy(monkeypatch):
 
 def snapshot(rb: EnvRingReplayBuffer) -> tuple:
     storage = rb.storage
-    data = None if storage._storage is None else storage._storage.clone()
+    data = None if storage._rings.data is None else storage._rings.data.clone()
     return (data, storage.current_pos.tolist(), storage.current_size.tolist(),
             rb.write_count, storage._mutation_revision)
 
@@ -225,7 +225,7 @@ def test_writes_land_in_the_leaves_held_after_share_memory_load_and_pickle():
     copy = pickle.loads(pickle.dumps(other))
     copy.extend(step(4.0))
     assert (copy.storage.get((torch.arange(E), torch.full((E,), 4))) == step(4.0)).all()
-    rows = copy.storage._storage["obs"].transpose(0, 1).view(-1, 2)  # time-major memory
+    rows = copy.storage._rings.data["obs"].transpose(0, 1).view(-1, 2)  # time-major memory
     assert rows.data_ptr() == copy.storage.flat_leaf("obs").data_ptr()
     assert (rows == copy.storage.flat_leaf("obs")).all()
     assert int(other.storage.current_pos[0]) == 4  # the original did not see the copy's write
@@ -252,10 +252,10 @@ def test_steps_after_a_write_with_autograd_history_are_stored():
     rb = EnvRingReplayBuffer(num_envs=2, max_length=4)
     rb.extend(TensorDict({"obs": torch.zeros(2, 1)}, [2]))
     rb.extend(TensorDict({"obs": torch.ones(2, 1).requires_grad_()}, [2]), env_ids=torch.tensor([1, 0]))
-    assert rb.storage._storage["obs"].requires_grad
+    assert rb.storage._rings.data["obs"].requires_grad
     index = rb.extend(TensorDict({"obs": torch.full((2, 1), 2.0)}, [2]))
     assert index.tolist() == [[0, 2], [1, 2]]
-    assert rb.storage._storage["obs"][:, :3, 0].tolist() == [[0.0, 1.0, 2.0], [0.0, 1.0, 2.0]]
+    assert rb.storage._rings.data["obs"][:, :3, 0].tolist() == [[0.0, 1.0, 2.0], [0.0, 1.0, 2.0]]
 
 
 def test_an_episodic_storage_writes_a_step_of_every_env_itself():

@@ -168,7 +168,7 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
             self.sampler.extend(index)
         # The rings store exactly the leaves they are written (the storage checks), so a
         # priority entry can only be a stored leaf: a dict lookup spares TensorDict.get's
-        # miss (about 5 us, a third of a 64-env step write).
+        # costly miss on every step write.
         if (update_priority is None or update_priority) and self.storage.stores_leaf(self.priority_key):
             priority = data.get(self.priority_key, None)
             if priority is not None:

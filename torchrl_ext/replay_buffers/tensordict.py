@@ -5,7 +5,7 @@ TorchRL's public API, samplers, writers, locks and checkpointing; they only
 take shorter roads on the calls a training loop makes thousands of times:
 
 * ``sample`` gathers each stored tensor with ``index_select`` instead of
-  TensorDict advanced indexing (5-10x faster on CPU for vector data) and
+  TensorDict advanced indexing (faster on CPU for vector data) and
   builds the result, sampler info included, in one TensorDict;
 * ``update_tensordict_priority`` (prioritized) hands the batch's ``index``
   and priority straight to the sampler, which reduces multi-element

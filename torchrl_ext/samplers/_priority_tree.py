@@ -285,8 +285,8 @@ def _min_acceptance(n: int) -> float:
     return 0.12 * math.sqrt(n / 256)
 
 
-# Writes of fewer entries go through numpy on the CPU; measured on a 1M tree: numpy 172 us
-# against torch's 262 us at 256 entries, level at 2048, torch 11% faster at 4096.
+# Writes of fewer entries go through numpy on the CPU, where small writes pay less per call
+# than torch's; larger writes go to torch (the crossover: benchmarks/bench_prioritized.py).
 _NUMPY_WRITES_BELOW = 2048
 
 _KEY_DTYPES = {

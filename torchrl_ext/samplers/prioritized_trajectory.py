@@ -123,7 +123,7 @@ class PrioritizedTrajectorySampler(TrajectorySampler):
         geometry = (self._batch_length, self._ignored)
         # Counters only move forward between clears; another storage, a load or a position
         # that went back means the steps (and their priorities) are not the ones seen.
-        source = (id(storage), getattr(storage, "_loads", 0))
+        source = (id(storage), storage.load_count)
         replaced = (now[2] != self._seen[2]) | (now[0] < self._seen[0])
         if self._seen_source is not None and source != self._seen_source:
             replaced[:] = True

@@ -148,7 +148,7 @@ class TrajectorySampler(StatelessSampler):
 
     def _valid_starts_np(self, storage: EnvRingStorage) -> tuple[np.ndarray, np.ndarray]:
         # numpy: the storage's counters are numpy views, and the draw's bookkeeping on
-        # [E] and [B] arrays costs about a microsecond per op there, several in torch.
+        # small [E] and [B] arrays pays less per op there than in torch.
         lookback = self._batch_length - 1 + self.ignored_frames(storage)
         return np.maximum(storage.size_array - lookback, 0), storage.position_array - self._batch_length
 

@@ -2,9 +2,9 @@
 
 TorchRL's ``RoundRobinWriter`` hands a storage ``arange(start, start + n) %
 capacity`` and ``LazyTensorStorage`` writes it through advanced indexing
-(``index_put``), which moves image rows at about 1 GB/s where a contiguous
-copy reaches about 10 GB/s. Reads use TensorDict advanced indexing, 5-10x
-slower on CPU than ``index_select``. The storages here keep TorchRL's classes,
+(``index_put``), which moves image rows several times slower than a contiguous
+copy. Reads use TensorDict advanced indexing, slower on CPU than ``index_select``
+(``benchmarks/bench_storage.py`` measures both). The storages here keep TorchRL's classes,
 lazy initialisation, nested keys, ``device=``, memmap files, shared memory and
 checkpointing, and change only those two paths:
 
@@ -276,7 +276,7 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
 
 def ring_index(start: int, n: int, capacity: int, device: Any) -> torch.Tensor:
     """``(start + arange(n)) % capacity``, the rows of a ring write; on the CPU through numpy
-    (a third of torch's calls)."""
+    (fewer calls than torch's)."""
     if device is not None and torch.device(device).type != "cpu":
         return torch.arange(start, start + n, device=device).remainder_(capacity)
     index = np.arange(start, start + n)

@@ -16,12 +16,14 @@ to and :class:`~torchrl_ext.samplers.TrajectorySampler` picks windows.
 """
 from __future__ import annotations
 
+import functools
+from multiprocessing.context import get_spawning_popen
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase, unravel_key
+from tensordict import TensorDictBase, unravel_key
 from torchrl.data import TensorDictReplayBuffer as _TorchRLTensorDictReplayBuffer
 from torchrl.data.replay_buffers.checkpointers import StorageCheckpointerBase
 from torchrl.data.replay_buffers.storages import Storage
@@ -34,16 +36,22 @@ from torchrl_ext.io.state_files import (
     tensordict_from_state,
     tensordict_state,
 )
-from torchrl_ext.storages._ring_reads import RingReads
-from torchrl_ext.storages._ring_sharing import RingSharing
-from torchrl_ext.storages._ring_steps import RingStepWrites
-from torchrl_ext.storages._numpy_rows import leaf_items
+from torchrl_ext.storages import _ring_reads
 from torchrl_ext.storages._output_memory import PinnedOutputs
-from torchrl_ext.storages.fast import _layout, _raise_layout_mismatch, _refuse_non_tensors
+from torchrl_ext.storages._ring_data import RingData
+from torchrl_ext.storages._ring_steps import write_step
 
 __all__ = ["EnvRingStorage", "EnvRingStorageCheckpointer"]
 
 _TENSORS, _METADATA = "ring_storage.safetensors", "ring_storage.json"
+
+
+@functools.cache
+def _write_at_copies_rows(cls: type) -> bool:
+    """Whether ``cls.write_at`` only copies rows: the class defining the ``write_at`` in use
+    must say so itself (a subclass that overrides it does more, e.g. an episode index)."""
+    owner = next(klass for klass in cls.__mro__ if "write_at" in vars(klass))
+    return vars(owner).get("write_at_copies_rows", False)
 
 
 class EnvRingStorageCheckpointer(StorageCheckpointerBase):
@@ -56,7 +64,7 @@ class EnvRingStorageCheckpointer(StorageCheckpointerBase):
         load_component(storage, path, tensors_file=_TENSORS, metadata_file=_METADATA)
 
 
-class EnvRingStorage(PinnedOutputs, RingReads, RingStepWrites, RingSharing, Storage):
+class EnvRingStorage(PinnedOutputs, Storage):
     """One ring of ``max_length`` steps per environment, TensorDict leaves ``[E, L, ...]``.
 
     The leaves are allocated from the first write (any nested keys), on
@@ -66,11 +74,10 @@ class EnvRingStorage(PinnedOutputs, RingReads, RingStepWrites, RingSharing, Stor
     ``time_major`` chooses the memory layout behind the ``[E, L, ...]`` leaves:
     time-major keeps slot ``s`` of every env as one contiguous block (the leaves are
     transposed views of it), env-major keeps each env's ring contiguous. Envs stepped
-    together write one block per leaf time-major (a 64-env step of 17 KB of vectors is
-    written in half the time of 64 rows a ring apart); consecutive steps of one env
-    are adjacent env-major (a 256-window sample of 8 small steps was 3% faster, the
-    gather of 5-frame stacks of 84x84 frames alone 1.45x faster). Checkpoints store the
-    leaves env-major either way and load into either layout.
+    together write one block per leaf time-major instead of rows a ring apart;
+    consecutive steps of one env are adjacent env-major (windows and frame stacks
+    read neighbouring rows). ``benchmarks/bench_ring.py`` measures both. Checkpoints
+    store the leaves env-major either way and load into either layout.
 
     Args:
         num_envs: number of environments ``E``.
@@ -134,79 +141,78 @@ class EnvRingStorage(PinnedOutputs, RingReads, RingStepWrites, RingSharing, Stor
                     f"time_major must be a bool (or None for the class default), got "
                     f"time_major={time_major!r}."
                 )
-        self._time_major = self.default_time_major if time_major is None else time_major
         super().__init__(num_envs * max_length, checkpointer=checkpointer)
-        self._num_envs, self._max_length = num_envs, max_length
-        self._device = torch.device(device)
-        self._storage: TensorDictBase | None = None
-        self._flat: list[tuple[Any, torch.Tensor]] = []  # (key, leaf's memory as [E*L, ...] rows)
-        self._layout_cache: dict | None = None
-        # The counters live in numpy arrays with torch views on them (same
-        # memory): samplers do tensor math on the views, while the per-write
-        # bookkeeping of a few dozen envs runs on numpy, about 5x cheaper per call.
-        self._pos_np = np.zeros(num_envs, dtype=np.int64)
-        self._size_np = np.zeros(num_envs, dtype=np.int64)
-        self._counter_views()
-        # Clears per env: lets samplers that keep per-position state notice a
-        # clear even when the env has since been written past its old position.
-        self._resets = torch.zeros(num_envs, dtype=torch.long)
-        self._loads = 0  # load_state_dict calls: what samplers derived from the counters is void
-        self._last_rows: torch.Tensor | int | None = None  # see last_written_rows
+        self._rings = RingData(
+            num_envs, max_length, torch.device(device), self.default_time_major if time_major is None else time_major
+        )
 
     # ------------------------------------------------------------------
     @property
     def num_envs(self) -> int:
-        return self._num_envs
+        return self._rings.num_envs
 
     @property
     def max_length(self) -> int:
-        return self._max_length
+        return self._rings.max_length
 
     @property
     def device(self) -> torch.device:
-        return self._device
+        return self._rings.device
 
     @property
     def shape(self) -> torch.Size:
-        return torch.Size([self._num_envs, self._max_length])
+        return torch.Size([self.num_envs, self.max_length])
 
     @property
     def initialized(self) -> bool:
-        return self._storage is not None
+        return self._rings.data is not None
+
+    @property
+    def time_major(self) -> bool:
+        """Memory layout of the stored leaves, fixed at construction (readers and writers
+        address memory through it, so it cannot change under stored data)."""
+        return self._rings.time_major
+
+    @time_major.setter
+    def time_major(self, value: Any) -> None:
+        raise AttributeError(
+            f"time_major is fixed when the storage is built (got time_major={value!r}); build a "
+            f"new {type(self).__name__}(..., time_major={value!r}) and write the data into it."
+        )
 
     @property
     def current_pos(self) -> torch.Tensor:
         """Position the next step of each env gets, int64 ``[E]`` (a copy)."""
-        return self._current_pos.clone()
+        return self._rings.pos.clone()
 
     @property
     def current_size(self) -> torch.Tensor:
         """Steps stored per env, int64 ``[E]`` (a copy)."""
-        return self._current_size.clone()
+        return self._rings.size.clone()
 
     # The storage contract samplers and writers read: live views, no copies. They change as
     # the storage is written; the torch ones share the numpy ones' memory, so never write them.
     @property
     def positions(self) -> torch.Tensor:
         """Live view of each env's next position, int64 ``[E]`` (read only)."""
-        return self._current_pos
+        return self._rings.pos
 
     @property
     def sizes(self) -> torch.Tensor:
         """Live view of the steps stored per env, int64 ``[E]`` (read only)."""
-        return self._current_size
+        return self._rings.size
 
     @property
     def position_array(self) -> np.ndarray:
         """:attr:`positions` as a read-only numpy array (cheapest for per-write bookkeeping)."""
-        view = self._pos_np.view()
+        view = self._rings.pos_np.view()
         view.flags.writeable = False
         return view
 
     @property
     def size_array(self) -> np.ndarray:
         """:attr:`sizes` as a read-only numpy array."""
-        view = self._size_np.view()
+        view = self._rings.size_np.view()
         view.flags.writeable = False
         return view
 
@@ -214,41 +220,57 @@ class EnvRingStorage(PinnedOutputs, RingReads, RingStepWrites, RingSharing, Stor
     def resets(self) -> torch.Tensor:
         """Live count of the clears of each env, int64 ``[E]`` (read only): a sampler that keeps
         per-position state sees a clear even after the env was written past its old position."""
-        return self._resets
+        return self._rings.resets
+
+    @property
+    def load_count(self) -> int:
+        """Checkpoints loaded into this storage: what a sampler derived from the counters before
+        a load is void after it."""
+        return self._rings.loads
 
     @property
     def flat_leaves(self) -> list[tuple[Any, torch.Tensor]]:
         """``(key, rows)`` for every stored leaf, its memory viewed as ``[E * L, ...]`` rows
         (row of ``(env, position)``: :meth:`flat_index`); empty before the first write."""
-        return self._flat
+        return self._rings.flat
+
+    def flat_leaf(self, key: Any) -> torch.Tensor | None:
+        """The stored leaf ``key``'s memory as ``[E * L, ...]`` rows, or ``None``."""
+        return next((leaf for leaf_key, leaf in self._rings.flat if leaf_key == key), None)
+
+    def stores_leaf(self, key: Any) -> bool:
+        """Whether the nested key ``key`` names a stored leaf."""
+        layout = self._rings.layout
+        # A string key is its own unravelled form (unravel_key costs far more than a lookup).
+        return layout is not None and (key if type(key) is str else unravel_key(key)) in layout
+
+    def flat_index(self, env: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        """Row of ``(env, position)`` in the leaf rows (:attr:`flat_leaves`): ``slot * E + env``
+        time-major, ``env * L + slot`` env-major."""
+        return self._rings.flat_index(env, position)
 
     def earliest_position(self, env_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Oldest stored position of each env in ``env_ids`` (all envs by default)."""
-        earliest = self._current_pos - self._current_size
+        earliest = self._rings.pos - self._rings.size
         return earliest if env_ids is None else earliest[env_ids]
 
+    def contains(self, item: Any) -> bool:
+        """Whether ``(env, position)`` (ints) is stored."""
+        env, position = item
+        pos, size = int(self._rings.pos[env]), int(self._rings.size[env])
+        return pos - size <= position < pos
+
     def __len__(self) -> int:
-        return int(self._current_size.sum())
+        return int(self._rings.size.sum())
 
     @property
     def _is_full(self) -> bool:
-        full = self.__dict__.get("_full_sizes")
-        if full is None:  # the counters' bytes when every env holds max_length steps
-            full = self._full_sizes = np.full(self._num_envs, self._max_length, dtype=np.int64).tobytes()
-        # A byte comparison of the [E] counters: a tenth of a per-env comparison's cost,
-        # which every step of every env would otherwise pay (advance).
-        return self._size_np.tobytes() == full
-
-    def _common_position(self) -> int | None:
-        """The position every env stands at, or ``None`` if the envs stand at different ones."""
-        raw, width = self._pos_np.tobytes(), self._pos_np.itemsize
-        # Each counter equals the next one: compared as bytes, a fifth of a per-env loop's cost.
-        return self._pos_np.item(0) if raw[width:] == raw[:-width] else None
+        return self._rings.is_full
 
     def __repr__(self) -> str:
         return (
-            f"{type(self).__name__}(num_envs={self._num_envs}, max_length={self._max_length}, "
-            f"stored={len(self)}, device={self._device})"
+            f"{type(self).__name__}(num_envs={self.num_envs}, max_length={self.max_length}, "
+            f"stored={len(self)}, device={self.device})"
         )
 
     def attach(self, buffer: Any) -> None:
@@ -293,148 +315,173 @@ class EnvRingStorage(PinnedOutputs, RingReads, RingStepWrites, RingSharing, Stor
                 f"data has batch size {list(data.batch_size)} but the cursor addresses "
                 f"{list(env.shape)} steps; give one (env, position) pair per step."
             )
-        layout = _layout(data, env.ndim)
-        if layout is None:  # a leaf that is not a tensor: named in the error
-            _refuse_non_tensors(data, type(self).__name__)
-        if self._storage is None:
-            self._allocate(data, env.ndim)
-        elif layout != self._layout_cache:
-            _raise_layout_mismatch(self._layout_cache, layout)
-        flat = self.flat_index(env, position).reshape(-1)
-        n = flat.numel()
-        for key, leaf in self._flat:
-            value = data.get(key)
-            if value.dim() != leaf.dim():  # [N, T, ...] batches: one row per step
-                value = value.reshape(n, *leaf.shape[1:])
-            if value.device != leaf.device:
-                value = value.to(leaf.device)
-            row_bytes = leaf[0].numel() * leaf.element_size()
-            if leaf.element_size() < 8 and row_bytes % 8 == 0 and row_bytes >= 64:
-                # index_copy_ moves small dtypes (uint8 frames) about 5x slower
-                # than the same bytes seen as int64.
-                leaf.view(leaf.shape[0], -1).view(torch.int64).index_copy_(
-                    0, flat, value.contiguous().view(n, -1).view(torch.int64))
-            else:
-                leaf.index_copy_(0, flat, value)
+        flat = self._rings.write(env, position, data, type(self).__name__)
         if set_cursor:
             # TorchRL's shared last-cursor index describes a 1-D ring and has no
             # meaning for per-env rings: the rows are kept under their own name.
-            self._last_rows = flat
+            self._rings.last_rows = flat
         _compat.bump_mutation_revision(self)
+
+    def write_step(self, data: TensorDictBase, skip_key: Any = None) -> int | None:
+        """Writes the ``[num_envs]`` batch ``data`` (row ``e`` is env ``e``) as the next step
+        of every env and moves the counters, when every env stands at the same position;
+        ``skip_key`` names an entry that is not stored (the writer's env ids).
+
+        Returns:
+            The position written, or ``None``, with nothing written or moved, where this
+            path does not apply (see :func:`~torchrl_ext.storages._ring_steps.write_step`;
+            also a subclass whose ``write_at`` does more than copy rows): the caller then
+            takes :meth:`write_at`, which raises the errors a bad batch deserves.
+        """
+        if not _write_at_copies_rows(type(self)):
+            return None
+        position = write_step(self._rings, data, skip_key)
+        if position is not None:
+            _compat.bump_mutation_revision(self)
+        return position
+
+    @property
+    def last_written_rows(self) -> torch.Tensor | None:
+        """Flat rows (see :meth:`flat_index`) of the last write, ``None`` before one. A step
+        write records only its slot; the rows are built when read."""
+        rows = self._rings.last_rows
+        if isinstance(rows, int):
+            rows = self._rings.last_rows = self.flat_index(torch.arange(self.num_envs), torch.tensor(rows))
+        return rows
 
     def advance(self, env_ids: torch.Tensor | None, steps: int) -> None:
         """Moves the cursors of ``env_ids`` (distinct; ``None``: every env) on by ``steps`` written steps."""
-        if env_ids is None:
-            self._pos_np += steps
-            self._grow_every_size(steps)
-            return
-        ids = torch.as_tensor(env_ids, dtype=torch.long).cpu().numpy()
-        self._pos_np[ids] += steps
-        self._size_np[ids] = np.minimum(self._size_np[ids] + steps, self._max_length)
-
-    def _grow_every_size(self, steps: int) -> None:
-        """Every env's size after ``steps`` more written steps (the full rings keep theirs)."""
-        if not self._is_full:
-            np.minimum(self._size_np + steps, self._max_length, out=self._size_np)
+        self._rings.advance(env_ids, steps)
 
     def shrink(self, env_ids: torch.Tensor, n: torch.Tensor | int) -> None:
         """Forgets the ``n`` oldest steps of each env in ``env_ids`` (at most what it holds)."""
         env_ids = torch.as_tensor(env_ids, dtype=torch.long).cpu()
-        size = self._current_size[env_ids]
-        self._current_size[env_ids] = size - torch.minimum(torch.as_tensor(n), size)
+        size = self._rings.size[env_ids]
+        self._rings.size[env_ids] = size - torch.minimum(torch.as_tensor(n), size)
         _compat.bump_mutation_revision(self)
 
     def reset(self, env_ids: torch.Tensor | None = None) -> None:
         """Sets the position and size of ``env_ids`` (all envs by default) to 0."""
         env_ids = slice(None) if env_ids is None else torch.as_tensor(env_ids).cpu()
-        self._current_pos[env_ids] = 0
-        self._current_size[env_ids] = 0
-        self._resets[env_ids] += 1
+        self._rings.pos[env_ids] = 0
+        self._rings.size[env_ids] = 0
+        self._rings.resets[env_ids] += 1
         _compat.bump_mutation_revision(self)
 
-    def _allocate(self, data: TensorDictBase, batch_dims: int) -> None:
-        shape = (self._num_envs, self._max_length)
-        memory_shape = shape[::-1] if self.time_major else shape
-        self._storage = TensorDict(
-            {
-                key: self._as_leaf(torch.zeros(
-                    memory_shape + tuple(leaf.shape[batch_dims:]), dtype=leaf.dtype, device=self._device
-                ))
-                for key, leaf in leaf_items(data)
-            },
-            batch_size=shape,
-            device=self._device,
-        )
-        self._index_leaves()
-
-    def _as_leaf(self, memory: torch.Tensor) -> torch.Tensor:
-        """The ``[E, L, ...]`` leaf over a layout's memory (``[L, E, ...]`` when time-major), or
-        the memory under a leaf: the same transpose both ways."""
-        return memory.transpose(0, 1) if self.time_major else memory
-
-    def flat_leaf(self, key: Any) -> torch.Tensor | None:
-        """The stored leaf ``key``'s memory as ``[E * L, ...]`` rows (:meth:`flat_index` gives the
-        row of a step), or ``None``."""
-        for leaf_key, leaf in self._flat:
-            if leaf_key == key:
-                return leaf
-        return None
-
-    def stores_leaf(self, key: Any) -> bool:
-        """Whether the nested key ``key`` names a stored leaf."""
-        layout = self._layout_cache
-        if layout is None:
-            return False
-        # A string key is its own unravelled form (unravel_key costs a dict lookup's tenfold).
-        return (key if type(key) is str else unravel_key(key)) in layout
-
-    def _index_leaves(self) -> None:
-        """Derives the flat views, the layout and (lazily) the column views from the stored
-        leaves: the one place they are rebuilt when the leaves change (none before a write)."""
-        self.__dict__.pop("_step_columns_cache", None)
-        self.__dict__.pop("_read_columns_cache", None)
-        if self._storage is None:
-            self._flat, self._layout_cache = [], None
-            return
-        flat = []
-        for key, leaf in leaf_items(self._storage):
-            memory = self._as_leaf(leaf)
-            if not memory.is_contiguous():  # leaves in the other layout (a checkpoint, a pickle)
-                memory = memory.contiguous()
-                self._storage.set(key, self._as_leaf(memory))
-            flat.append((key, memory.view(-1, *memory.shape[2:])))
-        self._flat = flat
-        self._layout_cache = _layout(self._storage, 2)
-
-    def contains(self, item: Any) -> bool:
-        """Whether ``(env, position)`` (ints) is stored."""
-        env, position = item
-        pos, size = int(self._current_pos[env]), int(self._current_size[env])
-        return pos - size <= position < pos
-
-    @property
-    def time_major(self) -> bool:
-        """Memory layout of the stored leaves, fixed at construction (readers and writers
-        address memory through it, so it cannot change under stored data)."""
-        return self._time_major
-
-    @time_major.setter
-    def time_major(self, value: Any) -> None:
-        raise AttributeError(
-            f"time_major is fixed when the storage is built (got time_major={value!r}); build a "
-            f"new {type(self).__name__}(..., time_major={value!r}) and write the data into it."
-        )
+    def _empty(self) -> None:
+        self.reset()
 
     # ------------------------------------------------------------------
-    # Checkpoints
+    # Reads
+    def get(self, index: Any) -> TensorDictBase:
+        """Steps at ``index``: an ``(env, position)`` pair of integer tensors of one shape.
+
+        An ``(env, start, end)`` triple gives n-step transitions: root entries
+        from ``start``, ``"next"`` entries from ``end``.
+
+        Other indices (an int env, slices, ...) index the ``[E, L]`` TensorDict.
+        """
+        if self._rings.data is None:
+            raise RuntimeError(f"{type(self).__name__} is empty: write data before reading it.")
+        if isinstance(index, tuple) and len(index) in (2, 3) and all(
+            isinstance(i, torch.Tensor) and not i.dtype.is_floating_point for i in index
+        ):
+            env, start = self._as_coordinates(index[:2])
+            self._check_readable(env, start)
+            if len(index) == 2:
+                return self.gather(env, start)
+            return self.gather_chain(env, start, self._as_coordinates((env, index[2]))[1])
+        return self._rings.data[index]
+
+    def _check_readable(self, env: torch.Tensor, position: torch.Tensor) -> None:
+        """Hook for :meth:`get`: subclasses refuse steps they cannot rebuild whole."""
+
+    def gather(
+        self, env: torch.Tensor, position: torch.Tensor, extra: dict[Any, torch.Tensor] | None = None,
+        skip: Any = (),
+    ) -> TensorDictBase:
+        """:meth:`get` for coordinates known to be stored (a sampler's draws; not re-checked),
+        plus ``extra`` entries of the same batch shape (a sampler's info), without the stored
+        leaves in ``skip`` (ones a subclass rebuilds itself). Shape contract: ``env`` and
+        ``position`` of one shape ``S`` give a TensorDict of batch size ``S``."""
+        return _ring_reads.gather(self._rings, env, position, extra, skip, self._pin_outputs)
+
+    def gather_chain(
+        self, env: torch.Tensor, start: torch.Tensor, end: torch.Tensor,
+        extra: dict[Any, torch.Tensor] | None = None,
+    ) -> TensorDictBase:
+        """Root entries at ``(env, start)`` and ``"next"`` entries at ``(env, end)``: the
+        transition from ``start`` to the observation after ``end`` (n-step sampling).
+        ``extra`` entries (the sampler's n-step reward, ...) replace stored ones."""
+        extra = extra or {}
+        if type(self).gather is EnvRingStorage.gather:
+            return _ring_reads.gather_chain(self._rings, env, start, end, extra, self._pin_outputs)
+        out = self.gather(env, start)  # subclasses rebuild entries on read
+        if "next" in out.keys():
+            out.set("next", self.gather(env, end).get("next"))
+        for key, value in extra.items():
+            out.set(key, value)
+        return out
+
+    def read(self, env_ids: torch.Tensor, positions: torch.Tensor) -> TensorDictBase:
+        """Steps at absolute ``positions`` of ``env_ids`` (ALF's ``get_field``), checked.
+
+        Raises:
+            ValueError: if a position is not stored (overwritten, or not yet written).
+        """
+        env_ids = torch.as_tensor(env_ids, dtype=torch.long).cpu()
+        positions = torch.as_tensor(positions, dtype=torch.long).cpu()
+        env_ids, positions = torch.broadcast_tensors(env_ids, positions)
+        self.check_env_ids(env_ids)
+        self._rings.check_stored(env_ids, positions)
+        return self.get((env_ids, positions))
+
+    def gather_all(self, num_earliest_ignored: int = 0) -> tuple[TensorDictBase, torch.Tensor]:
+        """Everything stored, chronologically, as ``[E, n]`` plus the start positions ``[E]``.
+
+        Every env must hold the same number of steps at the same positions.
+        An empty buffer gives ``n = 0`` (ALF returns ``L`` stale steps there).
+
+        Args:
+            num_earliest_ignored: leave out that many oldest steps of each env.
+        """
+        check_int("num_earliest_ignored", num_earliest_ignored, minimum=0)
+        pos, size = self._rings.pos, self._rings.size
+        if not (bool((pos == pos[0]).all()) and bool((size == size[0]).all())):
+            raise ValueError(
+                "gather_all needs every env at the same position with the same size, got "
+                f"current_pos={pos.tolist()}, current_size={size.tolist()}; sample windows "
+                "instead, or write all envs together."
+            )
+        n = max(int(size[0]) - num_earliest_ignored, 0)
+        start = int(pos[0]) - n
+        positions = torch.full((self.num_envs,), start, dtype=torch.long)
+        if n == 0:
+            return self.empty_result((self.num_envs, 0)), positions
+        env = torch.arange(self.num_envs).unsqueeze(1).expand(-1, n)
+        return self.get((env, torch.arange(start, start + n).expand(self.num_envs, -1))), positions
+
+    def empty_result(self, shape: tuple[int, ...]) -> TensorDictBase:
+        """An unfilled TensorDict of batch size ``shape`` laid out like the stored steps."""
+        return _ring_reads.empty_result(self._rings, shape)
+
+    def draw_uniform(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Uniform draws over the readable stored steps, as ``(env, position)``."""
+        return _ring_reads.draw_uniform(self._rings, batch_size, self.required_lookback, _compat.generator(self))
+
+    def _rand_given_ndim(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """TorchRL's ``RandomSampler`` hook: :meth:`draw_uniform`."""
+        return self.draw_uniform(batch_size)
+
+    # ------------------------------------------------------------------
+    # Checkpoints and sharing
     def state_dict(self) -> dict[str, Any]:
+        rings = self._rings
         return {
-            "num_envs": self._num_envs,
-            "max_length": self._max_length,
-            "data": tensordict_state(self._storage),
-            "counters": [
-                self._current_pos.clone(), self._current_size.clone(), self._resets.clone()
-            ],
+            "num_envs": self.num_envs,
+            "max_length": self.max_length,
+            "data": tensordict_state(rings.data),
+            "counters": [rings.pos.clone(), rings.size.clone(), rings.resets.clone()],
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -444,17 +491,52 @@ class EnvRingStorage(PinnedOutputs, RingReads, RingStepWrites, RingSharing, Stor
                     f"the checkpoint has {name}={state_dict[name]} but this storage has "
                     f"{name}={getattr(self, name)}; build it with the same geometry."
                 )
-        self._storage = tensordict_from_state(state_dict["data"], self._device)
-        self._index_leaves()
-        pos, size, resets = state_dict["counters"]
-        self._current_pos.copy_(pos)
-        self._current_size.copy_(size)
-        self._resets.copy_(resets)
-        self._loads = getattr(self, "_loads", 0) + 1
+        self._rings.load(tensordict_from_state(state_dict["data"], self.device), state_dict["counters"])
         _compat.bump_mutation_revision(self)
 
-    def _empty(self) -> None:
-        self.reset()
+    @property
+    def is_shared(self) -> bool:
+        """Whether :meth:`share_memory_` put the data and the counters in shared memory."""
+        return self._rings.shared
+
+    def share_memory_(self, example: TensorDictBase | None = None) -> Any:
+        """Puts the rings and their cursors in shared memory, for ``torch.multiprocessing``.
+
+        After this, handing the storage (or a buffer over it) to a ``spawn``
+        process shares it: steps written there are read here and the other
+        way round. Writes are *not* serialised by the storage: the buffer's
+        process lock does that (``rb.share(True)``, done by
+        :func:`torchrl_ext.distributed.share_buffer`).
+
+        Args:
+            example: one batch of steps (``[N]`` or ``[N, T]``, the keys, per-step
+                shapes and dtypes later writes carry). Needed when nothing was
+                written yet: the rings are allocated from it (nothing is stored).
+
+        Returns:
+            The storage itself.
+
+        Raises:
+            ValueError: if the storage is empty and no ``example`` is given, or
+                lives on a non-CPU device.
+        """
+        self._rings.share_memory_(example, type(self).__name__)
+        for value in vars(self).values():
+            if isinstance(value, torch.Tensor) and value.device.type == "cpu":
+                value.share_memory_()  # per-env state of subclasses, e.g. the episode index
+        return self
+
+    def __getstate__(self) -> dict[str, Any]:
+        if get_spawning_popen() is not None and not self.is_shared:
+            # The rings would be copied and the cursors diverge: every step written
+            # in the new process would be lost to this one, silently.
+            raise RuntimeError(
+                f"{type(self).__name__} is being sent to a spawned process without "
+                "share_memory_(): the two processes would write separate copies. Call "
+                "torchrl_ext.distributed.share_buffer(rb, example=batch) (or "
+                "storage.share_memory_(example)) before starting the processes."
+            )
+        return super().__getstate__()
 
     # ------------------------------------------------------------------
     def _as_coordinates(self, cursor: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -468,11 +550,7 @@ class EnvRingStorage(PinnedOutputs, RingReads, RingStepWrites, RingSharing, Stor
             raise TypeError("env and position indices must be integers.")
         env, position = torch.broadcast_tensors(env.long(), position.long())
         if env.numel():
-            if int(env.min()) < 0 or int(env.max()) >= self._num_envs:
-                raise ValueError(
-                    f"env index out of range: got values in [{int(env.min())}, "
-                    f"{int(env.max())}], num_envs={self._num_envs}."
-                )
+            self.check_env_ids(env)
             if int(position.min()) < 0:
                 raise ValueError(
                     f"positions must be >= 0, got {int(position.min())}; positions count "
@@ -480,23 +558,10 @@ class EnvRingStorage(PinnedOutputs, RingReads, RingStepWrites, RingSharing, Stor
                 )
         return env, position
 
-    def flat_index(self, env: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-        """Row of ``(env, position)`` in the leaf rows (:attr:`_flat`): ``slot * E + env``
-        time-major, ``env * L + slot`` env-major."""
-        slot = position.remainder(self._max_length)
-        if self.time_major:
-            flat = torch.add(env, slot, alpha=self._num_envs)
-        else:
-            flat = torch.add(slot, env, alpha=self._max_length)
-        return flat if flat.device == self._device else flat.to(self._device)
-
-    def _counter_views(self) -> None:
-        self._current_pos = torch.from_numpy(self._pos_np)
-        self._current_size = torch.from_numpy(self._size_np)
-
     def check_env_ids(self, env_ids: torch.Tensor) -> None:
-        if env_ids.numel() and (int(env_ids.min()) < 0 or int(env_ids.max()) >= self._num_envs):
+        """Raises ``ValueError`` unless every id in ``env_ids`` names an env."""
+        if env_ids.numel() and (int(env_ids.min()) < 0 or int(env_ids.max()) >= self.num_envs):
             raise ValueError(
-                f"env_ids must lie in [0, {self._num_envs - 1}], got values in "
+                f"env_ids must lie in [0, {self.num_envs - 1}], got values in "
                 f"[{int(env_ids.min())}, {int(env_ids.max())}]."
             )

@@ -335,8 +335,8 @@ class RolloutStorage(PinnedOutputs, Storage):
             isinstance(index, tuple) and len(index) == len(batch)
             and all(isinstance(i, torch.Tensor) and not i.dtype.is_floating_point for i in index)
         ):
-            # Coordinates from a sampler: flat rows, 3-5x faster than
-            # TensorDict's advanced indexing here.
+            # Coordinates from a sampler: flat rows gathered with index_select, which
+            # beats TensorDict's advanced indexing (benchmarks/bench_storage.py).
             return gather_coordinates(self._storage, index, pinned=self._pin_outputs)
         return self._storage[: self._num_steps][index]
 

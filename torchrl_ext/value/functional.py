@@ -40,8 +40,8 @@ zero coefficient), so check the value network, not the estimate.
 TorchRL's vectorised GAE instead splits trajectories at every ``done``, pads
 them and convolves, which costs ``O(T^2)`` memory traffic per trajectory and
 degrades sharply when episodes end inside the rollout. A blocked
-(chunk-then-carry) formulation was measured as well and was 1.5x-2x slower
-on CPU because it needs two Python loops of ``sqrt(T)`` small ops each.
+(chunk-then-carry) formulation was slower on CPU (``benchmarks/``): it needs two
+Python loops of ``sqrt(T)`` small ops each.
 """
 from __future__ import annotations
 

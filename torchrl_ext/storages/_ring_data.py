@@ -1,0 +1,254 @@
+"""What an :class:`~torchrl_ext.storages.EnvRingStorage` holds: the rings and their counters.
+
+One object owns the ``[E, L]`` leaves, their flat ``[E * L]`` row views, the per-env
+counters (numpy arrays with torch views on the same memory), and the caches derived from
+them. The storage composes it with the read functions (:mod:`._ring_reads`) and the
+every-env step write (:mod:`._ring_steps`), which take a :class:`RingData` and nothing else.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from torchrl_ext.storages._numpy_rows import Columns, leaf_items, numpy_columns
+from torchrl_ext.storages.fast import _layout, _raise_layout_mismatch, _refuse_non_tensors
+
+__all__ = ["RingData"]
+
+
+class RingData:
+    """Leaves ``[E, L, ...]`` (``None`` before the first write) and counters ``[E]`` of the rings.
+
+    ``time_major`` keeps slot ``s`` of every env as one contiguous block (the leaves are
+    transposed views of ``[L, E, ...]`` memory); otherwise each env's ring is contiguous.
+    The counters are numpy arrays (``pos_np``, ``size_np``: the per-write bookkeeping of a
+    few dozen envs runs there) with torch views on the same memory (``pos``, ``size``).
+    """
+
+    def __init__(self, num_envs: int, max_length: int, device: torch.device, time_major: bool) -> None:
+        self.num_envs, self.max_length, self.device, self.time_major = num_envs, max_length, device, time_major
+        self.data: TensorDictBase | None = None
+        self.pos_np = np.zeros(num_envs, dtype=np.int64)
+        self.size_np = np.zeros(num_envs, dtype=np.int64)
+        self.resets = torch.zeros(num_envs, dtype=torch.long)  # clears per env
+        self.loads = 0  # checkpoint loads: what samplers derived from the counters is void
+        self.last_rows: torch.Tensor | int | None = None  # flat rows, or the slot of a step write
+        self.shared = False
+        self._views()
+        self.index_leaves()
+
+    def _views(self) -> None:
+        """Torch views on the numpy counters, or numpy views on shared torch counters."""
+        if self.shared:
+            self.pos_np, self.size_np = self.pos.numpy(), self.size.numpy()
+        else:
+            self.pos, self.size = torch.from_numpy(self.pos_np), torch.from_numpy(self.size_np)
+        self.full_bytes = np.full(self.num_envs, self.max_length, dtype=np.int64).tobytes()
+
+    # ------------------------------------------------------------------
+    # Leaves
+    def allocate(self, data: TensorDictBase, batch_dims: int) -> None:
+        """Zeroed leaves for steps laid out like ``data``'s (batch ``[N]`` or ``[N, T]``)."""
+        shape = (self.num_envs, self.max_length)
+        memory_shape = shape[::-1] if self.time_major else shape
+        self.data = TensorDict(
+            {
+                key: self.as_leaf(torch.zeros(
+                    memory_shape + tuple(leaf.shape[batch_dims:]), dtype=leaf.dtype, device=self.device
+                ))
+                for key, leaf in leaf_items(data)
+            },
+            batch_size=shape,
+            device=self.device,
+        )
+        self.index_leaves()
+
+    def as_leaf(self, memory: torch.Tensor) -> torch.Tensor:
+        """The ``[E, L, ...]`` leaf over a layout's memory (``[L, E, ...]`` when time-major), or
+        the memory under a leaf: the same transpose both ways."""
+        return memory.transpose(0, 1) if self.time_major else memory
+
+    def index_leaves(self) -> None:
+        """Derives the flat views, the layout and (lazily) the column views from the leaves:
+        the one place they are rebuilt when the leaves change."""
+        self.read_columns_cache: Columns | None | bool = False
+        self.step_columns_cache: Columns | None | bool = False
+        self.draw_cache: tuple | None = None
+        self.flat: list[tuple[Any, torch.Tensor]] = []  # (key, memory as [E*L, ...] rows)
+        self.layout: dict | None = None
+        if self.data is None:
+            return
+        for key, leaf in leaf_items(self.data):
+            memory = self.as_leaf(leaf)
+            if not memory.is_contiguous():  # leaves in the other layout (a checkpoint, a pickle)
+                memory = memory.contiguous()
+                self.data.set(key, self.as_leaf(memory))
+            self.flat.append((key, memory.view(-1, *memory.shape[2:])))
+        self.layout = _layout(self.data, 2)
+
+    def write(self, env: torch.Tensor, position: torch.Tensor, data: TensorDictBase, owner: str) -> torch.Tensor:
+        """Copies ``data`` (batch shape ``env.shape``) to the rows of ``(env, position)`` and
+        returns those rows; a batch laid out unlike the stored steps raises ``ValueError``
+        (naming ``owner``, the storage) before anything is written."""
+        layout = _layout(data, env.ndim)
+        if layout is None:  # a leaf that is not a tensor: named in the error
+            _refuse_non_tensors(data, owner)
+        if self.data is None:
+            self.allocate(data, env.ndim)
+        elif layout != self.layout:
+            _raise_layout_mismatch(self.layout, layout)
+        flat = self.flat_index(env, position).reshape(-1)
+        n = flat.numel()
+        for key, leaf in self.flat:
+            value = data.get(key)
+            if value.dim() != leaf.dim():  # [N, T, ...] batches: one row per step
+                value = value.reshape(n, *leaf.shape[1:])
+            if value.device != leaf.device:
+                value = value.to(leaf.device)
+            row_bytes = leaf[0].numel() * leaf.element_size()
+            if leaf.element_size() < 8 and row_bytes % 8 == 0 and row_bytes >= 64:
+                # index_copy_ moves small dtypes (uint8 frames) much slower
+                # than the same bytes seen as int64.
+                leaf.view(leaf.shape[0], -1).view(torch.int64).index_copy_(
+                    0, flat, value.contiguous().view(n, -1).view(torch.int64))
+            else:
+                leaf.index_copy_(0, flat, value)
+        return flat
+
+    def flat_index(self, env: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        """Row of ``(env, position)`` in :attr:`flat`: ``slot * E + env`` time-major,
+        ``env * L + slot`` env-major."""
+        slot = position.remainder(self.max_length)
+        if self.time_major:
+            flat = torch.add(env, slot, alpha=self.num_envs)
+        else:
+            flat = torch.add(slot, env, alpha=self.max_length)
+        return flat if flat.device == self.device else flat.to(self.device)
+
+    def read_columns(self) -> Columns | None:
+        """Numpy views of the flat rows, or ``None`` where numpy cannot view one (not on the
+        CPU, bfloat16, autograd history). Numpy's ``take`` costs less than a torch
+        ``index_select`` on the few hundred rows of a sample."""
+        if self.read_columns_cache is False:
+            self.read_columns_cache = numpy_columns(self.flat, batch_dims=1) if self.data is not None else None
+        return self.read_columns_cache
+
+    def step_columns(self) -> Columns | None:
+        """Numpy views of the leaves as ``[L, E, ...]`` (slot first, whatever the layout)."""
+        if self.step_columns_cache is False:
+            self.step_columns_cache = None if self.data is None else numpy_columns(
+                [(key, leaf.transpose(0, 1)) for key, leaf in leaf_items(self.data)], batch_dims=2
+            )
+        return self.step_columns_cache
+
+    # ------------------------------------------------------------------
+    # Counters
+    @property
+    def is_full(self) -> bool:
+        # A byte comparison of the [E] counters, cheaper than a per-env comparison,
+        # which every step of every env would otherwise pay.
+        return self.size_np.tobytes() == self.full_bytes
+
+    def common_position(self) -> int | None:
+        """The position every env stands at, or ``None`` if the envs stand at different ones."""
+        raw, width = self.pos_np.tobytes(), self.pos_np.itemsize
+        return self.pos_np.item(0) if raw[width:] == raw[:-width] else None
+
+    def advance(self, env_ids: torch.Tensor | None, steps: int) -> None:
+        """Moves the cursors of ``env_ids`` (distinct; ``None``: every env) on by ``steps``."""
+        if env_ids is None:
+            self.pos_np += steps
+            self.grow_every_size(steps)
+            return
+        ids = torch.as_tensor(env_ids, dtype=torch.long).cpu().numpy()
+        self.pos_np[ids] += steps
+        self.size_np[ids] = np.minimum(self.size_np[ids] + steps, self.max_length)
+
+    def grow_every_size(self, steps: int) -> None:
+        """Every env's size after ``steps`` more written steps (the full rings keep theirs)."""
+        if not self.is_full:
+            np.minimum(self.size_np + steps, self.max_length, out=self.size_np)
+
+    def check_stored(self, env_ids: torch.Tensor, positions: torch.Tensor) -> None:
+        """Raises ``ValueError`` naming the first ``(env, position)`` that is not stored."""
+        stored = (positions >= (self.pos - self.size)[env_ids]) & (positions < self.pos[env_ids])
+        if not bool(stored.all()):
+            bad = int(stored.logical_not().nonzero()[0, 0]) if stored.ndim else 0
+            e, p = int(env_ids.reshape(-1)[bad]), int(positions.reshape(-1)[bad])
+            raise ValueError(
+                f"position {p} of env {e} is not stored; env {e} holds positions "
+                f"[{int(self.pos[e] - self.size[e])}, {int(self.pos[e]) - 1}]."
+            )
+
+    def draw_tables(self, lookback: int) -> tuple[int, np.ndarray, np.ndarray]:
+        """Readable steps in all (each env's ``lookback`` oldest are not), their running count
+        per env, and what turns a flat draw into a position; kept until the counters move."""
+        key = self.pos_np.tobytes() + self.size_np.tobytes()
+        cached = self.draw_cache
+        if cached is None or cached[0] != (key, lookback):
+            readable = np.maximum(self.size_np - lookback, 0)
+            ends = readable.cumsum()
+            base = self.pos_np - self.size_np + lookback - ends + readable
+            cached = self.draw_cache = ((key, lookback), int(ends[-1]), ends, base)
+        return cached[1:]
+
+    # ------------------------------------------------------------------
+    # Checkpoints, sharing and pickling
+    def load(self, data: TensorDictBase | None, counters: list[torch.Tensor]) -> None:
+        """Replaces the leaves and the counters (``[position, size, resets]``) by a checkpoint's."""
+        self.data = data
+        self.index_leaves()
+        for mine, theirs in zip((self.pos, self.size, self.resets), counters):
+            mine.copy_(theirs)
+        self.loads += 1
+
+    def share_memory_(self, example: TensorDictBase | None, owner: str) -> None:
+        """Moves the leaves (allocated from ``example`` if nothing was written) and the
+        counters to shared memory; ``owner`` names the storage in errors."""
+        if self.device.type != "cpu":
+            raise ValueError(
+                f"{owner}.share_memory_() shares CPU storages only, got device={self.device}; "
+                "build the storage with device='cpu' (CUDA tensors are shared by "
+                "torch.multiprocessing without this call)."
+            )
+        if self.data is None:
+            if example is None:
+                raise ValueError(
+                    f"{owner} allocates its rings on the first write, which a spawned process "
+                    "would do in its own memory; pass example=<one batch of steps> to "
+                    "share_memory_() (or write once before sharing)."
+                )
+            if not isinstance(example, TensorDictBase) or example.batch_dims not in (1, 2):
+                raise ValueError(
+                    "example must be a TensorDict of batch size [N] or [N, T], got "
+                    f"{type(example).__name__} {list(getattr(example, 'batch_size', []))}."
+                )
+            self.allocate(example, example.batch_dims)
+        self.data.share_memory_()
+        self.index_leaves()
+        # Counters: torch tensors in shared memory (pickling sends them as handles),
+        # numpy views on them.
+        self.pos, self.size = self.pos.clone().share_memory_(), self.size.clone().share_memory_()
+        self.resets.share_memory_()
+        self.shared = True
+        self._views()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(vars(self))
+        # Derived views: pickled apart, they would arrive as copies. Rebuilt on arrival.
+        for name in ("read_columns_cache", "step_columns_cache", "draw_cache", "flat", "layout"):
+            state.pop(name)
+        # Shared counters travel as the torch tensors torch.multiprocessing shares; others as
+        # the numpy arrays, with the views rebuilt on them.
+        for name in ("pos_np", "size_np") if self.shared else ("pos", "size"):
+            state.pop(name)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        state.setdefault("last_rows", None)
+        vars(self).update(state)
+        self._views()
+        self.index_leaves()
