@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["nested_key"]
+__all__ = ["nested_key", "next_key"]
 
 
 def nested_key(key: Any, name: str) -> str | tuple[str, ...]:
@@ -24,3 +24,8 @@ def nested_key(key: Any, name: str) -> str | tuple[str, ...]:
         f"{name} must be a key: a str or a tuple of str such as ('next', 'reward'), "
         f"got {name}={key!r}."
     )
+
+
+def next_key(key: Any) -> tuple[str, ...]:
+    """``("next", *key)``: where a step keeps ``key`` of the following step."""
+    return ("next", *key) if isinstance(key, tuple) else ("next", key)

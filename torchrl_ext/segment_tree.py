@@ -46,7 +46,7 @@ __all__ = ["MaxSegmentTree", "MinSegmentTree", "SegmentTree", "SumSegmentTree"]
 
 IndexLike = int | Sequence[int] | torch.Tensor
 ValueLike = float | Sequence[float] | torch.Tensor
-_INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 # Largest update whose 0, 1, 2, ... positions stay cached between writes.
 _CACHED_POSITIONS = 1 << 16
 
@@ -352,7 +352,7 @@ class SegmentTree:
         # Values are data: a written tensor's autograd history must not reach the levels
         # (they would track gradients, and every later sum with out= would raise).
         value = torch.as_tensor(values, device=self._device).detach()
-        if not (value.is_floating_point() or value.dtype in _INT_DTYPES):
+        if not (value.is_floating_point() or value.dtype in INT_DTYPES):
             raise TypeError(f"values must be real numbers, got dtype={value.dtype}.")
         value = value.to(self._dtype)
         if value.numel() == 1:

@@ -27,7 +27,7 @@ from torchrl_ext.storages import (
     RolloutStorage,
     _output_memory,
 )
-from torchrl_ext.storages._gathers import gather_coordinates, new_output, select_rows, take
+from torchrl_ext.storages._gathers import gather_coordinates, select_rows, take
 
 
 class FakePinning:
@@ -197,14 +197,6 @@ def test_take_pinned_keeps_numpy_semantics(fake_pinning):
     np.testing.assert_array_equal(out.numpy(), array[rows])
     with pytest.raises(IndexError, match="row index out of range for 5 rows"):
         take(array, np.array([0, 5]), pinned=True)
-
-
-def test_new_output_pins_cpu_outputs_only(fake_pinning):
-    assert fake_pinning.holds(new_output((2, 3), torch.int16, pinned=True))
-    meta = new_output((2, 3), torch.int16, "meta", pinned=True)
-    assert meta.device.type == "meta" and fake_pinning.blocks[-1].shape == (2, 3)  # no new block
-    assert len(fake_pinning.blocks) == 1
-    assert not fake_pinning.holds(new_output((2, 3), torch.int16))
 
 
 # ---------------------------------------------------------------- bad input

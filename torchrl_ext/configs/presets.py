@@ -102,21 +102,6 @@ class PytorchrlOnPolicyBufferConfig(Validated, ConfigBase):
 
 
 @dataclass
-class L2RPPOBufferConfig(Validated, ConfigBase):
-    """Config of ``l2r_ppo_buffer`` (``replay_buffer: ext_l2r_ppo``): its arguments, with its defaults."""
-    obs_dim: int = 1
-    act_dim: int = 1
-    size: int = 1000
-    batch_size: int = 64
-    gamma: float = 0.99
-    lam: float = 0.95
-    eps: float = 1e-3
-    device: str = "cpu"
-    generator: Any = None
-    _target_: str = "torchrl_ext.presets.l2r_ppo_buffer"
-
-
-@dataclass
 class L2RSimpleReplayBufferConfig(Validated, ConfigBase):
     """Config of ``l2r_simple_replay_buffer`` (``replay_buffer: ext_l2r_simple_replay``): its arguments, with its defaults."""
     obs_dim: int = 1
@@ -126,6 +111,15 @@ class L2RSimpleReplayBufferConfig(Validated, ConfigBase):
     device: str = "cpu"
     generator: Any = None
     _target_: str = "torchrl_ext.presets.l2r_simple_replay_buffer"
+
+
+@dataclass
+class L2RPPOBufferConfig(L2RSimpleReplayBufferConfig):
+    """Config of ``l2r_ppo_buffer`` (``replay_buffer: ext_l2r_ppo``): its arguments, with its defaults."""
+    gamma: float = 0.99
+    lam: float = 0.95
+    eps: float = 1e-3
+    _target_: str = "torchrl_ext.presets.l2r_ppo_buffer"
 
 
 @dataclass

@@ -111,11 +111,6 @@ class PrioritizedSamplerWithoutReplacementConfig(PrioritizedSamplerConfig):
 
 
 @dataclass
-class PrioritizedNStepSamplerConfig(PrioritizedSamplerConfig):
+class PrioritizedNStepSamplerConfig(PrioritizedSamplerConfig, NStepSamplerConfig):
     """Config of ``PrioritizedNStepSampler`` (``sampler: ext_prioritized_nstep``): its arguments, with its defaults."""
-    n_step: int = 1
-    gamma: float = 0.99
-    reward_key: Any = ("next", "reward")
-    done_key: Any = ("next", "done")
-    agent_group: Optional[str] = None
     _target_: str = "torchrl_ext.samplers.PrioritizedNStepSampler"

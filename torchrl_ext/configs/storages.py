@@ -26,41 +26,38 @@ __all__ = [
 
 
 @dataclass
-class EnvRingStorageConfig(Validated, StorageConfig):
-    """Config of ``EnvRingStorage`` (``storage: ext_env_ring``): its arguments, with its defaults."""
+class _RingGeometry:
+    """Arguments every per-env ring storage takes."""
     num_envs: int = 1
     max_length: int = 1024
     device: str = "cpu"
-    checkpointer: Any = None
     time_major: Optional[bool] = None  # None: the storage class's default layout
+
+
+@dataclass
+class EnvRingStorageConfig(_RingGeometry, Validated, StorageConfig):
+    """Config of ``EnvRingStorage`` (``storage: ext_env_ring``): its arguments, with its defaults."""
+    checkpointer: Any = None
     _target_: str = "torchrl_ext.storages.EnvRingStorage"
 
 
 @dataclass
-class EpisodicEnvRingStorageConfig(RecordedReturns, Validated, StorageConfig):
+class EpisodicEnvRingStorageConfig(_RingGeometry, RecordedReturns, Validated, StorageConfig):
     """Config of ``EpisodicEnvRingStorage`` (``storage: ext_episodic_env_ring``): its arguments, with its defaults."""
-    num_envs: int = 1
-    max_length: int = 1024
-    device: str = "cpu"
     step_type_key: Any = "step_type"
-    time_major: Optional[bool] = None
     _target_: str = "torchrl_ext.storages.EpisodicEnvRingStorage"
 
 
 @dataclass
-class DedupEnvRingStorageConfig(RecordedReturns, Validated, StorageConfig):
+class DedupEnvRingStorageConfig(_RingGeometry, RecordedReturns, Validated, StorageConfig):
     """Config of ``DedupEnvRingStorage`` (``storage: ext_dedup_env_ring``): its arguments, with its defaults."""
     # No step_type_key: the storage finds episode ends from done_key.
-    num_envs: int = 1
-    max_length: int = 1024
-    device: str = "cpu"
     obs_key: Any = "observation"
     num_stack: int = 1
     stack_dim: int = 0
     padding: str = "reset"
     done_key: Any = ("next", "done")
     check_next: bool = True
-    time_major: Optional[bool] = None
     _target_: str = "torchrl_ext.storages.DedupEnvRingStorage"
 
 

@@ -10,7 +10,6 @@ A demo is a plain ``dict``:
 """
 from __future__ import annotations
 
-import copy
 import math
 import numbers
 from typing import Any
@@ -25,7 +24,6 @@ __all__ = [
     "DEMO_KEYS",
     "check_settings",
     "cut_episode",
-    "copy_demo",
     "demo_tensors",
     "demos_from_state",
     "demos_state",
@@ -99,10 +97,9 @@ def make_demo(
     *,
     demo_id: str,
     human: bool = False,
-    max_value: float | None = None,
 ) -> dict[str, Any]:
     """Builds the demo record from checked tensors (see :func:`demo_tensors`)."""
-    demo: dict[str, Any] = {
+    return {
         "observation": observation,
         "action": action,
         "reward": reward,
@@ -111,14 +108,6 @@ def make_demo(
         "total_reward": float(reward.sum(dtype=torch.float64)),
         "human": bool(human),
     }
-    if max_value is not None:
-        demo["max_value"] = float(max_value)
-    return demo
-
-
-def copy_demo(demo: dict[str, Any]) -> dict[str, Any]:
-    """A deep copy (tensors cloned), so callers can never alter the stored demo."""
-    return copy.deepcopy(demo)
 
 
 def check_settings(

@@ -16,14 +16,10 @@ from tensordict import TensorDictBase
 from torch import Tensor
 
 from torchrl_ext._checks import check_int
-from torchrl_ext._keys import nested_key
+from torchrl_ext._keys import nested_key, next_key
 from torchrl_ext.demos.store import DemoStore, EpisodeOutcome
 
 __all__ = ["DemoMixer"]
-
-
-def _next(key: Any) -> tuple[str, ...]:
-    return ("next", *(key if isinstance(key, tuple) else (key,)))
 
 
 class DemoMixer:
@@ -122,10 +118,10 @@ class DemoMixer:
         self.action_key = nested_key(action_key, "action_key")
         self.log_prob_key = nested_key(log_prob_key, "log_prob_key")
         self.value_key = nested_key(value_key, "value_key")
-        self.reward_key = _next(nested_key(reward_key, "reward_key"))
-        self.done_key = _next(nested_key(done_key, "done_key"))
-        self.terminated_key = _next(nested_key(terminated_key, "terminated_key"))
-        self.truncated_key = _next(nested_key(truncated_key, "truncated_key"))
+        self.reward_key = next_key(nested_key(reward_key, "reward_key"))
+        self.done_key = next_key(nested_key(done_key, "done_key"))
+        self.terminated_key = next_key(nested_key(terminated_key, "terminated_key"))
+        self.truncated_key = next_key(nested_key(truncated_key, "truncated_key"))
         self._init_state()
 
     def _init_state(self) -> None:
@@ -204,7 +200,7 @@ class DemoMixer:
         """
         keys = [self.observation_key, self.action_key, self.log_prob_key, self.value_key,
                 self.reward_key, self.done_key, self.terminated_key,
-                _next(self.observation_key)]
+                next_key(self.observation_key)]
         self._check(step, keys, "process()")
         done = step.get(self.done_key).reshape(self.num_envs, -1).any(-1)
         self._real_done = done.clone().cpu()
@@ -234,7 +230,7 @@ class DemoMixer:
     def _replay(self, step: TensorDictBase, rows: list[int], value: Tensor) -> None:
         obs, action = step.get(self.observation_key), step.get(self.action_key)
         log_prob, reward = step.get(self.log_prob_key), step.get(self.reward_key)
-        next_obs = step.get(_next(self.observation_key))
+        next_obs = step.get(next_key(self.observation_key))
         flags = [step.get(self.done_key), step.get(self.terminated_key)]
         truncated = step.get(self.truncated_key, None)
         for i in rows:
@@ -289,7 +285,7 @@ class DemoMixer:
         """
         from torchrl.envs.utils import step_mdp
 
-        self._check(step, [_next(self.observation_key)], "next_observation()")
+        self._check(step, [next_key(self.observation_key)], "next_observation()")
         td = step_mdp(step, keep_other=False, exclude_action=True, exclude_reward=True)
         obs = td.get(self.observation_key).clone()
         to_env = torch.zeros(self.num_envs, dtype=torch.bool)

@@ -6,6 +6,7 @@ Driving envs (replaying a demo, frame stacking, resets) is left to the caller.
 """
 from __future__ import annotations
 
+import copy
 import math
 import uuid
 from typing import Any, Callable, Iterable, Literal, NamedTuple, Sequence
@@ -16,7 +17,6 @@ from torch import Tensor
 from torchrl_ext._checks import check_int, check_real
 from torchrl_ext.demos._demo import (
     check_settings,
-    copy_demo,
     cut_episode,
     demo_tensors,
     demos_from_state,
@@ -196,10 +196,7 @@ class DemoStore:
             self._reward_demos[n:n] = new
         else:
             self._reward_demos.extend(new)
-        base = -math.inf if self.initial_reward_threshold is None else self.initial_reward_threshold
-        totals = [d["total_reward"] for d in self._reward_demos]
-        self.reward_threshold = max(base, min(totals))
-        self.max_demo_reward = max(totals)
+        self._update_thresholds(-math.inf if self.initial_reward_threshold is None else self.initial_reward_threshold)
 
     def add_supplementary_demos(self, demos: Iterable[Any]) -> list[str]:
         """Adds the (non-human) demos whose total reward is ``>= reward_threshold``.
@@ -311,8 +308,12 @@ class DemoStore:
         self._reward_demos.append(demo)
         self.check_capacity()
         self.anneal()
+        self._update_thresholds(self.reward_threshold)
+
+    def _update_thresholds(self, floor: float) -> None:
+        """``reward_threshold``: the lowest reward-demo total (at least ``floor``); ``max_demo_reward``: the highest."""
         totals = [d["total_reward"] for d in self._reward_demos]
-        self.reward_threshold = max(self.reward_threshold, min(totals))
+        self.reward_threshold = max(floor, min(totals))
         self.max_demo_reward = max(totals)
 
     def _offer_value_demo(self, demo: dict[str, Any]) -> bool:
@@ -403,7 +404,7 @@ class DemoStore:
         else:
             probs = self.value_demo_probabilities()
             index = int(torch.multinomial(probs, 1, generator=self.generator))
-        return copy_demo(demos[index])
+        return copy.deepcopy(demos[index])  # tensors cloned: callers never alter the stored demo
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:

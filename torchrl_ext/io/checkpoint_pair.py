@@ -37,9 +37,7 @@ from torchrl_ext.io.state_files import (
     verify_tensors,
 )
 
-__all__ = ["DIGEST_KEY", "CheckpointPair", "check_prefix", "read_pair", "write_pair"]
-
-DIGEST_KEY = METADATA_DIGEST_KEY
+__all__ = ["CheckpointPair", "check_prefix", "read_pair", "write_pair"]
 
 
 def check_prefix(prefix: str) -> str:
@@ -106,7 +104,7 @@ def write_pair(pair: CheckpointPair, tensors: dict[str, torch.Tensor], metadata_
     _finish_pending_commit(pair)
     body = metadata_text.encode("utf-8")
     try:
-        digests = {DIGEST_KEY: sha256(body), TENSORS_DIGEST_KEY: tensors_digest(tensors)}
+        digests = {METADATA_DIGEST_KEY: sha256(body), TENSORS_DIGEST_KEY: tensors_digest(tensors)}
         save_file(tensors, pair.pending_state, metadata=digests)
         fsync_file(pair.pending_state)
         with open(pair.pending_metadata, "wb") as handle:
@@ -148,9 +146,7 @@ def read_pair(
         pending = pair.pending_metadata.read_bytes() if pair.pending_metadata.is_file() else None
         if pending is not None and sha256(pending) == digest:
             body = pending  # killed between the two renames: the new checkpoint is complete
-        elif body is None:
-            raise FileNotFoundError(_missing_message(pair, pair.metadata))
-        else:
+        elif body is not None:
             raise ValueError(
                 f"{pair.metadata} does not belong to {pair.state} (the state records another "
                 f"metadata checksum): the two files come from different saves. Restore both "
@@ -173,7 +169,7 @@ def _read_state(path: Path, load_tensors: bool) -> tuple[str | None, dict[str, t
     header, tensors = read_safetensors(path, load_tensors=load_tensors)
     if load_tensors:
         verify_tensors(path, header, tensors)
-    return header.get(DIGEST_KEY), tensors
+    return header.get(METADATA_DIGEST_KEY), tensors
 
 
 def _finish_pending_commit(pair: CheckpointPair) -> None:

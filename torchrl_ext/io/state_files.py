@@ -27,6 +27,8 @@ from tensordict import TensorDict, TensorDictBase
 
 __all__ = [
     "METADATA_DIGEST_KEY",
+    "NoState",
+    "StateFiles",
     "TENSORS_DIGEST_KEY",
     "apply_state",
     "atomic_write",
@@ -111,6 +113,39 @@ def load_component(component: Any, directory: str | Path, *, tensors_file: str, 
     """
     state = load_state(directory, tensors_file=tensors_file, metadata_file=metadata_file)
     apply_state(component, state, Path(directory).absolute() / metadata_file)
+
+
+class StateFiles:
+    """Mixin: ``dumps`` / ``loads`` of ``state_dict()`` as the class's ``state_files``
+    (tensors file, metadata file), through :func:`save_state` / :func:`load_component`."""
+
+    state_files: tuple[str, str]
+
+    def dumps(self, path: str | Path) -> None:
+        """Writes the state under ``path``; each file atomically (see :func:`save_state`)."""
+        tensors, metadata = self.state_files
+        save_state(path, self.state_dict(), tensors_file=tensors, metadata_file=metadata)
+
+    def loads(self, path: str | Path) -> None:
+        """Restores what :meth:`dumps` wrote, all or nothing (:func:`load_component`)."""
+        tensors, metadata = self.state_files
+        load_component(self, path, tensors_file=tensors, metadata_file=metadata)
+
+
+class NoState:
+    """Mixin of a sampler or writer with no state of its own: nothing to save or load."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        return
+
+    def dumps(self, path: str | Path) -> None:
+        Path(path).mkdir(parents=True, exist_ok=True)
+
+    def loads(self, path: str | Path) -> None:
+        return
 
 
 def load_json(path: str | Path) -> Any:

@@ -25,7 +25,7 @@ from tensordict import TensorDictBase
 
 from torchrl_ext import _compat
 from torchrl_ext._checks import check_finite, check_int, check_real
-from torchrl_ext._keys import nested_key
+from torchrl_ext._keys import nested_key, next_key
 from torchrl_ext.replay_buffers.tensordict import TensorDictReplayBuffer
 from torchrl_ext.samplers.minibatch import FeedForwardMinibatchSampler, NaiveRecurrentMinibatchSampler
 from torchrl_ext.storages.rollout import RolloutStorage
@@ -259,7 +259,7 @@ class OnPolicyReplayBuffer(TensorDictReplayBuffer):
         if not bool(truncated.any()):
             return next_value
         rows = truncated.reshape(truncated.shape[:2] + (-1,)).any(-1)  # [L, N]
-        stored_next = steps.get(("next", *_tuple(self.keys.value)), None)
+        stored_next = steps.get(next_key(self.keys.value), None)
         if stored_next is not None:
             final = stored_next[rows]
         elif value_network is not None:
@@ -270,7 +270,7 @@ class OnPolicyReplayBuffer(TensorDictReplayBuffer):
             raise ValueError(
                 "some steps are truncated (done but not terminated): their bootstrap needs V of the "
                 "true final observation; pass compute_returns(value_network=critic) or store "
-                f"{('next', *_tuple(self.keys.value))!r} in the steps."
+                f"{next_key(self.keys.value)!r} in the steps."
             )
         next_value = next_value.clone()
         next_value[rows] = final.to(next_value.dtype)
@@ -424,7 +424,3 @@ def _network_values(out: Any, key: Any, shape: torch.Size, source: str) -> torch
         )
     check_finite(str(key), value, f"{source} wrote them and nothing was stored; fix the network's outputs.")
     return value.reshape(shape)
-
-
-def _tuple(key: Any) -> tuple:
-    return key if isinstance(key, tuple) else (key,)

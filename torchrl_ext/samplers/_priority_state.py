@@ -9,17 +9,14 @@ from __future__ import annotations
 
 import math
 from multiprocessing.context import get_spawning_popen
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from torchrl_ext._checks import check_real
-from torchrl_ext.io.state_files import load_component, save_state
+from torchrl_ext.io.state_files import StateFiles
 
 __all__ = ["SHARING_REFUSED", "PriorityCheckpoints"]
-
-_TREES, _METADATA = "trees.safetensors", "sampler_metadata.json"
 
 #: Why a flat prioritized sampler cannot be handed to another process, and the fixes.
 SHARING_REFUSED = (
@@ -32,8 +29,11 @@ SHARING_REFUSED = (
 )
 
 
-class PriorityCheckpoints:
-    """``state_dict`` / ``load_state_dict``, ``dumps`` / ``loads`` and the pickling rule."""
+class PriorityCheckpoints(StateFiles):
+    """``state_dict`` / ``load_state_dict``, ``dumps`` / ``loads`` (``trees.safetensors`` and
+    ``sampler_metadata.json``) and the pickling rule."""
+
+    state_files = ("trees.safetensors", "sampler_metadata.json")
 
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -86,18 +86,6 @@ class PriorityCheckpoints:
                 f"the checkpoint holds {capacity} priorities but this sampler has "
                 f"max_capacity={self._capacity}; build it with the same capacity."
             )
-
-    def dumps(self, path: str | Path) -> None:
-        """Writes ``sampler_metadata.json`` and ``trees.safetensors`` under ``path``.
-
-        Both files are written to a temporary name, fsynced and renamed, so an
-        interrupted save never leaves a half-written file behind.
-        """
-        save_state(path, self.state_dict(), tensors_file=_TREES, metadata_file=_METADATA)
-
-    def loads(self, path: str | Path) -> None:
-        """Restores what :meth:`dumps` wrote."""
-        load_component(self, path, tensors_file=_TREES, metadata_file=_METADATA)
 
     def __getstate__(self) -> dict[str, Any]:
         # Pickling for Ray, deepcopy or a checkpoint is fine; handing the sampler

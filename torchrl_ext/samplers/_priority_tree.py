@@ -171,6 +171,24 @@ class PrioritySegmentTree(SumSegmentTree):
             return None
         return torch.from_numpy(node * fanout + child), torch.from_numpy(value)
 
+    def walk_draw(
+        self, n: int, generator: torch.Generator | None = None, *, stratified: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, float] | None:
+        """``n`` leaves drawn by walking the tree from uniform thresholds (``stratified``: one per
+        equal-mass stratum, ALF's "without replacement"), their values and the total; ``None``
+        when every leaf is zero."""
+        prefix = self._top_prefix()
+        total = prefix[-1].item()
+        if not total > 0:
+            return None
+        draw = torch.rand(n, dtype=torch.float64, device=self._device, generator=generator)
+        if stratified:
+            draw = draw.add_(torch.arange(n, dtype=torch.float64, device=self._device)).div_(n)
+        # Scaled by the float just below the total: every draw stays strictly
+        # below it, so the walk needs no cap at the top.
+        index, value = self._sample_walk(draw.mul_(math.nextafter(total, 0.0)), prefix)
+        return index, value, total
+
     def max(self) -> torch.Tensor:
         """Largest leaf (0 while every leaf is zero), 0-d tensor; needs ``track_max``."""
         if self._max_levels is None:

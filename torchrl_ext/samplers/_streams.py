@@ -50,10 +50,7 @@ class RingStreams:
         return self.storage.flat_leaf(key)
 
     def leaves_under(self, prefix: tuple) -> list[tuple[Any, torch.Tensor]]:
-        return [
-            (key, leaf) for key, leaf in self.storage.flat_leaves
-            if isinstance(key, tuple) and key[: len(prefix)] == prefix
-        ]
+        return _under(self.storage.flat_leaves, prefix)
 
     def index(self, env: torch.Tensor, start: torch.Tensor, end: torch.Tensor) -> Any:
         return env, start, end
@@ -70,7 +67,7 @@ class RingStreams:
     def all_starts(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Every stored step as ``(env, position)``, env by env."""
         pos = self.storage.position_array
-        return _expand(np.arange(self.storage.num_envs), pos - self.storage.size_array, pos - 1)
+        return expand_ranges(np.arange(self.storage.num_envs), pos - self.storage.size_array, pos - 1)
 
     def written(self, index: Any) -> tuple[np.ndarray, np.ndarray] | None:
         pairs = _pairs(index)
@@ -82,7 +79,7 @@ class RingStreams:
         if runs is not None:  # the ring writer's batches: one run of new positions per env
             run_env, first, last = runs
             earliest = self.storage.position_array[run_env] - self.storage.size_array[run_env]
-            return _expand(run_env, np.maximum(first - (n_step - 1), earliest), last)
+            return expand_ranges(run_env, np.maximum(first - (n_step - 1), earliest), last)
         env, start = _back(env, position, n_step)
         pos = self.storage.position_array[env]
         keep = (start >= pos - self.storage.size_array[env]) & (start < pos)
@@ -130,10 +127,7 @@ class GridStreams:
         return None
 
     def leaves_under(self, prefix: tuple) -> list[tuple[Any, torch.Tensor]]:
-        return [
-            (key, leaf) for key, leaf in self._leaves
-            if isinstance(key, tuple) and key[: len(prefix)] == prefix
-        ]
+        return _under(self._leaves, prefix)
 
     def index(self, env: torch.Tensor, start: torch.Tensor, end: torch.Tensor) -> Any:
         return start, env
@@ -167,6 +161,11 @@ class GridStreams:
         return unique_rows(env, start, start * self.num_envs + env)
 
 
+def _under(leaves: Any, prefix: tuple) -> list[tuple[Any, torch.Tensor]]:
+    """The ``(key, leaf)`` pairs whose nested key starts with ``prefix``."""
+    return [(key, leaf) for key, leaf in leaves if isinstance(key, tuple) and key[: len(prefix)] == prefix]
+
+
 def _pairs(index: Any) -> np.ndarray | None:
     """Written coordinates ``[K, 2]`` as numpy int64, or ``None`` for a form writers do not report."""
     if isinstance(index, tuple) and len(index) == 2 and all(isinstance(i, torch.Tensor) for i in index):
@@ -196,7 +195,7 @@ def _runs(env: np.ndarray, position: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return run_env, position[first], position[last]
 
 
-def _expand(env: np.ndarray, low: np.ndarray, high: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+def expand_ranges(env: np.ndarray, low: np.ndarray, high: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     """Every ``(env[i], p)`` for ``low[i] <= p <= high[i]``, as int64 tensors."""
     count = np.maximum(high - low + 1, 0)
     total = int(count.sum())
@@ -221,12 +220,13 @@ def streams_of(sampler: Any, storage: Any) -> RingStreams | GridStreams:
         # Built per sample (views, no copies): TorchRL adds and replaces leaves of the same
         # stored TensorDict (a key that appears later, a load), which a kept view would miss.
         return GridStreams(storage)
-    layout = (
-        f"a {storage.ndim}-D {type(storage).__name__}" if isinstance(storage, TensorStorage)
-        else type(storage).__name__
-    )
     raise TypeError(
-        f"{type(sampler).__name__} follows env streams, which {layout} does not keep: use an "
+        f"{type(sampler).__name__} follows env streams, which {storage_layout(storage)} does not keep: use an "
         "EnvRingStorage (EnvRingReplayBuffer) or a tensor storage with ndim=2 extended with "
         "[num_envs, T] collector batches, e.g. FastTensorStorage(max_size, ndim=2)."
     )
+
+
+def storage_layout(storage: Any) -> str:
+    """``"a 1-D LazyTensorStorage"`` (tensor storages), else the storage's class name, for messages."""
+    return f"a {storage.ndim}-D {type(storage).__name__}" if isinstance(storage, TensorStorage) else type(storage).__name__

@@ -24,7 +24,6 @@ HARL's equal-size minibatches.
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -32,7 +31,7 @@ from torchrl.data.replay_buffers.samplers import Sampler
 
 from torchrl_ext import _compat
 from torchrl_ext._checks import check_int
-from torchrl_ext.io.state_files import load_component, save_state
+from torchrl_ext.io.state_files import StateFiles
 
 __all__ = [
     "ChunkedRecurrentMinibatchSampler",
@@ -40,12 +39,10 @@ __all__ = [
     "NaiveRecurrentMinibatchSampler",
 ]
 
-_TENSORS, _METADATA = "minibatch_sampler.safetensors", "minibatch_sampler.json"
-
-
-class _EpochMinibatchSampler(Sampler):
+class _EpochMinibatchSampler(StateFiles, Sampler):
     """Hands out one epoch's permutation of units, ``num_mini_batch`` pieces at a time."""
 
+    state_files = ("minibatch_sampler.safetensors", "minibatch_sampler.json")
     unit_name = "unit"
 
     def __init__(
@@ -187,12 +184,6 @@ class _EpochMinibatchSampler(Sampler):
         self._epoch_units = int(state_dict["units"])
         if self._splits:  # the prefetcher's count of batches left in this epoch
             _compat.set_remaining_batches(self, len(self._splits) - self._next)
-
-    def dumps(self, path: str | Path) -> None:
-        save_state(path, self.state_dict(), tensors_file=_TENSORS, metadata_file=_METADATA)
-
-    def loads(self, path: str | Path) -> None:
-        load_component(self, path, tensors_file=_TENSORS, metadata_file=_METADATA)
 
     def __repr__(self) -> str:
         split = (f"num_mini_batch={self.num_mini_batch}" if self.num_mini_batch is not None

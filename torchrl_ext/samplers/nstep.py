@@ -185,11 +185,7 @@ class NStepSampler(StatelessSampler):
             m = agent_end.amax(1)
         end = start + m
         if not streams.reads_chains:
-            end_flat = flat.gather(1, m.unsqueeze(1)).squeeze(1)
-            for key, leaf in streams.leaves_under(("next",)):
-                if per_agent and key[:2] == ("next", self.agent_group):
-                    continue
-                info[key] = leaf.index_select(0, end_flat.to(leaf.device))
+            self._next_entries(streams, flat.gather(1, m.unsqueeze(1)).squeeze(1), info)
         if reward_leaf is not None:
             info[self.reward_key] = self._discounted_sum(reward_leaf, flat, m, agent_dims=0)
         count_shape = info[self.reward_key].shape if reward_leaf is not None else (batch_size, 1)
@@ -205,12 +201,16 @@ class NStepSampler(StatelessSampler):
         end = start + (m if m.device == start.device else m.to(start.device))
         info: dict[Any, Any] = {}
         if not streams.reads_chains:
-            end_flat = streams.flat(env, end)
-            for key, leaf in streams.leaves_under(("next",)):
-                info[key] = leaf.index_select(0, end_flat.to(leaf.device))
+            self._next_entries(streams, streams.flat(env, end), info)
         info[self.reward_key] = reward
         info["steps_to_next_obs"], info["nstep_discount"] = steps, discount
         return streams.index(env, start, end), info
+
+    def _next_entries(self, streams: Any, end_flat: torch.Tensor, info: dict[Any, Any]) -> None:
+        """Every ``"next"`` leaf at the chain ends ``end_flat`` into ``info`` (FP agents' own aside)."""
+        for key, leaf in streams.leaves_under(("next",)):
+            if self.agent_group is None or key[:2] != ("next", self.agent_group):
+                info[key] = leaf.index_select(0, end_flat.to(leaf.device))
 
     def _chain_settings(self) -> tuple:
         """Everything the chain table is computed from besides the stored data."""

@@ -22,6 +22,7 @@ from torchrl_ext import _compat
 from torchrl_ext._checks import bounds, check_batch_size, check_int, check_priorities, check_real
 from torchrl_ext.samplers._priority_state import SHARING_REFUSED, PriorityCheckpoints
 from torchrl_ext.samplers._priority_tree import PrioritySegmentTree, reduce_per_item
+from torchrl_ext.segment_tree import INT_DTYPES
 
 __all__ = ["SHARING_REFUSED", "PrioritizedSampler", "PrioritizedSamplerWithoutReplacement"]
 
@@ -267,7 +268,13 @@ class PrioritizedSampler(PriorityCheckpoints, _TorchRLPrioritizedSampler):
             index, value = drawn
             total = tree._top_prefix()[-1].item() if self._weights == "alf" else math.nan
         else:
-            index, value, total = self._walk_draw(tree, batch_size)
+            drawn = tree.walk_draw(batch_size, _compat.generator(self), stratified=self._stratified)
+            if drawn is None:
+                raise RuntimeError(
+                    "every stored priority is zero, so nothing can be sampled; give some "
+                    "items a positive priority (or use eps > 0)."
+                )
+            index, value, total = drawn
         per = self._weights == "per"
         if value.is_cpu:  # numpy: a fraction of a torch kernel per call at a batch's size
             array = value.numpy()
@@ -289,30 +296,6 @@ class PrioritizedSampler(PriorityCheckpoints, _TorchRLPrioritizedSampler):
         index = torch.arange(stored, end, device=tree.device)
         tree._write(index, torch.zeros(index.numel(), dtype=self.dtype, device=tree.device))
         self._written_below = stored
-
-    def _walk_draw(
-        self, tree: PrioritySegmentTree, batch_size: int
-    ) -> tuple[torch.Tensor, torch.Tensor, float]:
-        """Leaf indices, their values and the total, by walking the tree from
-        uniform (or, without replacement, stratified) thresholds."""
-        prefix = tree._top_prefix()
-        total = prefix[-1].item()
-        if not total > 0:
-            raise RuntimeError(
-                "every stored priority is zero, so nothing can be sampled; give some "
-                "items a positive priority (or use eps > 0)."
-            )
-        device = tree.device
-        draw = torch.rand(batch_size, dtype=torch.float64, device=device, generator=_compat.generator(self))
-        if self._stratified:
-            # One draw per equal-mass stratum (ALF's "without replacement").
-            draw = draw.add_(torch.arange(batch_size, dtype=torch.float64, device=device))
-            draw = draw.div_(batch_size)
-        # Scaled by the float just below the total: every draw stays strictly
-        # below it, so the walk needs no cap at the top.
-        draw = draw.mul_(math.nextafter(total, 0.0))
-        index, value = tree._sample_walk(draw, prefix)
-        return index, value, total
 
     # ------------------------------------------------------------------
     # Priorities
@@ -425,7 +408,7 @@ class PrioritizedSampler(PriorityCheckpoints, _TorchRLPrioritizedSampler):
 
     def _priority_vector(self, priority: Any, n: int, device: torch.device) -> torch.Tensor:
         priority = torch.as_tensor(priority, device=device).detach()
-        if not (priority.is_floating_point() or priority.dtype in _INT_DTYPES):
+        if not (priority.is_floating_point() or priority.dtype in INT_DTYPES):
             raise TypeError(f"priority must hold real numbers, got dtype={priority.dtype}.")
         priority = priority.to(torch.float64 if self.dtype == torch.float64 else torch.float32)
         if priority.numel() == 1:
@@ -465,9 +448,6 @@ class PrioritizedSamplerWithoutReplacement(PrioritizedSampler):
     """
 
     _stratified = True
-
-
-_INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
 
 def _register_replacement_dispatch() -> None:

@@ -22,7 +22,7 @@ from torchrl.data.replay_buffers.storages import Storage, TensorStorage
 
 from torchrl_ext import _compat
 from torchrl_ext._checks import check_batch_size
-from torchrl_ext.samplers._streams import streams_of
+from torchrl_ext.samplers._streams import storage_layout, streams_of
 from torchrl_ext.samplers.nstep import NStepSampler
 from torchrl_ext.samplers.prioritized import PrioritizedSampler
 
@@ -64,8 +64,8 @@ class PrioritizedNStepSampler(PrioritizedSampler):
         gamma: discount in ``[0, 1]`` of the summed rewards.
         reward_key, done_key, agent_group: where the chains read rewards and
             episode ends, see :class:`NStepSampler`.
-        dtype, reduction, max_priority_within_buffer, device, initial_priority,
-            weights, fanout: see :class:`~torchrl_ext.samplers.PrioritizedSampler`.
+        **kwargs: ``dtype``, ``reduction``, ``max_priority_within_buffer``, ``device``,
+            ``initial_priority``, ``weights``, ``fanout``: see :class:`~torchrl_ext.samplers.PrioritizedSampler`.
 
     Shape contract:
         ``sample(storage, B)`` returns the start coordinates ``(row [B], env
@@ -118,32 +118,14 @@ class PrioritizedNStepSampler(PrioritizedSampler):
         reward_key: Any = ("next", "reward"),
         done_key: Any = ("next", "done"),
         agent_group: str | None = None,
-        dtype: torch.dtype = torch.float32,
-        reduction: str = "max",
-        max_priority_within_buffer: bool = False,
-        device: torch.device | str | None = None,
-        initial_priority: float = 1.0,
-        weights: str = "per",
-        fanout: int = 32,
+        **kwargs: Any,
     ) -> None:
         # The chain half validates n_step, gamma and the keys first: its
         # messages name the argument, the value and what is allowed.
         self._nstep = NStepSampler(
             n_step, gamma, reward_key=reward_key, done_key=done_key, agent_group=agent_group
         )
-        super().__init__(
-            max_capacity,
-            alpha,
-            beta,
-            eps,
-            dtype=dtype,
-            reduction=reduction,
-            max_priority_within_buffer=max_priority_within_buffer,
-            device=device,
-            initial_priority=initial_priority,
-            weights=weights,
-            fanout=fanout,
-        )
+        super().__init__(max_capacity, alpha, beta, eps, **kwargs)
 
     def __repr__(self) -> str:
         group = "" if self.agent_group is None else f", agent_group={self.agent_group!r}"
@@ -162,7 +144,7 @@ class PrioritizedNStepSampler(PrioritizedSampler):
 
     @n_step.setter
     def n_step(self, value: int) -> None:
-        self._rebuild_chains(n_step=value)
+        self._nstep = self._chains_with(n_step=value)
 
     @property
     def gamma(self) -> float:
@@ -171,7 +153,7 @@ class PrioritizedNStepSampler(PrioritizedSampler):
 
     @gamma.setter
     def gamma(self, value: float) -> None:
-        self._rebuild_chains(gamma=value)
+        self._nstep = self._chains_with(gamma=value)
 
     @property
     def reward_key(self) -> Any:
@@ -184,9 +166,6 @@ class PrioritizedNStepSampler(PrioritizedSampler):
     @property
     def agent_group(self) -> str | None:
         return self._nstep.agent_group
-
-    def _rebuild_chains(self, **changes: Any) -> None:
-        self._nstep = self._chains_with(**changes)
 
     def _chains_with(self, **changes: Any) -> NStepSampler:
         """The chain half with ``changes`` to its ``n_step`` / ``gamma`` (checked by NStepSampler)."""
@@ -238,15 +217,11 @@ class PrioritizedNStepSampler(PrioritizedSampler):
     def _check_storage(self, storage: Any) -> None:
         if isinstance(storage, TensorStorage) and storage.ndim == 2:
             return
-        layout = (
-            f"a {storage.ndim}-D {type(storage).__name__}" if isinstance(storage, TensorStorage)
-            else type(storage).__name__
-        )
         raise TypeError(
             f"{type(self).__name__} supports tensor storages with ndim=2 extended with "
             "[num_envs, T] collector batches (FastTensorStorage(max_size, ndim=2), "
             f"FastMemmapStorage(max_size, ndim=2), LazyTensorStorage(max_size, ndim=2)), got "
-            f"{layout}; for per-env rings (EnvRingStorage) use NStepSampler."
+            f"{storage_layout(storage)}; for per-env rings (EnvRingStorage) use NStepSampler."
         )
 
     def _check_capacity(self, storage: TensorStorage) -> None:

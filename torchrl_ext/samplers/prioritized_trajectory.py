@@ -23,26 +23,24 @@ Differences from ALF, all deliberate:
 """
 from __future__ import annotations
 
-import math
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from torchrl_ext import _compat
 from torchrl_ext._checks import check_priorities, check_real
-from torchrl_ext.io.state_files import load_component, save_state
+from torchrl_ext.io.state_files import StateFiles
 from torchrl_ext.samplers._priority_tree import PrioritySegmentTree
+from torchrl_ext.samplers._streams import expand_ranges
 from torchrl_ext.samplers.trajectory import TrajectorySampler
 from torchrl_ext.storages.ring import EnvRingStorage
 
 __all__ = ["PrioritizedTrajectorySampler"]
 
 _UNSET = -1.0  # stored priority of a slot whose current step was never prioritized
-_TENSORS, _METADATA = "trajectory_priorities.safetensors", "trajectory_sampler.json"
 
 
-class PrioritizedTrajectorySampler(TrajectorySampler):
+class PrioritizedTrajectorySampler(StateFiles, TrajectorySampler):
     """Windows drawn with probability proportional to their start's priority.
 
     New windows get ``max(largest current leaf, (initial_priority + eps) ** alpha)``
@@ -82,6 +80,8 @@ class PrioritizedTrajectorySampler(TrajectorySampler):
         >>> batch["env_ids"][:, 0].tolist(), batch["positions"][:, 0].tolist()
         ([1, 1, 1], [2, 2, 2])
     """
+
+    state_files = ("trajectory_priorities.safetensors", "trajectory_sampler.json")
 
     def __init__(
         self,
@@ -208,17 +208,13 @@ class PrioritizedTrajectorySampler(TrajectorySampler):
         if n == 0:
             empty = torch.empty(0, dtype=torch.long)
             return empty, empty, torch.empty(0, dtype=tree.dtype)
-        prefix = tree._top_prefix()
-        total = float(prefix[-1])
-        if not total > 0:
+        drawn = tree.walk_draw(n, _compat.generator(self), stratified=not self.with_replacement)
+        if drawn is None:
             raise ValueError(
                 "every valid window has priority 0, so none can be drawn; give some windows a "
                 "positive priority (or use eps > 0)."
             )
-        draw = torch.rand(n, dtype=torch.float64, generator=_compat.generator(self))
-        if not self.with_replacement:
-            draw = draw.add_(torch.arange(n, dtype=torch.float64)).div_(n)
-        leaf, value = tree._sample_walk(draw.mul_(math.nextafter(total, 0.0)), prefix)
+        leaf, value, total = drawn
         env, slot = leaf // length, leaf % length
         pos = storage.positions[env]
         start = pos - 1 - (pos - 1 - slot) % length
@@ -338,21 +334,9 @@ class PrioritizedTrajectorySampler(TrajectorySampler):
         self._seen_geometry = tuple(geometry) if geometry else None
         self._seen_source = None  # restored with its storage: the next sync takes it as seen
 
-    def dumps(self, path: str | Path) -> None:
-        save_state(path, self.state_dict(), tensors_file=_TENSORS, metadata_file=_METADATA)
-
-    def loads(self, path: str | Path) -> None:
-        load_component(self, path, tensors_file=_TENSORS, metadata_file=_METADATA)
 
 
 def _leaves_of(env: torch.Tensor, low: torch.Tensor, high: torch.Tensor, length: int) -> torch.Tensor:
     """Leaves of positions ``low[i] ... high[i]`` of ``env[i]`` (empty where ``high < low``)."""
-    span = (high - low + 1).clamp_(min=0, max=length)
-    width = int(span.max()) if span.numel() else 0
-    if width == 0:
-        return torch.empty(0, dtype=torch.long)
-    offsets = torch.arange(width)
-    mask = offsets < span.unsqueeze(1)
-    positions = low.unsqueeze(1) + offsets
-    leaves = env.unsqueeze(1) * length + positions % length
-    return leaves[mask]
+    env, position = expand_ranges(env.numpy(), low.numpy(), high.numpy())
+    return env * length + position % length

@@ -18,7 +18,6 @@ Differences from ALF, all deliberate:
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,27 +26,16 @@ from torchrl.data.replay_buffers.samplers import Sampler
 
 from torchrl_ext import _compat
 from torchrl_ext._checks import check_batch_size, check_int, check_real
+from torchrl_ext.io.state_files import NoState
 from torchrl_ext.storages.ring import EnvRingStorage
 
 __all__ = ["TrajectorySampler"]
 
 
-class StatelessSampler(Sampler):
+class StatelessSampler(NoState, Sampler):
     """A sampler whose only state is the buffer's RNG: nothing to empty, save or load."""
 
     def _empty(self) -> None:
-        return
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        return
-
-    def dumps(self, path: str | Path) -> None:
-        Path(path).mkdir(parents=True, exist_ok=True)
-
-    def loads(self, path: str | Path) -> None:
         return
 
 

@@ -16,7 +16,7 @@ from torchrl_ext import _compat
 from torchrl_ext.storages._numpy_rows import TORCH_DTYPES, Columns
 from torchrl_ext.storages import _output_memory
 
-__all__ = ["assemble", "gather_coordinates", "gather_rows", "new_output", "select_rows", "take", "take_rows"]
+__all__ = ["assemble", "gather_coordinates", "gather_rows", "select_rows", "take", "take_rows"]
 
 def check_info_leads(key: Any, value: torch.Tensor, batch_size: torch.Size) -> None:
     """Refuses sampler info whose shape does not start with ``batch_size``."""
@@ -88,21 +88,6 @@ def gather_rows(
         leaves = stored.items(include_nested=True, leaves_only=True)
     entries = {key: select_rows(tensor, index, pinned=pinned) for key, tensor in leaves}
     return assemble(entries, index.shape, device, extra)
-
-
-def new_output(shape: tuple[int, ...], dtype: torch.dtype, device: Any = None, *,
-               pinned: bool = False) -> torch.Tensor:
-    """``torch.empty(shape, dtype=dtype, device=device)`` for a read's output; with
-    ``pinned``, CPU outputs are page-locked (torch's caching host allocator keeps those blocks).
-
-    Examples:
-        >>> new_output((2, 3), torch.float32).shape
-        torch.Size([2, 3])
-    """
-    device = torch.device("cpu") if device is None else torch.device(device)
-    if pinned and device.type == "cpu":
-        return _output_memory.pinned_empty(tuple(shape), dtype)
-    return torch.empty(shape, dtype=dtype, device=device)
 
 
 def select_rows(tensor: torch.Tensor, index: torch.Tensor, *, pinned: bool = False) -> torch.Tensor:

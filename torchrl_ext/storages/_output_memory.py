@@ -18,10 +18,7 @@ __all__ = ["PinnedOutputs", "can_pin_memory", "pinned_empty"]
 
 def can_pin_memory() -> bool:
     """Whether this process can page-lock host memory (it takes an accelerator: CUDA, ...)."""
-    accelerator = getattr(torch, "accelerator", None)
-    if accelerator is not None:
-        return bool(accelerator.is_available())
-    return torch.cuda.is_available()
+    return bool(torch.accelerator.is_available())
 
 
 def pinned_empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

@@ -32,7 +32,7 @@ from tensordict import TensorDictBase
 
 from torchrl_ext._checks import check_int
 from torchrl_ext.storages._numpy_rows import NUMPY_DTYPES
-from torchrl_ext._keys import nested_key
+from torchrl_ext._keys import nested_key, next_key
 from torchrl_ext.storages.episodes import EpisodicEnvRingStorage
 from torchrl_ext.storages._gathers import select_rows
 
@@ -104,7 +104,7 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
         if padding not in ("reset", "zero"):
             raise ValueError(f"padding must be 'reset' or 'zero', got padding={padding!r}.")
         self.obs_key = obs_key = nested_key(obs_key, "obs_key")
-        self.next_key = ("next", *obs_key) if isinstance(obs_key, tuple) else ("next", obs_key)
+        self.next_key = next_key(obs_key)
         self.num_stack, self.stack_dim, self.padding = num_stack, stack_dim, padding
         self.done_key, self.check_next = nested_key(done_key, "done_key"), bool(check_next)
         self.required_lookback = num_stack - 1
@@ -333,10 +333,6 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
             out.set(self.obs_key, self._stack(env_c, pos_c, begin))
         out.set(self.next_key, self._stack(env_c, pos_c, begin, shift=1))
         return out
-
-    def _begin(self, env: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        slot = pos % self.max_length
-        return torch.where(self._is_first[env, slot], pos, self._indexed[env, slot])
 
     def _stack(self, env: torch.Tensor, pos: torch.Tensor, begin: torch.Tensor, shift: int = 0) -> torch.Tensor:
         """The ``num_stack`` frames ending at ``pos + shift``, stacked along ``stack_dim``.

@@ -314,7 +314,9 @@ class EpisodicEnvRingStorage(EnvRingStorage):
 
     def get_episode_begin_position(self, positions: Any, env_ids: Any) -> torch.Tensor:
         """First position of the episode of each ``(env, position)`` (maybe no longer stored)."""
-        env, pos = self._stored_query(env_ids, positions)
+        return self._begin(*self._stored_query(env_ids, positions))
+
+    def _begin(self, env: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         slot = pos % self.max_length
         return torch.where(self._is_first[env, slot], pos, self._indexed[env, slot])
 

@@ -29,7 +29,8 @@ from torchrl.data.replay_buffers.checkpointers import StorageCheckpointerBase
 from torchrl.data.replay_buffers.storages import Storage
 
 from torchrl_ext import _compat
-from torchrl_ext._checks import check_int
+from torchrl_ext._checks import check_int, resolve_time_dim
+from torchrl_ext._keys import next_key
 from torchrl_ext.io.state_files import (
     load_component,
     save_state,
@@ -190,12 +191,7 @@ class RolloutStorage(PinnedOutputs, Storage):
                 "data must be a TensorDict with a time dim ([N, L] from a collector, or [L]), got "
                 f"{type(data).__name__}{list(data.batch_size) if isinstance(data, TensorDictBase) else ''}."
             )
-        if time_dim is None:
-            time_dim = data.batch_dims - 1
-        if not -data.batch_dims <= time_dim < data.batch_dims:
-            raise ValueError(
-                f"time_dim={time_dim} is out of range for data of batch size {list(data.batch_size)}."
-            )
+        time_dim = data.batch_dims - 1 if time_dim is None else resolve_time_dim(time_dim, data.batch_dims)
         steps = data.movedim(time_dim, 0) if data.batch_dims > 1 else data.unsqueeze(1)
         self._write_steps(steps)
 
@@ -239,7 +235,7 @@ class RolloutStorage(PinnedOutputs, Storage):
         after = self._storage[first + length]
         last = steps[length - 1]
         for key in self._carry_keys:
-            after.set_(key, last.get(_next(key)).to(self._device))
+            after.set_(key, last.get(next_key(key)).to(self._device))
         self._step += length
         _compat.bump_mutation_revision(self)
 
@@ -251,7 +247,7 @@ class RolloutStorage(PinnedOutputs, Storage):
                 if key in step.keys(True, True) and key != "next"
             ]
         for key in self._carry_keys:
-            if step.get(_next(key), None) is None:
+            if step.get(next_key(key), None) is None:
                 raise ValueError(f"carry key {key!r} is missing under 'next' of the step.")
         batch = (self._num_steps + 1, *step.batch_size)
         self._storage = step.to(self._device).unsqueeze(0).expand(batch).clone().zero_()
@@ -324,21 +320,20 @@ class RolloutStorage(PinnedOutputs, Storage):
         """
         data = self.data
         value = data.get(key)
-        data.set(_next(key), torch.cat([value[1:], value[-1:]]))
+        data.set(next_key(key), torch.cat([value[1:], value[-1:]]))
 
     # ------------------------------------------------------------------
     def get(self, index: Any) -> TensorDictBase:
-        if self._storage is None:
-            raise RuntimeError("the rollout is empty: insert a step first.")
-        batch = self._storage.batch_size
+        stored = self.data
+        batch = stored.batch_size
         if (
             isinstance(index, tuple) and len(index) == len(batch)
             and all(isinstance(i, torch.Tensor) and not i.dtype.is_floating_point for i in index)
         ):
             # Coordinates from a sampler: flat rows gathered with index_select, which
             # beats TensorDict's advanced indexing (benchmarks/bench_storage.py).
-            return gather_coordinates(self._storage, index, pinned=self._pin_outputs)
-        return self._storage[: self._num_steps][index]
+            return gather_coordinates(stored, index, pinned=self._pin_outputs)
+        return stored[: self._num_steps][index]
 
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
         raise RuntimeError(
@@ -369,10 +364,7 @@ class RolloutStorage(PinnedOutputs, Storage):
         self._storage = tensordict_from_state(state_dict["data"], self._device)
         carry = [tuple(k) if len(k) > 1 else k[0] for k in state_dict["carry_keys"]]
         self._carry_keys = carry or None
-        if "step_keys" in state_dict:
-            self._step_keys = {tuple(k) if len(k) > 1 else k[0] for k in state_dict["step_keys"]}
-        elif self._storage is not None:  # older checkpoints: every stored key came from steps
-            self._step_keys = set(self._storage.keys(True, True))
+        self._step_keys = {tuple(k) if len(k) > 1 else k[0] for k in state_dict["step_keys"]}
         self._step = int(state_dict["step"])
 
     def _empty(self) -> None:
@@ -383,7 +375,3 @@ def _entry_keys(data: TensorDictBase) -> set[Any]:
     """The leaf keys of ``data``, non-tensor entries included (TensorDict's default listing leaves
     them out, so a step that adds or lacks one would pass the key check)."""
     return {key for key, _ in leaf_items(data)}
-
-
-def _next(key: Any) -> tuple:
-    return ("next", *key) if isinstance(key, tuple) else ("next", key)

@@ -87,7 +87,6 @@ class _Workspace:
         largest_offset = 1 << (length - 1).bit_length() - 1 if length > 1 else 0
         self.buffer = torch.zeros(4, numel + largest_offset * step, dtype=dtype, device=device)
         strides = _contiguous_strides(shape)
-        self.strides = strides
         self.x = self.buffer.as_strided(shape, strides, 0)
         self.coef = self.buffer.as_strided(shape, strides, self.buffer.stride(0))
         rows = self.buffer.unbind(0)

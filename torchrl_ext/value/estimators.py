@@ -219,32 +219,16 @@ class GAE(_SignalsMixin, _TorchRLGAE):
     def _normalize_advantage(self, adv, valid=None, groups=None):
         if self.agent_dim is None:
             return super()._normalize_advantage(adv, valid, groups)
+        # Each agent apart (within each group when group_key is set): unbiased std, as TorchRL's.
         agent_dim = self.agent_dim % adv.ndim
-        if groups is not None:
-            return self._normalize_per_agent_groups(adv, valid, groups, agent_dim)
-        reduce_dims = [d for d in range(adv.ndim) if d != agent_dim]
-        mask = (
-            torch.ones_like(adv)
-            if valid is None
-            else _compat.expand_to_match(valid, adv).to(adv.dtype)
-        )
-        count = mask.sum(dim=reduce_dims, keepdim=True).clamp_min(1)
-        loc = (adv * mask).sum(dim=reduce_dims, keepdim=True) / count
-        var = ((adv - loc).square() * mask).sum(dim=reduce_dims, keepdim=True)
-        # Unbiased, like Tensor.std in TorchRL's global standardization.
-        scale = (var / (count - 1).clamp_min(1)).sqrt().clamp_min(1e-4)
-        return (adv - loc) / scale
-
-    def _normalize_per_agent_groups(self, adv, valid, groups, agent_dim):
-        while groups.ndim < adv.ndim:
-            groups = groups.unsqueeze(-1)
         n_agents = adv.shape[agent_dim]
-        agents = torch.arange(n_agents, device=adv.device).reshape(
-            [-1 if d == agent_dim else 1 for d in range(adv.ndim)]
-        )
-        composite = groups.expand(adv.shape) * n_agents + agents
+        ids = torch.arange(n_agents, device=adv.device).reshape([-1 if d == agent_dim else 1 for d in range(adv.ndim)])
+        if groups is not None:
+            while groups.ndim < adv.ndim:
+                groups = groups.unsqueeze(-1)
+            ids = groups.expand(adv.shape) * n_agents + ids
         mask = None if valid is None else _compat.expand_to_match(valid, adv)
-        return _compat.standardize_by_group(adv, composite, mask)
+        return _compat.standardize_by_group(adv, ids.expand(adv.shape), mask)
 
     def _advantage(self, tensordict, params, target_params, time_dim):
         sig = self._read_signals(tensordict, params, target_params, time_dim)

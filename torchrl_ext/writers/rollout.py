@@ -13,7 +13,6 @@ The rollout's step counter is the cursor: the writer keeps no state of its own.
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,13 +20,16 @@ from tensordict import TensorDictBase
 from torchrl.data.replay_buffers.writers import Writer
 
 from torchrl_ext import _compat
+from torchrl_ext.io.state_files import NoState
 from torchrl_ext.storages.rollout import RolloutStorage
 
 __all__ = ["RolloutWriter"]
 
 
-class RolloutWriter(Writer):
+class RolloutWriter(NoState, Writer):
     """Appends written steps to a :class:`RolloutStorage` (``add``: one step, ``extend``: ``[L, N]``).
+
+    No state of its own: the cursor is the storage's step, saved with the storage.
 
     Shape contract:
         ``add(step)`` takes one step ``[N]``; ``extend(data)`` takes ``[L, N]``
@@ -80,19 +82,6 @@ class RolloutWriter(Writer):
 
     def _empty(self, empty_write_count: bool = True) -> None:
         return  # the storage's own _empty resets its step counter
-
-    # No state of its own: the cursor is the storage's step, saved with the storage.
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        return
-
-    def dumps(self, path: str | Path) -> None:
-        Path(path).mkdir(parents=True, exist_ok=True)
-
-    def loads(self, path: str | Path) -> None:
-        return
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
