@@ -18,11 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 from tensordict import TensorDict
-from tensordict.nn import NormalParamExtractor, TensorDictModule
+from tensordict.nn import TensorDictModule
 from torch import nn
 from torchrl.data import LazyTensorStorage, ReplayBuffer, RoundRobinWriter, TensorDictReplayBuffer
 from torchrl.data.replay_buffers.checkpointers import TensorStorageCheckpointer
-from torchrl.modules import ProbabilisticActor, TanhNormal
 from torchrl.objectives.value import GAE
 
 import torchrl_ext
@@ -73,17 +72,6 @@ def test_standardize_by_group_standardises_each_group_on_its_own():
         member = out[groups == g]
         assert member.mean().abs() < 1e-5
         assert (member.std() - 1).abs() < 1e-4
-
-
-def test_actor_log_prob_is_a_log_probability_of_the_actor_distribution():
-    torch.manual_seed(0)
-    net = TensorDictModule(nn.Sequential(nn.Linear(3, 2), NormalParamExtractor()), in_keys=["obs"],
-                           out_keys=["loc", "scale"])
-    actor = ProbabilisticActor(net, in_keys=["loc", "scale"], distribution_class=TanhNormal,
-                               return_log_prob=True)
-    data = rollout()
-    log_prob = _compat.actor_log_prob(actor, data, "action_log_prob")
-    assert log_prob.shape[0] == 5 and torch.isfinite(log_prob).all()
 
 
 def test_call_value_nets_runs_the_critic_on_now_and_next():

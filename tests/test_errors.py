@@ -31,7 +31,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 from tensordict import TensorDict, is_tensor_collection
+from tensordict.nn import NormalParamExtractor, TensorDictModule
 from torchrl.data import RandomSampler
+from torchrl.modules import ProbabilisticActor
 
 from torchrl_ext.config_files import instantiate_from_config
 from torchrl_ext.demos import DemoStore
@@ -990,6 +992,22 @@ def _(tmp: Path) -> Built:
      r"rho_thresh must be > 0\.0, got rho_thresh=-1\.0", "use a positive clipping threshold")
 def _(tmp: Path) -> Built:
     return pure(lambda: VTrace(gamma=0.9, value_network=None, actor_network=None, rho_thresh=-1.0))
+
+
+@row("est-vtrace-action", "`VTrace` estimator", "input without the stored `action`", ValueError,
+     r"the batch holds no stored action under 'action'",
+     "store the collector's action under the actor's sample key", "input TensorDict")
+def _(tmp: Path) -> Built:
+    td = estimator_input()
+    td["observation"] = torch.zeros(2, 5, 3)
+    td["action_log_prob"] = torch.zeros(2, 5, 1)
+    actor = ProbabilisticActor(
+        TensorDictModule(torch.nn.Sequential(torch.nn.Linear(3, 2), NormalParamExtractor()),
+                         in_keys=["observation"], out_keys=["loc", "scale"]),
+        in_keys=["loc", "scale"], distribution_class=torch.distributions.Normal)
+    est = VTrace(gamma=0.9, value_network=None, actor_network=actor)
+    est.set_keys(sample_log_prob="action_log_prob")
+    return (lambda: freeze(td)), lambda: est(td)
 
 
 @row("est-missing-value", "`GAE` estimator", "input without `state_value` and no value network", ValueError,

@@ -32,7 +32,6 @@ from torchrl.data.replay_buffers.writers import Writer as _Writer
 from torchrl.objectives.value import GAE as _GAE
 from torchrl.objectives.value import ValueEstimatorBase as _ValueEstimatorBase
 from torchrl.objectives.value.advantages import (
-    _call_actor_net,
     _self_set_grad_enabled,
     _self_set_skip_existing,
     _standardize_by_group,
@@ -45,11 +44,6 @@ skip_existing = _self_set_skip_existing
 grad_enabled = _self_set_grad_enabled
 #: ``standardize_by_group(values, groups, mask=None, eps=...)``: per-group standardisation.
 standardize_by_group = _standardize_by_group
-
-
-def actor_log_prob(actor: Any, data: TensorDictBase, log_prob_key: Any) -> torch.Tensor:
-    """The log-probability ``actor`` writes under ``log_prob_key`` for ``data`` (no params swap)."""
-    return _call_actor_net(actor_net=actor, data=data, params=None, log_prob_key=log_prob_key)
 
 
 def call_value_nets(estimator: Any, data: TensorDictBase, **kwargs: Any) -> tuple[Any, Any, Any]:

@@ -1,6 +1,8 @@
 """GAE / VTrace modules: same results and keys as TorchRL's, multi-agent, ValueNorm, registry."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from tensordict import TensorDict
@@ -10,7 +12,6 @@ from torchrl.objectives import ClipPPOLoss
 from torchrl.objectives.utils import build_value_estimator
 from torchrl.objectives.value import GAE as TorchRLGAE
 from torchrl.objectives.value import MultiAgentGAE as TorchRLMultiAgentGAE
-from torchrl.objectives.value import VTrace as TorchRLVTrace
 
 from torchrl_ext.value import GAE, ExtValueEstimators, ValueNorm, VTrace
 from torchrl_ext.value import functional as F
@@ -146,23 +147,78 @@ def test_gae_with_value_normalizer_denormalizes_first():
     assert not torch.allclose(out["value_target"], out["advantage"] + td["state_value"])
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"rho_thresh": 0.8, "c_thresh": 1.3}, {"average_adv": True}])
-def test_vtrace_same_outputs_as_torchrl(kwargs):
+def behaviour_batch():
+    """A rollout whose actions and behaviour log-probs come from a policy other than the learner's."""
     td = rollout()
-    actor = actor_net()
     with torch.no_grad():
-        behaviour = actor(td.clone())
+        behaviour = actor_net(seed=5)(td.clone())
     td["action"] = behaviour["action"]
-    td["action_log_prob"] = behaviour["action_log_prob"] + 0.2 * torch.randn(4, 25, 1)
-    net = value_net()
+    td["action_log_prob"] = behaviour["action_log_prob"]
+    return td
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"rho_thresh": 0.8, "c_thresh": 1.3}, {"average_adv": True}])
+def test_vtrace_equals_torchrl_functional_on_the_stored_actions(kwargs):
+    """TorchRL's V-trace math, fed the current policy's log-prob of the stored actions."""
+    from torchrl.objectives.value.functional import vtrace_advantage_estimate as torchrl_vtrace
+
+    td, actor, net = behaviour_batch(), actor_net(), value_net()
+    est = VTrace(gamma=0.97, actor_network=actor, value_network=net, **kwargs)
+    est.set_keys(sample_log_prob="action_log_prob")
+    out = est(td.clone())
+    with torch.no_grad():
+        params = actor.module[0](td.clone())
+        log_pi = torch.distributions.Normal(params["loc"], params["scale"]).log_prob(td["action"])
+        adv, target = torchrl_vtrace(
+            0.97, log_pi, td["action_log_prob"], net(td.clone())["state_value"],
+            net(td["next"].clone())["state_value"], td["next", "reward"], td["next", "done"],
+            td["next", "terminated"], rho_thresh=kwargs.get("rho_thresh", 1.0),
+            c_thresh=kwargs.get("c_thresh", 1.0), time_dim=-2)
+    if kwargs.get("average_adv"):
+        adv = (adv - adv.mean()) / adv.std().clamp_min(1e-5)
+    torch.testing.assert_close(out["advantage"], adv, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out["value_target"], target, rtol=1e-5, atol=1e-5)
+
+
+def test_vtrace_weighs_the_stored_action_against_a_float64_reference():
+    """pi(a|x) of the action taken, whatever the random state (TorchRL's VTrace samples a new action)."""
+    from tests.value.test_functional import vtrace_loop
+
+    td, actor, net = behaviour_batch(), actor_net(), value_net()
+    est = VTrace(gamma=0.97, actor_network=actor, value_network=net, rho_thresh=0.8, c_thresh=1.3)
+    est.set_keys(sample_log_prob="action_log_prob")
     outs = []
-    for cls in (VTrace, TorchRLVTrace):
-        est = cls(gamma=0.97, actor_network=actor, value_network=net, **kwargs)
-        est.set_keys(sample_log_prob="action_log_prob")
-        torch.manual_seed(0)
+    for seed in (0, 1):
+        torch.manual_seed(seed)
         outs.append(est(td.clone()))
-    for key in ("advantage", "value_target"):
-        torch.testing.assert_close(outs[0][key], outs[1][key], rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        params = copy.deepcopy(actor.module[0]).double()(td.select("observation").double())
+        log_pi = torch.distributions.Normal(params["loc"], params["scale"]).log_prob(td["action"].double())
+        critic = net.module
+        value = td["observation"].double() @ critic.weight.double().T + critic.bias.double()
+        next_value = td["next", "observation"].double() @ critic.weight.double().T + critic.bias.double()
+    _, target = vtrace_loop(
+        0.97, log_pi, td["action_log_prob"].double(), value, next_value, td["next", "reward"].double(),
+        td["next", "done"].double(), td["next", "terminated"].double(), 0.8, 1.3)
+    for out in outs:
+        torch.testing.assert_close(out["value_target"].double(), target, rtol=1e-4, atol=1e-4)
+    assert torch.equal(outs[0]["advantage"], outs[1]["advantage"])
+
+
+def test_vtrace_without_the_stored_action_is_a_clear_error():
+    td = behaviour_batch()
+    del td["action"]
+    est = VTrace(gamma=0.9, actor_network=actor_net(), value_network=value_net())
+    est.set_keys(sample_log_prob="action_log_prob")
+    with pytest.raises(ValueError, match="no stored action under 'action'.*store the collector's action"):
+        est(td)
+
+
+def test_vtrace_needs_a_probabilistic_actor():
+    est = VTrace(gamma=0.9, actor_network=value_net(), value_network=value_net())
+    est.set_keys(sample_log_prob="action_log_prob")
+    with pytest.raises(TypeError, match="actor_network must be a probabilistic actor.*got ValueOperator"):
+        est(behaviour_batch())
 
 
 def test_vtrace_missing_log_prob_is_a_clear_error():

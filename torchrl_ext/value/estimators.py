@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from enum import Enum
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from tensordict import TensorDictBase, is_tensor_collection
-from tensordict.nn import dispatch
+from tensordict.nn import dispatch, set_composite_lp_aggregate
 from torch import Tensor
 from torchrl.objectives.utils import hold_out_net, register_value_estimator
 from torchrl.objectives.value import GAE as _TorchRLGAE
@@ -31,7 +31,7 @@ from torchrl_ext._checks import check_reals
 from torchrl_ext.value import functional
 from torchrl_ext.value.normalizers import ValueNorm
 
-__all__ = ["ExtValueEstimators", "GAE", "VTrace"]
+__all__ = ["ExtValueEstimators", "GAE", "VTrace", "stored_action_log_prob"]
 
 
 class ExtValueEstimators(Enum):
@@ -302,10 +302,15 @@ class VTrace(_SignalsMixin, _TorchRLVTrace):
     """V-trace, a faster drop-in for :class:`torchrl.objectives.value.VTrace`.
 
     Reads the behaviour log-probability at ``sample_log_prob`` (the key set
-    with :meth:`set_keys`), recomputes the current policy's log-probability
-    with ``actor_network``, and writes ``advantage`` and ``value_target``
+    with :meth:`set_keys`), scores the stored actions under the current policy
+    (``actor_network``), and writes ``advantage`` and ``value_target``
     (the V-trace target ``v_s``). The math is
     :func:`torchrl_ext.value.functional.vtrace_advantage_estimate`.
+
+    Unlike TorchRL's ``VTrace``, which scores a freshly sampled action (so its targets
+    change with the random state), the importance weight ``pi(a|x) / mu(a|x)`` uses the
+    action that was taken: the batch must hold it under the actor's sample key
+    (``"action"`` by default).
 
     Keyword Args:
         gamma (float or Tensor): discount in ``[0, 1]``.
@@ -382,9 +387,7 @@ class VTrace(_SignalsMixin, _TorchRLVTrace):
             log_mu = log_mu.sum(dim="feature", reduce=True)
         log_mu = log_mu.reshape(sig.value.shape)
         with hold_out_net(self.actor_network):
-            log_pi = _compat.actor_log_prob(
-                self.actor_network, tensordict, self.tensor_keys.sample_log_prob
-            ).reshape(sig.value.shape)
+            log_pi = stored_action_log_prob(self.actor_network, tensordict).reshape(sig.value.shape)
         advantage, value_target = functional.vtrace_advantage_estimate(
             sig.gamma,
             log_pi,
@@ -405,3 +408,33 @@ class VTrace(_SignalsMixin, _TorchRLVTrace):
             else:
                 advantage = _compat.standardize_by_group(advantage, groups, eps=1e-5)
         return self._write_outputs(tensordict, advantage, value_target, sig.valid)
+
+
+def stored_action_log_prob(actor: Any, data: TensorDictBase) -> Tensor:
+    """The log-probability under ``actor``'s current policy of the actions stored in ``data``.
+
+    Shape contract: ``data`` of batch size ``S`` holding ``actor``'s inputs and the
+    actions under its sample keys gives ``[*S, ...]``, the shape of the distribution's
+    ``log_prob`` (several sample keys: their sum, as TorchRL aggregates composite ones).
+
+    Raises:
+        TypeError: if ``actor`` is not a probabilistic actor (no ``get_dist``).
+        ValueError: if ``data`` lacks a stored action.
+    """
+    keys = getattr(actor, "dist_sample_keys", None)
+    if not keys or not callable(getattr(actor, "get_dist", None)):
+        raise TypeError(
+            f"actor_network must be a probabilistic actor (torchrl.modules.ProbabilisticActor), "
+            f"got {type(actor).__name__}: V-trace scores the stored actions under its distribution."
+        )
+    missing = [key for key in keys if data.get(key, None) is None]
+    if missing:
+        raise ValueError(
+            f"the batch holds no stored action under {missing[0]!r}: V-trace weighs each step by "
+            "pi(a|x) / mu(a|x) for the action that was taken; store the collector's action there."
+        )
+    dist = actor.get_dist(data.select(*actor.in_keys, strict=False))
+    if len(keys) == 1:
+        return dist.log_prob(data.get(keys[0]))
+    with set_composite_lp_aggregate(True):
+        return dist.log_prob(data.select(*keys))
