@@ -34,21 +34,37 @@ def _discount_unless(
     return _flag_as_float(flag, dtype).mul_(-discount).add_(discount)
 
 
-def _without_autograd(fn: Callable[..., _T], *args: object) -> _T:
-    """``fn(*args)``, under ``torch.no_grad()`` if an argument requires grad.
+def _with_autograd(fast: Callable[..., _T], differentiable: Callable[..., _T], *args: object) -> _T:
+    """``fast(*args)``, or ``differentiable(*args)`` when grad mode is on and an argument
+    requires grad.
 
-    The scans write through ``out=``, which autograd rejects when an input
-    requires grad. The estimates are targets, not something to
-    differentiate through (the previous in-place scans did not support
-    ``backward`` either), so the outputs are simply detached. The check is
-    skipped (it costs a few microseconds) when grad mode is off.
+    The fast kernels write through ``out=`` into reused workspaces, which autograd cannot
+    follow; the differentiable twins compute the same recursion out of place, so gradients
+    reach rewards, values and log-probabilities (TorchRL's ``differentiable=True``). The
+    check is skipped when grad mode is off.
     """
     if torch.is_grad_enabled() and any(
         isinstance(a, torch.Tensor) and a.requires_grad for a in args
     ):
-        with torch.no_grad():
-            return fn(*args)
-    return fn(*args)
+        return differentiable(*args)
+    return fast(*args)
+
+
+def _differentiable_scan(x: torch.Tensor, coef: torch.Tensor, dim: int) -> torch.Tensor:
+    """``y[t] = x[t] + coef[t] * y[t + 1]`` (``y[T] = 0``) along ``dim``, out of place.
+
+    The same log-depth rounds as :func:`_reverse_linear_scan`, each a new tensor, so autograd
+    records them; shifted reads past the last step see zeros.
+    """
+    length = x.shape[dim]
+    x, coef = torch.broadcast_tensors(x, coef)
+    offset = 1
+    while offset < length:
+        pad = [0, 0] * (x.ndim - 1 - dim) + [0, offset]
+        x = x + coef * torch.nn.functional.pad(x.narrow(dim, offset, length - offset), pad)
+        coef = coef * torch.nn.functional.pad(coef.narrow(dim, offset, length - offset), pad)
+        offset *= 2
+    return x
 
 
 def _fill_continues(out: torch.Tensor, done: torch.Tensor, dim: int) -> torch.Tensor:

@@ -33,7 +33,9 @@ The scan works on flat contiguous buffers (a shift in time is a shift of
 the flat index, see :func:`_reverse_linear_scan`), and the estimators are
 written to keep the number of torch calls low: at rollout sizes each call
 costs several microseconds of fixed overhead on CPU, as much as its
-arithmetic. The outputs are detached from autograd. Inputs are expected to
+arithmetic. When grad mode is on and an input requires grad, the same recursion runs out
+of place (:mod:`torchrl_ext.value._differentiable`), so gradients flow as through
+TorchRL's functions. Inputs are expected to
 be finite: a NaN or inf in one trajectory of a batch can also turn outputs
 of the trajectory stored before it into NaN (the flat scan multiplies it by a
 zero coefficient), so check the value network, not the estimate.
@@ -57,6 +59,7 @@ from torchrl_ext._checks import (
     check_signals,
     resolve_time_dim,
 )
+from torchrl_ext.value import _differentiable
 from torchrl_ext.value._scan import (
     _as_discount,
     _discount_unless,
@@ -67,7 +70,7 @@ from torchrl_ext.value._scan import (
     _scan_workspace,
     _time_step,
     _to_dtype,
-    _without_autograd,
+    _with_autograd,
 )
 
 __all__ = [
@@ -146,8 +149,8 @@ def generalized_advantage_estimate(
     check_reals("gamma", gamma, low=0.0, high=1.0, shape=state_value.shape)
     check_reals("lmbda", lmbda, low=0.0, high=1.0, shape=state_value.shape)
     dim = resolve_time_dim(time_dim, state_value.ndim)
-    return _without_autograd(
-        _gae, gamma, lmbda, state_value, next_state_value, reward, done, terminated, dim
+    return _with_autograd(
+        _gae, _differentiable.gae, gamma, lmbda, state_value, next_state_value, reward, done, terminated, dim
     )
 
 
@@ -254,8 +257,8 @@ def td_lambda_return_estimate(
     check_reals("gamma", gamma, low=0.0, high=1.0, shape=reward.shape)
     check_reals("lmbda", lmbda, low=0.0, high=1.0, shape=reward.shape)
     dim = resolve_time_dim(time_dim, reward.ndim)
-    return _without_autograd(
-        _td_lambda, gamma, lmbda, next_state_value, reward, done, terminated, dim
+    return _with_autograd(
+        _td_lambda, _differentiable.td_lambda, gamma, lmbda, next_state_value, reward, done, terminated, dim
     )
 
 
@@ -341,7 +344,7 @@ def discounted_cumsum(
         )
     check_reals("gamma", gamma, low=0.0, high=1.0, shape=x.shape)
     dim = resolve_time_dim(time_dim, x.ndim)
-    return _without_autograd(_discounted_cumsum, x, gamma, done, dim)
+    return _with_autograd(_discounted_cumsum, _differentiable.discounted_cumsum, x, gamma, done, dim)
 
 
 def _discounted_cumsum(
@@ -444,8 +447,8 @@ def vtrace_advantage_estimate(
     check_reals("rho_thresh", rho_thresh, low=0.0, open_low=True, hint="e.g. 1.0, the IMPALA default")
     check_reals("c_thresh", c_thresh, low=0.0, open_low=True, hint="e.g. 1.0, the IMPALA default")
     dim = resolve_time_dim(time_dim, state_value.ndim)
-    return _without_autograd(
-        _vtrace, gamma, log_pi, log_mu, state_value, next_state_value, reward, done,
+    return _with_autograd(
+        _vtrace, _differentiable.vtrace, gamma, log_pi, log_mu, state_value, next_state_value, reward, done,
         terminated, rho_thresh, c_thresh, dim,
     )
 
