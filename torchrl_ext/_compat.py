@@ -27,6 +27,8 @@ from torchrl.data.replay_buffers import ReplayBuffer as _ReplayBuffer
 from torchrl.data.replay_buffers import TensorDictReplayBuffer as _TensorDictReplayBuffer
 from torchrl.data.replay_buffers.samplers import PrioritizedSampler as _PrioritizedSampler
 from torchrl.data.replay_buffers.samplers import Sampler as _Sampler
+from torchrl.data.replay_buffers.storages import LazyMemmapStorage as _LazyMemmapStorage
+from torchrl.data.replay_buffers.storages import LazyTensorStorage as _LazyTensorStorage
 from torchrl.data.replay_buffers.storages import Storage as _Storage
 from torchrl.data.replay_buffers.writers import Writer as _Writer
 from torchrl.objectives.value import GAE as _GAE
@@ -301,6 +303,8 @@ HOOKS: tuple[tuple[type, str], ...] = (
     (_PrioritizedSampler, "_retransform_priority_trees"),
     (_Writer, "_empty"),
     (_Storage, "_empty"),
+    (_LazyTensorStorage, "_init"),  # the fast storages' log line names them
+    (_LazyMemmapStorage, "_init"),
     (_Storage, "_default_checkpointer"),
     (_Storage, "_is_full"),
     (_Storage, "_rand_given_ndim"),  # RandomSampler's draws on the per-env rings

@@ -1,6 +1,8 @@
 """FastTensorStorage / FastMemmapStorage: TorchRL's storages' contents, faster paths, strict writes."""
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -384,3 +386,30 @@ def test_gather_refuses_extra_entries_that_do_not_lead_with_the_whole_batch_shap
         assemble({"a": torch.zeros(2, 3)}, torch.Size([2, 3]), None, extra={"w": torch.ones(2)})
     out = assemble({"a": torch.zeros(2, 3)}, torch.Size([2, 3]), None, extra={"w": torch.ones(2, 3, 4)})
     assert out["w"].shape == (2, 3, 4)
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@pytest.mark.parametrize("cls,base", [(FastTensorStorage, "LazyTensorStorage"), (FastMemmapStorage, "LazyMemmapStorage")])
+def test_the_initialisation_log_names_the_storage(cls, base, tmp_path):
+    """TorchRL logs "Initialized LazyTensorStorage with ... shape" at the first write; ours names itself."""
+    kwargs = {"scratch_dir": tmp_path} if cls is FastMemmapStorage else {}
+    logger, seen = logging.getLogger("torchrl"), _Lines()
+    level, logger.level = logger.level, logging.INFO
+    logger.addHandler(seen)
+    try:
+        cls(8, **kwargs).set(torch.arange(2), TensorDict({"obs": torch.zeros(2, 3)}, [2]))
+        logger.info(f"Initialized {base} elsewhere")  # other lines are left as they are
+    finally:
+        logger.removeHandler(seen)
+        logger.setLevel(level)
+    lines = [line for line in seen.lines if line.startswith("Initialized")]
+    assert lines[0].startswith(f"Initialized {cls.__name__} with ") and "shape" in lines[0], lines
+    assert lines[1:] == [f"Initialized {base} elsewhere"], lines

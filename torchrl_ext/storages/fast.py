@@ -27,6 +27,9 @@ A drop-in: swap ``LazyTensorStorage`` for :class:`FastTensorStorage` (or
 """
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -44,6 +47,26 @@ from torchrl_ext.storages._output_memory import PinnedOutputs
 __all__ = ["FastMemmapStorage", "FastTensorStorage", "gather_rows"]
 
 
+@contextlib.contextmanager
+def _own_name_in_init_log(name: str) -> Iterator[None]:
+    """Within the block, the "torchrl" logger's "Initialized LazyTensorStorage ..." (or
+    LazyMemmapStorage) records say ``name`` instead."""
+
+    def rename(record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        for base in ("LazyTensorStorage", "LazyMemmapStorage"):
+            if message.startswith(f"Initialized {base} "):
+                record.msg, record.args = f"Initialized {name} {message[len(base) + 13:]}", ()
+        return True
+
+    logger = logging.getLogger("torchrl")
+    logger.addFilter(rename)
+    try:
+        yield
+    finally:
+        logger.removeFilter(rename)
+
+
 class _SliceWritesIndexSelectReads(PinnedOutputs):
     """Mixin over a TorchRL ``TensorStorage``: the two fast paths described above, gathering
     into pinned memory for buffers that pin their samples (:class:`PinnedOutputs`)."""
@@ -51,6 +74,12 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
     def __init__(self, max_size: int, *args: Any, **kwargs: Any) -> None:
         check_int("max_size", max_size, minimum=1)  # TorchRL fails later, or never, on 0 or -1
         super().__init__(max_size, *args, **kwargs)
+
+    def _init(self, data: Any) -> None:
+        # TorchRL's hook that allocates the leaves at the first write. Its log line names
+        # TorchRL's class ("Initialized LazyTensorStorage ..."): this storage's names itself.
+        with _own_name_in_init_log(type(self).__name__):
+            super()._init(data)
 
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
         if isinstance(cursor, torch.Tensor) and cursor.numel() == 0 and self.initialized:
