@@ -361,7 +361,7 @@ def child_main(impl: str, max_length: int) -> dict[str, Any]:
     }
     if impl == DEDUP:
         st = rb.storage
-        result["obs_leaf_shape"] = list(st._storage["observation"].shape)
+        result["obs_leaf_shape"] = list(st.shape) + list(st.flat_leaf("observation").shape[1:])
         result["terminal_rows"] = int(st._terminal.shape[0]) if st._terminal is not None else 0
         result["terminal_rows_used"] = int((st._terminal_row >= 0).sum())
     return result
