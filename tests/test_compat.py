@@ -247,12 +247,6 @@ def test_checkpointer_hooks_are_the_registered_ones():
     assert save == [hook] and load == [hook]
 
 
-def test_replacement_dispatch_routes_torchrls_prioritized_sampler():
-    table = _compat.replacement_dispatch()
-    assert table is not None and isinstance(table, dict)
-    assert table[torchrl_ext.PrioritizedSampler] is torchrl_ext.PrioritizedSamplerWithoutReplacement
-
-
 def test_replay_lock_and_write_lock_are_the_buffers_locks():
     rb = ReplayBuffer(storage=LazyTensorStorage(4))
     lock = _compat.replay_lock(rb)

@@ -1,8 +1,7 @@
 """torchrl_ext: replay-buffer and value-estimation components for TorchRL.
 
 Importing the package registers its value estimators in TorchRL's
-value-estimator registry (``ext_gae``, ``ext_vtrace``) and routes
-``PrioritizedSampler(..., replacement=False)`` to the stratified sampler.
+value-estimator registry (``ext_gae``, ``ext_vtrace``).
 It also registers its Hydra configs in TorchRL's ConfigStore groups (see
 :mod:`torchrl_ext.configs`).
 """

@@ -21,7 +21,6 @@ from typing import Any, Callable, Iterable
 
 import torch
 from tensordict import TensorDict, TensorDictBase
-from torchrl.data.replay_buffers import samplers as _samplers
 from torchrl.data.replay_buffers.replay_buffers.base import _storage_index
 from torchrl.data.replay_buffers import ReplayBuffer as _ReplayBuffer
 from torchrl.data.replay_buffers import TensorDictReplayBuffer as _TensorDictReplayBuffer
@@ -260,9 +259,6 @@ def checkpointer_hooks(checkpointer: Any) -> tuple[list[Callable], list[Callable
     return checkpointer._save_hooks, checkpointer._load_hooks
 
 
-def replacement_dispatch() -> dict[type, type] | None:
-    """TorchRL's table routing ``Sampler(..., replacement=False)`` to another class (None if gone)."""
-    return getattr(_samplers, "_REPLACEMENT_DISPATCH", None)
 
 
 _NEW_UNSAFE = getattr(TensorDict, "_new_unsafe", None)

@@ -66,10 +66,13 @@ def test_is_a_torchrl_prioritized_sampler_and_works_in_its_buffer():
     torch.testing.assert_close(stored, (batch["td_error"] + sampler.eps) ** 0.7)
 
 
-def test_replacement_false_dispatches_to_the_stratified_sampler():
-    sampler = PrioritizedSampler(10, alpha=0.5, beta=0.5, replacement=False)
-    assert type(sampler) is PrioritizedSamplerWithoutReplacement
+def test_replacement_false_raises_as_in_torchrl():
+    """No silent switch to the stratified sampler: TorchRL's PrioritizedSampler refuses it too."""
+    for cls in (PrioritizedSampler, TorchRLPrioritizedSampler):
+        with pytest.raises(TypeError, match="PrioritizedSampler has no without-replacement variant"):
+            cls(10, alpha=0.5, beta=0.5, replacement=False)
     assert type(PrioritizedSampler(10, 0.5, 0.5, replacement=True)) is PrioritizedSampler
+    assert type(PrioritizedSamplerWithoutReplacement(10, 0.5, 0.5)) is PrioritizedSamplerWithoutReplacement
 
 
 # --------------------------------------------------------------------------- sampling law

@@ -443,19 +443,11 @@ class PrioritizedSamplerWithoutReplacement(PrioritizedSampler):
     The total priority mass is cut into ``batch_size`` equal strata and one
     index is drawn in each, so a batch covers the distribution evenly (lower
     variance than independent draws). An item whose share of the mass exceeds
-    ``1 / batch_size`` can still appear more than once. Also reached with
-    ``PrioritizedSampler(..., replacement=False)``.
+    ``1 / batch_size`` can still appear more than once. Not TorchRL's
+    ``replacement=False``: ``PrioritizedSampler(..., replacement=False)`` raises
+    ``TypeError``, as TorchRL's does.
     """
 
     _stratified = True
 
-
-def _register_replacement_dispatch() -> None:
-    # TorchRL routes ``Cls(replacement=False)`` through this (private) table.
-    table = _compat.replacement_dispatch()
-    if table is not None:
-        table[PrioritizedSampler] = PrioritizedSamplerWithoutReplacement
-
-
-_register_replacement_dispatch()
 
