@@ -41,12 +41,16 @@ UNIT: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "OnPolicyReplayBuffer": ("gamma", lambda v: OnPolicyReplayBuffer(3, gamma=v)),
     "update_storage_parameter": ("gae_lambda", _update_lambda),
     "NStepSampler": ("gamma", lambda v: NStepSampler(2, v)),
-    "PrioritizedSampler": ("beta", lambda v: PrioritizedSampler(8, 0.6, v)),
-    "PrioritizedSampler.beta": ("beta", _set_beta),
     "TrajectorySampler": ("recent_data_ratio", lambda v: TrajectorySampler(2, recent_data_ratio=v)),
     "DemoStore": ("rho", lambda v: DemoStore(rho=v, phi=0.0)),
     "IntrinsicRewardNormalizer": ("gamma", lambda v: IntrinsicRewardNormalizer(v)),
     "l2r_ppo_buffer": ("lam", lambda v: l2r_ppo_buffer(1, 1, 10, 2, lam=v)),
+}
+
+# Every component taking a setting >= 0 with no upper bound (TorchRL's PrioritizedSampler takes any beta >= 0).
+NON_NEGATIVE: dict[str, tuple[str, Callable[[Any], Any]]] = {
+    "PrioritizedSampler": ("beta", lambda v: PrioritizedSampler(8, 0.6, v)),
+    "PrioritizedSampler.beta": ("beta", _set_beta),
 }
 
 # Every component taking a setting > 0.
@@ -103,6 +107,23 @@ def test_a_unit_setting_that_is_not_a_number_is_one_type_error(component, value)
     _raises(lambda: call(value), TypeError, rf"{name} must be a real number")
 
 
+@pytest.mark.parametrize("component", list(NON_NEGATIVE))
+@pytest.mark.parametrize("value", [-0.5, math.nan])
+def test_a_negative_setting_is_one_value_error(component, value):
+    name, call = NON_NEGATIVE[component]
+    _raises(lambda: call(value), ValueError, rf"{name} must be >= 0\.0, got {name}={value}")
+
+
+@pytest.mark.parametrize("component", list(NON_NEGATIVE))
+def test_a_non_negative_setting_takes_values_above_one_and_refuses_inf_and_non_numbers(component):
+    name, call = NON_NEGATIVE[component]
+    call(0.0)
+    call(2.5)
+    _raises(lambda: call(math.inf), ValueError, rf"{name} must be a finite number, got {name}=inf")
+    for value in NOT_A_NUMBER:
+        _raises(lambda: call(value), TypeError, rf"{name} must be a real number")
+
+
 @pytest.mark.parametrize("component", list(POSITIVE))
 @pytest.mark.parametrize("value", [0.0, -1.0, math.nan])
 def test_a_non_positive_setting_is_one_value_error(component, value):
@@ -130,7 +151,7 @@ def test_a_bad_int_setting_is_one_value_error(component, value):
     _raises(lambda: call(value), ValueError, rf"{name} must be an int >= 1, got {name}={re.escape(repr(value))}")
 
 
-@pytest.mark.parametrize("component", ["GAE", "OnPolicyReplayBuffer", "PrioritizedSampler", "DemoStore"])
+@pytest.mark.parametrize("component", ["GAE", "OnPolicyReplayBuffer", "NStepSampler", "DemoStore"])
 def test_a_one_element_tensor_is_checked_as_its_number(component):
     name, call = UNIT[component]
     call(torch.tensor(0.5))  # accepted

@@ -763,11 +763,11 @@ def _(tmp: Path) -> Built:
     return buffer_state(rb), lambda: rb.sample(0)
 
 
-@row("prio-beta", "`PrioritizedSampler`", "`rb.sampler.beta = 2.0`", ValueError,
-     r"beta must be a number in \[0, 1\], got beta=2\.0", "use a beta in [0, 1]", PRIO)
+@row("prio-beta", "`PrioritizedSampler`", "`rb.sampler.beta = -1.0`", ValueError,
+     r"beta must be >= 0\.0, got beta=-1\.0", "use a beta >= 0", PRIO)
 def _(tmp: Path) -> Built:
     rb = prioritized_buffer()
-    return buffer_state(rb), lambda: setattr(rb.sampler, "beta", 2.0)
+    return buffer_state(rb), lambda: setattr(rb.sampler, "beta", -1.0)
 
 
 @row("prio-alpha", "`PrioritizedSampler`", "`rb.sampler.alpha = -1.0`", ValueError,

@@ -291,7 +291,7 @@ def test_empty_resets_the_priorities():
     ({"n_step": 2.5}, ValueError, r"n_step must be an int >= 1, got n_step=2.5"),
     ({"gamma": 1.5}, ValueError, r"gamma must be a number in \[0, 1\], got gamma=1.5"),
     ({"alpha": -1.0}, ValueError, r"alpha must be >= 0.0, got alpha=-1.0"),
-    ({"beta": 2.0}, ValueError, r"beta must be a number in \[0, 1\], got beta=2.0"),
+    ({"beta": -2.0}, ValueError, r"beta must be >= 0\.0, got beta=-2.0"),
     ({"eps": -1.0}, ValueError, r"eps must be >= 0.0, got eps=-1.0"),
     ({"max_capacity": 0}, ValueError, r"max_capacity must be an int >= 1, got max_capacity=0"),
     ({"weights": "rank"}, ValueError, r"weights must be one of \('per', 'alf'\), got weights='rank'"),

@@ -28,7 +28,7 @@ class PrioritizedReplayBuffer(TensorDictReplayBuffer):
 
     Keyword Args:
         alpha: priority exponent (>= 0).
-        beta: importance-sampling exponent in ``[0, 1]``.
+        beta: importance-sampling exponent (>= 0; usually annealed from about 0.4 to 1).
         storage: the storage, e.g. ``LazyTensorStorage(1_000_000)``; its
             ``max_size`` sizes the priority trees.
         eps: added to priorities before the exponent. Defaults to 1e-8.

@@ -42,7 +42,7 @@ class PrioritizedSampler(PriorityCheckpoints, _TorchRLPrioritizedSampler):
     Args:
         max_capacity: capacity of the storage.
         alpha: priority exponent, ``>= 0`` (0 is uniform sampling).
-        beta: importance-sampling exponent in ``[0, 1]``.
+        beta: importance-sampling exponent (>= 0; usually annealed from about 0.4 to 1).
         eps: added to every priority before the exponent. Defaults to 1e-8.
         dtype: dtype of the stored priorities, ``torch.float32`` (default) or
             ``torch.float64`` (also accepted as ``"float32"`` / ``"float64"``).
@@ -125,7 +125,7 @@ class PrioritizedSampler(PriorityCheckpoints, _TorchRLPrioritizedSampler):
             raise TypeError(f"dtype must be torch.float32 or torch.float64, got dtype={dtype!r}.")
         self._capacity = max_capacity
         self._priority_exponent = check_real("alpha", alpha, low=0.0)
-        self._weight_exponent = check_real("beta", beta, low=0.0, high=1.0)
+        self._weight_exponent = check_real("beta", beta, low=0.0)
         self._priority_offset = float(eps)
         self.reduction = reduction
         self.dtype = dtype
@@ -230,7 +230,7 @@ class PrioritizedSampler(PriorityCheckpoints, _TorchRLPrioritizedSampler):
 
     @beta.setter
     def beta(self, value: float) -> None:
-        self._weight_exponent = check_real("beta", value, low=0.0, high=1.0)
+        self._weight_exponent = check_real("beta", value, low=0.0)
 
     @property
     def eps(self) -> float:

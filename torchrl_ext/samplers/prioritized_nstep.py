@@ -56,7 +56,7 @@ class PrioritizedNStepSampler(PrioritizedSampler):
             storage's ``max_size`` when it is a multiple of ``num_envs`` (a
             ``[num_envs, T]`` storage rounds its rows up otherwise).
         alpha: priority exponent, ``>= 0`` (0 gives uniform starts).
-        beta: importance-sampling exponent in ``[0, 1]`` (schedulable).
+        beta: importance-sampling exponent (>= 0, schedulable).
         eps: added to every priority before the exponent. Defaults to 1e-8.
 
     Keyword Args:
