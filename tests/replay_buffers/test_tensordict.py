@@ -238,6 +238,23 @@ def test_rejects_a_non_storage():
         PrioritizedReplayBuffer(alpha=0.6, beta=0.4, storage=[1, 2, 3])
 
 
+def test_without_a_storage_it_takes_torchrls_default():
+    """TorchRL's TensorDictPrioritizedReplayBuffer(alpha=, beta=) stores in ListStorage(1000)."""
+    from torchrl.data import TensorDictPrioritizedReplayBuffer
+
+    ours = PrioritizedReplayBuffer(alpha=0.6, beta=0.4, batch_size=8)
+    theirs = TensorDictPrioritizedReplayBuffer(alpha=0.6, beta=0.4, batch_size=8)
+    for rb in (ours, theirs):
+        assert type(rb.storage) is ListStorage and rb.storage.max_size == 1000
+        rb.extend(TensorDict({"obs": torch.arange(20.0)}, [20]))
+    assert len(ours) == len(theirs) == 20 and ours.sampler.max_size == 1000
+    batch = ours.sample()
+    assert torch.equal(batch["obs"], batch["index"].float())
+    batch["td_error"] = batch["index"].float() + 1  # one priority per item, repeats included
+    ours.update_tensordict_priority(batch)
+    torch.testing.assert_close(ours.sampler.tree[batch["index"]], (batch["td_error"] + 1e-8) ** 0.6)
+
+
 def test_accepts_a_storage_factory():
     rb = PrioritizedReplayBuffer(alpha=0.6, beta=0.4, storage=lambda: LazyTensorStorage(7))
     assert rb.sampler.max_size == 7

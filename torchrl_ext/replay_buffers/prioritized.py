@@ -5,7 +5,7 @@ from typing import Any, Callable
 
 import torch
 from tensordict import TensorDictBase
-from torchrl.data.replay_buffers.storages import Storage
+from torchrl.data.replay_buffers.storages import ListStorage, Storage
 
 from torchrl_ext import _compat
 from torchrl_ext.replay_buffers.tensordict import TensorDictReplayBuffer
@@ -30,7 +30,8 @@ class PrioritizedReplayBuffer(TensorDictReplayBuffer):
         alpha: priority exponent (>= 0).
         beta: importance-sampling exponent (>= 0; usually annealed from about 0.4 to 1).
         storage: the storage, e.g. ``LazyTensorStorage(1_000_000)``; its
-            ``max_size`` sizes the priority trees.
+            ``max_size`` sizes the priority trees. Defaults to TorchRL's default,
+            ``ListStorage(max_size=1000)``.
         eps: added to priorities before the exponent. Defaults to 1e-8.
         priority_key: key read by :meth:`update_tensordict_priority` (and on
             ``extend`` when present). Defaults to ``"td_error"``.
@@ -68,7 +69,7 @@ class PrioritizedReplayBuffer(TensorDictReplayBuffer):
         *,
         alpha: float,
         beta: float,
-        storage: Storage | Callable[[], Storage],
+        storage: Storage | Callable[[], Storage] | None = None,
         eps: float = 1e-8,
         priority_key: str | tuple[str, ...] = "td_error",
         reduction: str = "max",
@@ -84,6 +85,8 @@ class PrioritizedReplayBuffer(TensorDictReplayBuffer):
                 "PrioritizedReplayBuffer builds its own sampler; pass alpha/beta/... "
                 "instead of sampler=, or use TensorDictReplayBuffer(sampler=...)."
             )
+        if storage is None:  # TorchRL's TensorDictPrioritizedReplayBuffer default
+            storage = ListStorage(max_size=1_000)
         if callable(storage) and not isinstance(storage, Storage):
             storage = storage()
         if not isinstance(storage, Storage):
