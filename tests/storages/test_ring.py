@@ -411,3 +411,10 @@ def test_a_subclass_overriding_write_at_never_gets_the_step_write():
             rb.extend(TensorDict({"x": torch.full((4,), float(t))}, [4]))
     assert calls == [4, 4, 4]  # every step through the override
     assert rb.storage.positions.tolist() == [3, 3, 3, 3]
+
+
+def test_gather_all_before_any_write_is_empty_even_with_moved_counters():
+    storage = EnvRingStorage(2, 3)
+    storage.advance(None, 2)  # counters moved, nothing allocated
+    data, positions = storage.gather_all()
+    assert data.batch_size == (2, 0) and positions.tolist() == [0, 0]

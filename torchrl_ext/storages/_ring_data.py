@@ -248,7 +248,6 @@ class RingData:
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        state.setdefault("last_rows", None)
         vars(self).update(state)
         self._views()
         self.index_leaves()

@@ -56,7 +56,7 @@ def _own_name_in_init_log(name: str) -> Iterator[None]:
         message = record.getMessage()
         for base in ("LazyTensorStorage", "LazyMemmapStorage"):
             if message.startswith(f"Initialized {base} "):
-                record.msg, record.args = f"Initialized {name} {message[len(base) + 13:]}", ()
+                record.msg, record.args = message.replace(base, name, 1), ()
         return True
 
     logger = logging.getLogger("torchrl")

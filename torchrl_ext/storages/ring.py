@@ -456,7 +456,7 @@ class EnvRingStorage(PinnedOutputs, Storage):
         n = max(int(size[0]) - num_earliest_ignored, 0)
         start = int(pos[0]) - n
         positions = torch.full((self.num_envs,), start, dtype=torch.long)
-        if n == 0:
+        if self._rings.data is None or n == 0:
             return self.empty_result((self.num_envs, 0)), positions
         env = torch.arange(self.num_envs).unsqueeze(1).expand(-1, n)
         return self.get((env, torch.arange(start, start + n).expand(self.num_envs, -1))), positions

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from torchrl_ext.value._scan import _as_discount, _differentiable_scan, _scan_dtype, _to_dtype
+from torchrl_ext.value._scan import _ahead, _as_discount, _differentiable_scan, _scan_dtype, _to_dtype
 
 
 def _last_step(like: torch.Tensor, dim: int) -> torch.Tensor:
@@ -56,9 +56,6 @@ def vtrace(gamma, log_pi, log_mu, state_value, next_state_value, reward, done, t
     delta = clipped_rho * (reward_minus_value + bootstrap * next_value)
     vs = _differentiable_scan(delta, gamma * clipped_c * (~done).to(work), dim) + value
     # v_{t+1} inside a trajectory, the true next value where it is cut (a done, the last step).
-    length = vs.shape[dim]
-    pad = [0, 0] * (vs.ndim - 1 - dim) + [0, 1]
-    following = torch.nn.functional.pad(vs.narrow(dim, 1, length - 1), pad)
-    vs_next = torch.where(done | _last_step(done, dim), next_value, following)
+    vs_next = torch.where(done | _last_step(done, dim), next_value, _ahead(vs, dim, 1))
     advantage = clipped_rho * (reward_minus_value + bootstrap * vs_next)
     return _to_dtype(advantage, dtype), _to_dtype(vs, dtype)

@@ -56,15 +56,19 @@ def _differentiable_scan(x: torch.Tensor, coef: torch.Tensor, dim: int) -> torch
     The same log-depth rounds as :func:`_reverse_linear_scan`, each a new tensor, so autograd
     records them; shifted reads past the last step see zeros.
     """
-    length = x.shape[dim]
     x, coef = torch.broadcast_tensors(x, coef)
     offset = 1
-    while offset < length:
-        pad = [0, 0] * (x.ndim - 1 - dim) + [0, offset]
-        x = x + coef * torch.nn.functional.pad(x.narrow(dim, offset, length - offset), pad)
-        coef = coef * torch.nn.functional.pad(coef.narrow(dim, offset, length - offset), pad)
+    while offset < x.shape[dim]:
+        x = x + coef * _ahead(x, dim, offset)
+        coef = coef * _ahead(coef, dim, offset)
         offset *= 2
     return x
+
+
+def _ahead(x: torch.Tensor, dim: int, offset: int) -> torch.Tensor:
+    """``x[t + offset]`` along ``dim`` (``offset <= T``), zeros past the last step (out of place)."""
+    pad = [0, 0] * (x.ndim - 1 - dim) + [0, offset]
+    return torch.nn.functional.pad(x.narrow(dim, offset, x.shape[dim] - offset), pad)
 
 
 def _fill_continues(out: torch.Tensor, done: torch.Tensor, dim: int) -> torch.Tensor:
