@@ -55,7 +55,9 @@ from torchrl_ext.samplers import (
 )
 from torchrl_ext.samplers.prioritized_nstep import PrioritizedNStepSampler
 from torchrl_ext.segment_tree import SumSegmentTree
-from torchrl_ext.storages import DedupEnvRingStorage, EpisodicEnvRingStorage, FastTensorStorage, RolloutStorage
+from torchrl_ext.storages import (
+    DedupEnvRingStorage, EpisodicEnvRingStorage, FastTensorStorage, RolloutStorage, StorageLayoutError,
+)
 from torchrl_ext.value import GAE, ValueNorm, VTrace
 from torchrl_ext.value import functional as F
 
@@ -142,9 +144,9 @@ def rows(start: int, n: int, dim: int = 2, dtype: torch.dtype = torch.float32) -
     return TensorDict({"obs": obs, "next": {"obs": obs + 1}}, [n])
 
 
-def fast_buffer(**kwargs: Any) -> TensorDictReplayBuffer:
+def fast_buffer(strict: bool = False, **kwargs: Any) -> TensorDictReplayBuffer:
     """Capacity 8 holding 5 rows."""
-    rb = TensorDictReplayBuffer(storage=FastTensorStorage(8), **kwargs)
+    rb = TensorDictReplayBuffer(storage=FastTensorStorage(8, strict=strict), **kwargs)
     rb.extend(rows(0, 5))
     return rb
 
@@ -279,7 +281,7 @@ FAST = "len, storage, writer cursor"
 
 
 @row("fast-dtype", "`FastTensorStorage` in `TensorDictReplayBuffer`",
-     "`rb.extend(td)` with `obs` float64 after float32 rows", ValueError,
+     "`rb.extend(td)` with `obs` float64 after float32 rows", StorageLayoutError,
      r"key 'obs': stored dtype is torch\.float32, got torch\.float64",
      "convert the data, e.g. `tensor.to(torch.float32)`", FAST)
 def _(tmp: Path) -> Built:
@@ -289,7 +291,7 @@ def _(tmp: Path) -> Built:
 
 @row("fast-set-dtype", "`FastTensorStorage`",
      "`FastTensorStorage(10).set(torch.arange(3, 5), td)` with a float64 `obs` after float32 rows",
-     ValueError, r"key 'obs': stored dtype is torch\.float32, got torch\.float64",
+     StorageLayoutError, r"key 'obs': stored dtype is torch\.float32, got torch\.float64",
      "convert the data, e.g. `tensor.to(torch.float32)`", "storage")
 def _(tmp: Path) -> Built:
     storage = FastTensorStorage(10)
@@ -299,7 +301,7 @@ def _(tmp: Path) -> Built:
 
 
 @row("fast-shape", "`FastTensorStorage` in `TensorDictReplayBuffer`",
-     "`rb.extend(td)` with `obs` of 3 features after 2", ValueError,
+     "`rb.extend(td)` with `obs` of 3 features after 2", StorageLayoutError,
      r"key 'obs': stored items have shape \[2\], got \[3\]",
      "per-item shapes must not change after the first write", FAST)
 def _(tmp: Path) -> Built:
@@ -307,30 +309,30 @@ def _(tmp: Path) -> Built:
     return buffer_state(rb), lambda: rb.extend(rows(5, 2, dim=3))
 
 
-@row("fast-missing-key", "`FastTensorStorage` in `TensorDictReplayBuffer`",
-     "`rb.extend(td)` without the stored `('next', 'obs')`", ValueError,
+@row("fast-missing-key", "`FastTensorStorage(strict=True)` in `TensorDictReplayBuffer`",
+     "`rb.extend(td)` without the stored `('next', 'obs')`", StorageLayoutError,
      r"data keys differ from the stored keys \(missing: \[.\('next', 'obs'\).\], extra: \[\]\)",
      "write the same keys every time, e.g. `data.select(*stored_keys)`", FAST)
 def _(tmp: Path) -> Built:
-    rb = fast_buffer()
+    rb = fast_buffer(strict=True)
     return buffer_state(rb), lambda: rb.extend(rows(5, 2).exclude(("next", "obs")))
 
 
-@row("fast-extra-key", "`FastTensorStorage` in `TensorDictReplayBuffer`",
-     "`rb.extend(td)` with a new key `extra`", ValueError,
+@row("fast-extra-key", "`FastTensorStorage(strict=True)` in `TensorDictReplayBuffer`",
+     "`rb.extend(td)` with a new key `extra`", StorageLayoutError,
      r"data keys differ from the stored keys \(missing: \[\], extra: \['extra'\]\)",
      "write the same keys every time, or build the storage from a sample that has all of them", FAST)
 def _(tmp: Path) -> Built:
-    rb = fast_buffer()
+    rb = fast_buffer(strict=True)
     return buffer_state(rb), lambda: rb.extend(rows(5, 2).set("extra", torch.zeros(2)))
 
 
-@row("fast-batch-too-big", "`FastTensorStorage` in `TensorDictReplayBuffer`",
-     "`rb.extend(td)` with 9 rows into capacity 8", ValueError,
+@row("fast-batch-too-big", "`FastTensorStorage(strict=True)` in `TensorDictReplayBuffer`",
+     "`rb.extend(td)` with 9 rows into capacity 8", StorageLayoutError,
      r"cannot write a batch of 9 items into a storage of capacity 8",
      "extend in chunks of at most 8, or keep the newest: `data[-8:]`", FAST)
 def _(tmp: Path) -> Built:
-    rb = fast_buffer()
+    rb = fast_buffer(strict=True)
     return buffer_state(rb), lambda: rb.extend(rows(5, 9))
 
 
@@ -538,7 +540,7 @@ def _(tmp: Path) -> Built:
     return _ring_write()
 
 
-@row("ring-dtype", "`EnvRingReplayBuffer.extend`", "`x` int64 after float32 steps", ValueError,
+@row("ring-dtype", "`EnvRingReplayBuffer.extend`", "`x` int64 after float32 steps", StorageLayoutError,
      r"key 'x': stored dtype is torch\.float32, got torch\.int64",
      "convert the data, e.g. `tensor.to(torch.float32)`", RING)
 def _(tmp: Path) -> Built:
@@ -546,7 +548,7 @@ def _(tmp: Path) -> Built:
 
 
 @row("ring-shape", "`EnvRingReplayBuffer.extend`", "`x` of per-step shape `[2]` after scalars",
-     ValueError, r"key 'x': stored items have shape \[\], got \[2\]",
+     StorageLayoutError, r"key 'x': stored items have shape \[\], got \[2\]",
      "per-item shapes must not change after the first write", RING)
 def _(tmp: Path) -> Built:
     rb = ring_buffer()
@@ -555,7 +557,7 @@ def _(tmp: Path) -> Built:
 
 
 @row("ring-missing-key", "`EnvRingReplayBuffer.extend`", "steps with `y` instead of the stored `x`",
-     ValueError, r"data keys differ from the stored keys \(missing: \['x'\], extra: \['y'\]\)",
+     StorageLayoutError, r"data keys differ from the stored keys \(missing: \['x'\], extra: \['y'\]\)",
      "write the same keys every time", RING)
 def _(tmp: Path) -> Built:
     rb = ring_buffer()
@@ -563,7 +565,7 @@ def _(tmp: Path) -> Built:
     return buffer_state(rb), lambda: rb.extend(data)
 
 
-@row("ring-extra-key", "`EnvRingReplayBuffer.extend`", "steps with `x` and a new `y`", ValueError,
+@row("ring-extra-key", "`EnvRingReplayBuffer.extend`", "steps with `x` and a new `y`", StorageLayoutError,
      r"data keys differ from the stored keys \(missing: \[\], extra: \['y'\]\)",
      "write the same keys every time", RING)
 def _(tmp: Path) -> Built:
@@ -852,7 +854,7 @@ def _(tmp: Path) -> Built:
 
 # ---- agent counts (HARL FP layouts, per-agent keys)
 @row("fp-agent-count", "`harl_off_policy_buffer(state_type='FP')`",
-     "`rb.extend(td)` with 2 agents after steps of 3 agents", ValueError,
+     "`rb.extend(td)` with 2 agents after steps of 3 agents", StorageLayoutError,
      r"key \('agents', 'obs'\): stored items have shape \[3, 1\], got \[2, 1\]",
      "per-item shapes (here: the agent count) must not change after the first write", RING)
 def _(tmp: Path) -> Built:

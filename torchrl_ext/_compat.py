@@ -67,6 +67,12 @@ def mask_shifted_outputs(estimator: Any, data: TensorDictBase, valid: Any) -> No
     estimator._mask_shifted_output(data, valid)
 
 
+def set_value_estimator(loss: Any, estimator: Any) -> None:
+    """Gives a TorchRL loss its estimator, as its own ``make_value_estimator`` does (the public
+    ``value_estimator`` setter is shadowed by ``nn.Module``'s sub-module registration)."""
+    loss._value_estimator = estimator
+
+
 def expand_to_match(source: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """``source`` (a mask) expanded to ``target``'s shape, as TorchRL's estimators expand it."""
     return _ValueEstimatorBase._expand_to_match(source, target)

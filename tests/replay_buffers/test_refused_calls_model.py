@@ -70,9 +70,10 @@ class RefusedCallsMachine(RuleBasedStateMachine):
 
     def _new_buffer(self):
         if self.kind == "fast":
-            return TensorDictReplayBuffer(storage=FastTensorStorage(CAPACITY), batch_size=4)
+            return TensorDictReplayBuffer(storage=FastTensorStorage(CAPACITY, strict=True), batch_size=4)
         if self.kind == "prioritized":
-            return PrioritizedReplayBuffer(alpha=0.6, beta=0.4, storage=FastTensorStorage(CAPACITY), batch_size=4)
+            return PrioritizedReplayBuffer(alpha=0.6, beta=0.4, storage=FastTensorStorage(CAPACITY, strict=True),
+                                           batch_size=4)
         if self.kind == "ring":
             return EnvRingReplayBuffer(num_envs=NUM_ENVS, max_length=MAX_LENGTH, sampler=TrajectorySampler(1))
         if self.kind == "rollout":

@@ -154,6 +154,9 @@ def test_shared_memory_writes_are_visible():
 
 
 # --------------------------------------------------------------------------- bad input
+#: Refused by every fast storage; the three marked "strict" only with strict=True (TorchRL's
+#: storages accept them, and so do the default ones: tests/torchrl_contract).
+STRICT_ONLY = {"extra key", "missing key", "too large"}
 BAD_WRITES = {
     "extra key": (chunk(10, 3).set("extra", torch.ones(3)), ValueError, "extra: \\['extra'\\]"),
     "missing key": (chunk(10, 3).exclude("pixels"), ValueError, "missing: \\['pixels'\\]"),
@@ -171,7 +174,7 @@ BAD_WRITES = {
 @pytest.mark.parametrize("case", BAD_WRITES)
 def test_bad_writes_raise_before_touching_stored_data(case):
     data, error, match = BAD_WRITES[case]
-    storage = FastTensorStorage(10)
+    storage = FastTensorStorage(10, strict=case in STRICT_ONLY)
     rb = TensorDictReplayBuffer(storage=storage)
     rb.extend(chunk(0, 8))
     before = storage._storage.clone()
@@ -193,7 +196,7 @@ def test_the_write_after_a_refused_one_lands_at_the_old_cursor(case, buffer):
 
     data, error, match = BAD_WRITES[case]
     cls = ExtTensorDictReplayBuffer if buffer == "torchrl_ext" else TensorDictReplayBuffer
-    rb = cls(storage=FastTensorStorage(10))
+    rb = cls(storage=FastTensorStorage(10, strict=case in STRICT_ONLY))
     rb.extend(chunk(0, 8))
     with pytest.raises(error, match=match):
         rb.extend(data)
@@ -222,9 +225,15 @@ def test_a_first_batch_with_non_tensor_entries_is_rejected(key):
     assert rb.storage.get(torch.arange(3))["obs"][:, 0].tolist() == [0, 1, 2]
 
 
-def test_a_first_batch_larger_than_the_capacity_is_rejected():
+def test_a_first_batch_larger_than_the_capacity_is_rejected_when_strict():
     with pytest.raises(ValueError, match="capacity 4"):
-        TensorDictReplayBuffer(storage=FastTensorStorage(4)).extend(chunk(0, 5))
+        TensorDictReplayBuffer(storage=FastTensorStorage(4, strict=True)).extend(chunk(0, 5))
+
+
+def test_a_first_batch_larger_than_the_capacity_keeps_its_last_rows():
+    rb = TensorDictReplayBuffer(storage=FastTensorStorage(4))
+    rb.extend(chunk(0, 5))
+    assert rb.storage.get(torch.arange(4))["obs"][:, 0].tolist() == [4.0, 1.0, 2.0, 3.0]
 
 
 @given(st.integers(1, 6), st.integers(0, 2**31 - 1))
@@ -342,7 +351,7 @@ def test_a_load_that_adds_a_key_keeps_writes_strict():
     # the same one (adding "b"), and a later write without "b" was accepted, leaving stale rows.
     donor = FastTensorStorage(4)
     donor.set(torch.arange(4), TensorDict({"a": torch.zeros(4), "b": torch.full((4,), 9.0)}, [4]))
-    storage = FastTensorStorage(4)
+    storage = FastTensorStorage(4, strict=True)
     storage.set(torch.arange(4), TensorDict({"a": torch.zeros(4)}, [4]))
     storage.set(0, TensorDict({"a": torch.tensor(0.0)}, []))
     storage.load_state_dict(donor.state_dict())

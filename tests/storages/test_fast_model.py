@@ -72,9 +72,11 @@ class FastStorageMachine(FileRoundTrip, RuleBasedStateMachine):
         rows=st.integers(1, 7),
         envs=st.integers(1, 3),
         seed=st.integers(0, 2**16),
+        strict=st.booleans(),
     )
-    def build(self, two_d: bool, rows: int, envs: int, seed: int) -> None:
+    def build(self, two_d: bool, rows: int, envs: int, seed: int, strict: bool = False) -> None:
         self.two_d = two_d
+        self.strict = strict
         self.envs = envs if two_d else 1
         self.capacity = rows
         self.seed = seed
@@ -84,9 +86,9 @@ class FastStorageMachine(FileRoundTrip, RuleBasedStateMachine):
 
     def _new_buffer(self) -> TensorDictReplayBuffer:
         if self.two_d:
-            storage = FastTensorStorage(self.capacity * self.envs, ndim=2)
+            storage = FastTensorStorage(self.capacity * self.envs, ndim=2, strict=self.strict)
         else:
-            storage = FastTensorStorage(self.capacity)
+            storage = FastTensorStorage(self.capacity, strict=self.strict)
         return TensorDictReplayBuffer(
             storage=storage, batch_size=3, generator=torch.Generator().manual_seed(self.seed)
         )
@@ -107,12 +109,19 @@ class FastStorageMachine(FileRoundTrip, RuleBasedStateMachine):
 
     @precondition(lambda self: not self.two_d)
     @rule(extra=st.integers(1, 3))
-    def too_large_extend_is_refused(self, extra: int) -> None:
+    def too_large_extend(self, extra: int) -> None:
+        """Refused when strict; else written as TorchRL does: the last rows win the ring."""
         n = self.capacity + extra
+        rows = [[self.next_uid + i] for i in range(n)]
         before = self.snapshot()
-        with pytest.raises(ValueError, match="capacity"):
-            self.rb.extend(batch_of([[10**6 + i] for i in range(n)], False))
-        assert self.snapshot() == before
+        if self.strict:
+            with pytest.raises(ValueError, match="capacity"):
+                self.rb.extend(batch_of(rows, False))
+            assert self.snapshot() == before
+            return
+        self.next_uid += n
+        index = self.rb.extend(batch_of(rows, False))
+        assert index.tolist() == self.model.write(rows)
 
     @rule()
     def empty(self) -> None:

@@ -38,10 +38,11 @@ class MemmapDistinctMachine(fast.FastStorageMachine):
         if self.two_d:
             # DistinctUniformSampler draws flat indices, which a 2-D storage does not take
             # (see test_distinct_sampler_on_2d_storage): the default sampler here.
-            storage = FastMemmapStorage(self.capacity * self.envs, ndim=2, scratch_dir=scratch_dir)
+            storage = FastMemmapStorage(self.capacity * self.envs, ndim=2, scratch_dir=scratch_dir,
+                                        strict=self.strict)
             sampler = {}
         else:
-            storage = FastMemmapStorage(self.capacity, scratch_dir=scratch_dir)
+            storage = FastMemmapStorage(self.capacity, scratch_dir=scratch_dir, strict=self.strict)
             sampler = {"sampler": DistinctUniformSampler()}
         return TensorDictReplayBuffer(storage=storage, batch_size=3, **sampler,
                                       generator=torch.Generator().manual_seed(self.seed))

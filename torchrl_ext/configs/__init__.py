@@ -72,6 +72,7 @@ REGISTRY = {
     ("replay_buffer", "ext_velora"): VeloraReplayBufferConfig,
     ("value", "ext_gae"): GAEConfig,
     ("value", "ext_vtrace"): VTraceConfig,
+    ("value", "ext_td_lambda"): TDLambdaConfig,
     ("value_normalizer", "ext_value_norm"): ValueNormConfig,
     ("value_normalizer", "ext_running_mean_std"): RunningMeanStdConfig,
     ("value_normalizer", "ext_intrinsic_reward"): IntrinsicRewardNormalizerConfig,

@@ -46,6 +46,7 @@ class PrioritizedReplayBufferConfig(TensorDictReplayBufferConfig):
     max_priority_within_buffer: bool = False
     replacement: bool = True
     sampler_device: Optional[str] = None
+    sync: bool = True
     _target_: str = "torchrl_ext.replay_buffers.PrioritizedReplayBuffer"
 
 

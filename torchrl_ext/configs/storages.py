@@ -73,12 +73,14 @@ class RolloutStorageConfig(Validated, StorageConfig):
 @dataclass
 class FastTensorStorageConfig(LazyTensorStorageConfig):
     """Config of ``FastTensorStorage`` (``storage: ext_fast_tensor``): its arguments, with its defaults."""
+    strict: bool = False
     _target_: str = "torchrl_ext.storages.FastTensorStorage"
 
 
 @dataclass
 class FastMemmapStorageConfig(LazyMemmapStorageConfig):
     """Config of ``FastMemmapStorage`` (``storage: ext_fast_memmap``): its arguments, with its defaults."""
+    strict: bool = False
     _target_: str = "torchrl_ext.storages.FastMemmapStorage"
 
 

@@ -18,6 +18,7 @@ __all__ = [
     "GAEConfig",
     "IntrinsicRewardNormalizerConfig",
     "RunningMeanStdConfig",
+    "TDLambdaConfig",
     "VTraceConfig",
     "ValueNormConfig",
 ]
@@ -70,6 +71,19 @@ class VTraceConfig(_EstimatorOptions, Validated, ConfigBase):
     average_adv: bool = False
     _partial_: bool = False
     _target_: str = "torchrl_ext.value.VTrace"
+
+
+@dataclass
+class TDLambdaConfig(_EstimatorOptions, Validated, ConfigBase):
+    """Config of ``TDLambda`` (``value: ext_td_lambda``): its arguments, with its defaults."""
+    gamma: float = 0.99
+    lmbda: float = 0.95
+    value_network: Any = None
+    average_rewards: bool = False
+    vectorized: bool = True
+    deactivate_vmap: bool = False
+    _partial_: bool = False
+    _target_: str = "torchrl_ext.value.TDLambda"
 
 
 @dataclass

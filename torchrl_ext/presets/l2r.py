@@ -79,7 +79,7 @@ def l2r_simple_replay_buffer(
     check_int("size", size, minimum=1)
     check_int("batch_size", batch_size, minimum=1)
     return TensorDictReplayBuffer(
-        storage=FastTensorStorage(size, device=device),
+        storage=FastTensorStorage(size, device=device, strict=True),
         sampler=DistinctUniformSampler(),
         batch_size=batch_size,
         generator=generator,

@@ -92,7 +92,7 @@ class VeloraReplayBuffer(TensorDictReplayBuffer):
                             ("action_dim", action_dim), ("hidden_dim", hidden_dim)):
             check_int(name, value, minimum=1)
         checkpointer = VeloraCheckpointer(keys=keys)
-        storage = FastTensorStorage(capacity, device="cpu" if device is None else device)
+        storage = FastTensorStorage(capacity, device="cpu" if device is None else device, strict=True)
         super().__init__(storage=storage, sampler=RandomSampler(), writer=RoundRobinWriter(),
                          batch_size=batch_size, generator=generator, checkpointer=checkpointer)
         self.keys = checkpointer.keys

@@ -45,6 +45,11 @@ class PrioritizedReplayBuffer(TensorDictReplayBuffer):
         replacement: ``False`` draws one index per equal-mass stratum.
         sampler_device: device of the priority trees (default: follows a CUDA
             storage, else CPU).
+        sync: accepted as TorchRL's. The trees always follow the writes made in this
+            process, so ``sync=False`` samples as ``sync=True`` does; TorchRL's ``sync=False``
+            defers new items' priorities to the next sample so that writers in other
+            processes can skip the trees, and this buffer refuses to be sent to other
+            processes (use ``torchrl_ext.distributed.ray_replay_buffer``).
         **kwargs: any other ``TensorDictReplayBuffer`` argument (``batch_size``,
             ``transform``, ``generator``, ``checkpointer``, ...).
 
@@ -78,8 +83,11 @@ class PrioritizedReplayBuffer(TensorDictReplayBuffer):
         max_priority_within_buffer: bool = False,
         replacement: bool = True,
         sampler_device: torch.device | str | None = None,
+        sync: bool = True,
         **kwargs: Any,
     ) -> None:
+        if not isinstance(sync, bool):
+            raise TypeError(f"sync must be True or False, got {sync!r}.")
         if kwargs.pop("sampler", None) is not None:  # None: a config's unset field
             raise TypeError(
                 "PrioritizedReplayBuffer builds its own sampler; pass alpha/beta/... "
@@ -107,6 +115,11 @@ class PrioritizedReplayBuffer(TensorDictReplayBuffer):
             weights=weights,
         )
         super().__init__(storage=storage, sampler=sampler, priority_key=priority_key, **kwargs)
+
+    @property
+    def prioritized_sampler(self) -> PrioritizedSampler:
+        """The sampler that owns the priority trees (TorchRL's name for it)."""
+        return self.sampler
 
     # ------------------------------------------------------------------
     def update_tensordict_priority(self, data: TensorDictBase) -> None:

@@ -82,7 +82,7 @@ class PathGAEReplayBuffer(TensorDictReplayBuffer):
         self._finished = torch.zeros(size, dtype=torch.bool)
         self._path_length = 0  # steps stored since the last finish_path
         super().__init__(
-            storage=FastTensorStorage(size, device=device),
+            storage=FastTensorStorage(size, device=device, strict=True),
             sampler=DistinctUniformSampler(among=self._finished_steps),
             batch_size=batch_size,
             generator=generator,

@@ -35,9 +35,12 @@ from torchrl_ext._fastpath import fastpath_enabled
 from torchrl_ext.io.atomic_dir import atomic_save_dir, committed_dir, verify_checkpoint
 from torchrl_ext.io.state_files import load_state, save_state
 from torchrl_ext.replay_buffers._lean_extend import LeanExtend
-from torchrl_ext.storages._gathers import check_info_leads, gather_coordinates, gather_rows
+from torchrl_ext.storages._gathers import (
+    NO_ITEM_SHAPES, check_info_leads, gather_coordinates, gather_rows, item_batch_shapes,
+)
 from torchrl_ext.storages._numpy_rows import leaf_items
 from torchrl_ext.samplers.minibatch import _EpochMinibatchSampler
+from torchrl_ext.storages._layouts import has_lazy_stack
 from torchrl_ext.storages.fast import FastMemmapStorage, FastTensorStorage
 from torchrl_ext.storages.rollout import RolloutStorage
 from torchrl_ext.writers.rollout import RolloutWriter
@@ -99,6 +102,47 @@ def _info_entries(info: dict[Any, Any], batch: int) -> dict[Any, torch.Tensor]:
             value = torch.as_tensor(value)
         entries[key] = value.expand(batch) if value.ndim == 0 else value
     return entries
+
+
+def _gather_sample(storage: Any, index: Any, rows: Any, info: dict) -> Any:
+    """The sampled items with the sampler's ``info`` entries, as TorchRL's ``_sample`` builds
+    them: a fast storage's own gather, the gathers here on a plain layout, else the storage's
+    own indexing."""
+    if isinstance(storage, (FastTensorStorage, FastMemmapStorage)) and storage.ndim == 1 \
+            and isinstance(rows, torch.Tensor) and rows.ndim == 1:
+        return storage.gather(rows, _info_entries(info, rows.numel()))  # cached numpy reads
+    stored = _compat.stored_data(storage) if isinstance(storage, TensorStorage) else None
+    # Listed once per sample: TorchRL adds and replaces leaves of the stored TensorDict
+    # (a key that appears later, a load, memmap_()), which a kept list would miss.
+    leaves = leaf_items(stored) if _plain_layout(stored, storage) else None
+    if leaves is not None and all(isinstance(t, torch.Tensor) for _, t in leaves):
+        if isinstance(rows, torch.Tensor) and rows.ndim == 1 and storage.ndim == 1:
+            return gather_rows(stored, rows, extra=_info_entries(info, rows.numel()), leaves=leaves)
+        if _coordinates(index, storage):
+            batch = torch.broadcast_shapes(*(i.shape for i in index))[0]
+            return gather_coordinates(stored, index, extra=_info_entries(info, batch), leaves=leaves)
+    data = storage.get(_compat.storage_index(index, storage))  # non-tensor leaves, other layouts
+    locked = data.is_locked  # memory-mapped reads come locked; TorchRL unlocks to add the info
+    if locked:
+        data.unlock_()
+    for key, value in _info_entries(info, data.shape[0]).items():
+        if value.ndim < data.ndim:  # per-item info over [B, T] windows, as TorchRL does
+            value = expand_as_right(value, data)
+        data.set(key, value)
+    if locked:
+        data.lock_()
+    return data
+
+
+def _plain_layout(stored: Any, storage: Any) -> bool:
+    """Whether ``stored`` (a TorchRL storage's data) is a TensorDict whose items have no batch
+    dims of their own and no lazy stacks: the layout the gathers here assemble. Other layouts
+    take the storage's own indexing."""
+    return (
+        isinstance(stored, TensorDictBase)
+        and not has_lazy_stack(stored)
+        and item_batch_shapes(stored, storage.ndim) is NO_ITEM_SHAPES
+    )
 
 
 def _coordinates(index: Any, storage: Any) -> bool:
@@ -191,6 +235,20 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
                 "the priorities afterwards."
             ) from err
 
+    def update_priority(self, index: Any, priority: Any = None) -> None:
+        """TorchRL's ``update_priority(index, priority)``; a sampled TensorDict alone
+        (``update_priority(batch)``, as TorchRL's reference scripts call it) writes back its
+        ``priority_key`` entry at its ``"index"``, as :meth:`update_tensordict_priority`."""
+        if priority is None:
+            if not is_tensor_collection(index):
+                raise TypeError(
+                    "update_priority needs a priority: update_priority(index, priority), or "
+                    f"update_priority(batch) with a sampled TensorDict; got index={type(index).__name__} "
+                    "and no priority."
+                )
+            return self.update_tensordict_priority(index)
+        return super().update_priority(index, priority)
+
     def add(self, data: Any) -> Any:
         """TorchRL's ``add``; a write the storage refuses leaves the writer's cursor unmoved,
         and a priority entry the sampler would refuse is refused before the item is stored."""
@@ -268,27 +326,7 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
             info["index"] = index
             # Samplers may hand back a 1-tuple of coordinates for a 1-D storage.
             rows = index[0] if isinstance(index, tuple) and len(index) == 1 else index
-            stored = _compat.stored_data(storage) if isinstance(storage, TensorStorage) else None
-            # Listed once per sample: TorchRL adds and replaces leaves of the stored TensorDict
-            # (a key that appears later, a load, memmap_()), which a kept list would miss.
-            leaves = None if stored is None else leaf_items(stored)
-            if leaves is not None and not all(isinstance(t, torch.Tensor) for _, t in leaves):
-                leaves = None  # non-tensor leaves: the storage's own indexing below
-            if leaves is not None and isinstance(rows, torch.Tensor) and rows.ndim == 1 and storage.ndim == 1:
-                extra = _info_entries(info, rows.numel())
-                if isinstance(storage, (FastTensorStorage, FastMemmapStorage)):  # cached numpy reads
-                    data = storage.gather(rows, extra, leaves=leaves)
-                else:
-                    data = gather_rows(stored, rows, extra=extra, leaves=leaves)
-            elif leaves is not None and _coordinates(index, storage):
-                batch = torch.broadcast_shapes(*(i.shape for i in index))[0]
-                data = gather_coordinates(stored, index, extra=_info_entries(info, batch), leaves=leaves)
-            else:  # anything else: the storage's own indexing, same info entries
-                data = storage.get(_compat.storage_index(index, storage))
-                for key, value in _info_entries(info, data.shape[0]).items():
-                    if value.ndim < data.ndim:  # per-item info over [B, T] windows, as TorchRL does
-                        value = expand_as_right(value, data)
-                    data.set(key, value)
+            data = _gather_sample(storage, index, rows, info)
         data = _compat.collate(self, data)
         if self._has_transform():
             with data.unlock_():

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import math
 from multiprocessing.context import get_spawning_popen
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from torchrl_ext._checks import check_real
-from torchrl_ext.io.state_files import StateFiles
+from torchrl_ext.io.state_files import StateFiles, load_json
 
 __all__ = ["SHARING_REFUSED", "PriorityCheckpoints"]
 
@@ -27,6 +29,11 @@ SHARING_REFUSED = (
     "process from the shared ring cursors, or keep the whole buffer in one Ray actor "
     "(torchrl_ext.distributed.ray_replay_buffer) and write to it from any process."
 )
+
+
+def _is_torchrl_tree(tree: Any) -> bool:
+    """Whether ``tree`` is one of TorchRL's C++ segment trees (a ``PrioritizedSampler`` state)."""
+    return hasattr(tree, "capacity") and all(callable(getattr(tree, name, None)) for name in ("scan_lower_bound", "query"))
 
 
 class PriorityCheckpoints(StateFiles):
@@ -49,11 +56,20 @@ class PriorityCheckpoints(StateFiles):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restores a :meth:`state_dict`; everything is checked before anything changes."""
+        """Restores a :meth:`state_dict`, or the ``state_dict()`` of TorchRL's
+        ``PrioritizedSampler`` (priorities kept); everything is checked before anything changes."""
+        if isinstance(state_dict, dict) and _is_torchrl_tree(state_dict.get("_sum_tree")):
+            # TorchRL's C++ trees round their size up to the power of two above max_capacity.
+            tree = state_dict["_sum_tree"]
+            size = tree.capacity() if callable(tree.capacity) else tree.capacity
+            leaves = torch.as_tensor(tree[torch.arange(size)], dtype=torch.float64)
+            fits = size == 1 << self._capacity.bit_length() and not bool(leaves[self._capacity:].any())
+            capacity = self._capacity if fits else f"{size} (rounded up)"
+            return self._load_torchrl_state(state_dict, leaves[: self._capacity], capacity)
         if not isinstance(state_dict, dict) or not isinstance(state_dict.get("_sum_tree"), dict):
             raise ValueError(
-                "state_dict was not produced by torchrl_ext's PrioritizedSampler; "
-                "a TorchRL PrioritizedSampler state holds C++ trees that cannot be loaded here."
+                "state_dict was not produced by a PrioritizedSampler (torchrl_ext's or TorchRL's); "
+                "pass the sampler's own state_dict()."
             )
         missing = sorted({"_alpha", "_beta", "_eps", "_max_seen", "_initial_priority", "_weights",
                           "_max_priority_within_buffer"} - state_dict.keys())
@@ -67,7 +83,7 @@ class PriorityCheckpoints(StateFiles):
                 f"max_priority_within_buffer={saved[1]}; build the sampler the same way."
             )
         alpha = check_real("alpha", state_dict["_alpha"], low=0.0)
-        beta = check_real("beta", state_dict["_beta"], low=0.0, high=1.0)
+        beta = check_real("beta", state_dict["_beta"], low=0.0)
         eps = check_real("eps", state_dict["_eps"], low=0.0)
         initial_priority = check_real("initial_priority", state_dict["_initial_priority"], low=0.0)
         max_seen = state_dict["_max_seen"]
@@ -78,6 +94,45 @@ class PriorityCheckpoints(StateFiles):
         self._priority_exponent, self._weight_exponent, self._priority_offset = alpha, beta, eps
         self._initial_priority, self._max_seen = initial_priority, float(max_seen)
         written = torch.nonzero(self._tree.leaves)
+        self._written_below = int(written.max()) + 1 if written.numel() else 0
+
+    def loads(self, path: str | Path) -> None:
+        """Restores what :meth:`dumps` wrote, or what TorchRL's ``PrioritizedSampler.dumps``
+        wrote (``sumtree.memmap`` and ``sampler_metadata.json``), all or nothing."""
+        path = Path(path).absolute()
+        if (path / "sumtree.memmap").is_file() and not (path / self.state_files[0]).is_file():
+            metadata = load_json(path / "sampler_metadata.json")
+            capacity = metadata.get("_max_capacity") if isinstance(metadata, dict) else None
+            if not isinstance(capacity, (int, float)) or capacity != int(capacity) or capacity < 0:
+                raise ValueError(f"{path / 'sampler_metadata.json'} is not TorchRL's sampler metadata.")
+            leaves = np.fromfile(path / "sumtree.memmap", dtype=np.float64)
+            if leaves.size != int(capacity):
+                raise ValueError(
+                    f"{path / 'sumtree.memmap'} holds {leaves.size} priorities, its metadata says "
+                    f"{int(capacity)}: it is damaged. Restore the folder from the same save."
+                )
+            return self._load_torchrl_state(metadata, torch.from_numpy(leaves), int(capacity))
+        return super().loads(path)
+
+    def _load_torchrl_state(self, state: dict[str, Any], leaves: torch.Tensor, capacity: Any) -> None:
+        """Loads TorchRL's sampler state: its sum tree holds the same ``(p + eps) ** alpha`` per
+        item, and ``_max_priority`` the raw maximum. This sampler's own settings
+        (``initial_priority``, ``weights``, ``max_priority_within_buffer``) stay."""
+        self._check_geometry(capacity)
+        alpha = check_real("alpha", state.get("_alpha"), low=0.0)
+        beta = check_real("beta", state.get("_beta"), low=0.0)
+        eps = check_real("eps", state.get("_eps"), low=0.0)
+        max_priority = state.get("_max_priority")
+        max_priority = max_priority[0] if isinstance(max_priority, (tuple, list)) and max_priority else None
+        max_seen = -math.inf if max_priority is None else float(max_priority)
+        if not bool(torch.isfinite(leaves).all()) or bool((leaves < 0).any()) or math.isnan(max_seen):
+            raise ValueError("the TorchRL sampler state holds priorities that are not finite and >= 0; it is damaged.")
+        written = torch.nonzero(leaves).flatten()
+        self._tree.clear()
+        if written.numel():
+            self._tree._write(written, leaves[written].to(self.dtype))
+        self._priority_exponent, self._weight_exponent, self._priority_offset = alpha, beta, eps
+        self._max_seen = max_seen
         self._written_below = int(written.max()) + 1 if written.numel() else 0
 
     def _check_geometry(self, capacity: int) -> None:

@@ -11,12 +11,13 @@ from typing import Any
 import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
+from tensordict.utils import expand_as_right
 
 from torchrl_ext import _compat
 from torchrl_ext.storages._numpy_rows import TORCH_DTYPES, Columns
 from torchrl_ext.storages import _output_memory
 
-__all__ = ["assemble", "gather_coordinates", "gather_rows", "select_rows", "take", "take_rows"]
+__all__ = ["NO_ITEM_SHAPES", "assemble", "item_batch_shapes", "gather_coordinates", "gather_rows", "select_rows", "take", "take_rows"]
 
 def check_info_leads(key: Any, value: torch.Tensor, batch_size: torch.Size) -> None:
     """Refuses sampler info whose shape does not start with ``batch_size``."""
@@ -27,12 +28,43 @@ def check_info_leads(key: Any, value: torch.Tensor, batch_size: torch.Size) -> N
         )
 
 
+#: Item batch shapes of a stored TensorDict (:func:`item_batch_shapes`): the root's, and
+#: ``(key, shape)`` of each sub-TensorDict with more batch dims than the root, deepest first.
+ItemShapes = tuple[torch.Size, tuple[tuple[Any, torch.Size], ...]]
+NO_ITEM_SHAPES: ItemShapes = (torch.Size(), ())
+
+
+def item_batch_shapes(stored: TensorDictBase, batch_dims: int) -> ItemShapes:
+    """The batch shape one stored item keeps beyond the ``batch_dims`` index dims: a ``[N, 2]``
+    TensorDict stored with one index dim has items of batch shape ``[2]``, and a sub-TensorDict
+    ``"agents"`` of batch shape ``[N, 3]`` under a ``[N]`` root has items of shape ``[3]``.
+    Reads keep them, as TensorDict's own indexing does (multi-agent keys rely on it).
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> td = TensorDict({"agents": TensorDict({"o": torch.zeros(5, 3, 2)}, [5, 3])}, [5])
+        >>> item_batch_shapes(td, 1)
+        (torch.Size([]), ((('agents',), torch.Size([3])),))
+    """
+    root = stored.batch_size[batch_dims:]
+    subs = []
+    for key, value in stored.items(include_nested=True):
+        if isinstance(value, TensorDictBase) and value.batch_dims > stored.batch_dims:
+            key = key if isinstance(key, tuple) else (key,)
+            subs.append((key, value.batch_size[batch_dims:]))
+    subs.sort(key=lambda entry: -len(entry[0]))  # children before parents
+    return (root, tuple(subs)) if root or subs else NO_ITEM_SHAPES
+
+
 def assemble(entries: dict[Any, torch.Tensor], batch_size: torch.Size, device: Any,
-             extra: dict[Any, torch.Tensor] | None = None) -> TensorDict:
+             extra: dict[Any, torch.Tensor] | None = None, item_shapes: ItemShapes = NO_ITEM_SHAPES) -> TensorDict:
     """``TensorDict({**entries, **extra}, batch_size, device)`` without re-checking ``entries``.
 
     ``entries`` must already lead with ``batch_size`` and live on ``device`` (gathered from a
     storage's own leaves); ``extra`` (sampler info) is checked, moved to ``device`` and added.
+    ``item_shapes`` (:func:`item_batch_shapes` of the stored data) restores the batch dims
+    that stored items keep beyond ``batch_size``.
 
     Examples:
         >>> import torch
@@ -48,7 +80,21 @@ def assemble(entries: dict[Any, torch.Tensor], batch_size: torch.Size, device: A
         check_info_leads(key, value, batch_size)
         entries[key] = value if device is None or value.device == device else value.to(device)
     # The entries satisfy TensorDict's batch-dim and device checks by construction.
-    return _compat.unchecked_tensordict(entries, batch_size, device)
+    if item_shapes is NO_ITEM_SHAPES:
+        return _compat.unchecked_tensordict(entries, batch_size, device)
+    root, subs = item_shapes
+    if root:  # sampler info leads with the sample's shape only: it is added after
+        data = _compat.unchecked_tensordict(
+            {key: value for key, value in entries.items() if key not in (extra or {})}, batch_size + root, device)
+    else:
+        data = _compat.unchecked_tensordict(entries, batch_size, device)
+    for key, shape in subs:
+        data.get(key).batch_size = batch_size + shape
+    if root:
+        for key, value in (extra or {}).items():
+            data.set(key, expand_as_right(value, data))  # as TorchRL's buffer sets "index"
+    return data
+
 
 
 def gather_rows(
@@ -57,6 +103,7 @@ def gather_rows(
     extra: dict[Any, torch.Tensor] | None = None,
     leaves: list[tuple[Any, torch.Tensor]] | None = None,
     pinned: bool = False,
+    item_shapes: ItemShapes = NO_ITEM_SHAPES,
 ) -> TensorDict:
     """``stored[index]`` for a 1-D index, one ``index_select`` per leaf, plus ``extra`` entries.
 
@@ -68,9 +115,10 @@ def gather_rows(
             (listing them costs microseconds per call).
         pinned: gather CPU leaves into page-locked host memory (needs an accelerator;
             ``extra`` entries are added as they are).
+        item_shapes: :func:`item_batch_shapes` of ``stored`` when it has any.
 
     Returns:
-        A TensorDict of batch size ``[len(index)]`` on ``stored``'s device.
+        A TensorDict of batch size ``[len(index), *item batch shape]`` on ``stored``'s device.
 
     Examples:
         >>> import torch
@@ -87,7 +135,7 @@ def gather_rows(
     if leaves is None:
         leaves = stored.items(include_nested=True, leaves_only=True)
     entries = {key: select_rows(tensor, index, pinned=pinned) for key, tensor in leaves}
-    return assemble(entries, index.shape, device, extra)
+    return assemble(entries, index.shape, device, extra, item_shapes)
 
 
 def select_rows(tensor: torch.Tensor, index: torch.Tensor, *, pinned: bool = False) -> torch.Tensor:
@@ -149,6 +197,7 @@ def gather_coordinates(
     extra: dict[Any, torch.Tensor] | None = None,
     leaves: Any = None,
     pinned: bool = False,
+    item_shapes: ItemShapes = NO_ITEM_SHAPES,
 ) -> TensorDict:
     """``stored[index]`` for one integer tensor per leading dim: one ``index_select``
     of flat rows per leaf (TensorDict's advanced indexing costs several times more).
@@ -185,4 +234,4 @@ def gather_coordinates(
             key: select_rows(leaf.flatten(0, ndim - 1), flat, pinned=pinned).reshape(*shape, *leaf.shape[ndim:])
             for key, leaf in leaves
         }
-    return assemble(entries, shape, device, extra)
+    return assemble(entries, shape, device, extra, item_shapes)

@@ -14,7 +14,8 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 from torchrl_ext.storages._numpy_rows import Columns, leaf_items, numpy_columns
-from torchrl_ext.storages.fast import _layout, _raise_layout_mismatch, _refuse_non_tensors
+from torchrl_ext.storages._gathers import NO_ITEM_SHAPES, ItemShapes, item_batch_shapes
+from torchrl_ext.storages._layouts import _layout, _raise_layout_mismatch, _refuse_non_tensors
 
 __all__ = ["RingData"]
 
@@ -64,6 +65,8 @@ class RingData:
             batch_size=shape,
             device=self.device,
         )
+        for key, item_shape in item_batch_shapes(data, batch_dims)[1]:  # ("agents", ...) of [N, A]
+            self.data.get(key).batch_size = shape + item_shape
         self.index_leaves()
 
     def as_leaf(self, memory: torch.Tensor) -> torch.Tensor:
@@ -79,6 +82,7 @@ class RingData:
         self.draw_cache: tuple | None = None
         self.flat: list[tuple[Any, torch.Tensor]] = []  # (key, memory as [E*L, ...] rows)
         self.layout: dict | None = None
+        self.item_shapes: ItemShapes = NO_ITEM_SHAPES  # batch dims a stored step keeps (reads restore them)
         if self.data is None:
             return
         for key, leaf in leaf_items(self.data):
@@ -88,6 +92,7 @@ class RingData:
                 self.data.set(key, self.as_leaf(memory))
             self.flat.append((key, memory.view(-1, *memory.shape[2:])))
         self.layout = _layout(self.data, 2)
+        self.item_shapes = item_batch_shapes(self.data, 2)
 
     def write(self, env: torch.Tensor, position: torch.Tensor, data: TensorDictBase, owner: str) -> torch.Tensor:
         """Copies ``data`` (batch shape ``env.shape``) to the rows of ``(env, position)`` and
@@ -239,7 +244,7 @@ class RingData:
     def __getstate__(self) -> dict[str, Any]:
         state = dict(vars(self))
         # Derived views: pickled apart, they would arrive as copies. Rebuilt on arrival.
-        for name in ("read_columns_cache", "step_columns_cache", "draw_cache", "flat", "layout"):
+        for name in ("read_columns_cache", "step_columns_cache", "draw_cache", "flat", "layout", "item_shapes"):
             state.pop(name)
         # Shared counters travel as the torch tensors torch.multiprocessing shares; others as
         # the numpy arrays, with the views rebuilt on them.

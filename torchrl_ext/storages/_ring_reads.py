@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 
 from torchrl_ext.storages._gathers import assemble, select_rows, take, take_rows
 from torchrl_ext.storages._ring_data import RingData
@@ -30,7 +30,7 @@ def gather(
         entries = {key: select_rows(leaf, rows, pinned=pinned) for key, leaf in rings.flat if key not in skip}
     if len(shape) != 1:  # else the rows already have the batch shape
         entries = {key: value.reshape(*shape, *value.shape[1:]) for key, value in entries.items()}
-    return assemble(entries, shape, rings.device, extra)
+    return assemble(entries, shape, rings.device, extra, rings.item_shapes)
 
 
 def gather_chain(
@@ -56,17 +56,14 @@ def gather_chain(
             continue
         value = pick(source, after if isinstance(key, tuple) and key[0] == "next" else root, pinned=pinned)
         entries[key] = value if flat_batch else value.reshape(*shape, *source.shape[1:])
-    return assemble(entries, shape, rings.device, extra)
+    return assemble(entries, shape, rings.device, extra, rings.item_shapes)
 
 
 def empty_result(rings: RingData, shape: tuple[int, ...]) -> TensorDictBase:
     """A TensorDict of batch size ``shape`` with the stored leaves' per-step shapes, unfilled."""
-    return TensorDict(
-        {key: torch.empty(*shape, *leaf.shape[1:], dtype=leaf.dtype, device=rings.device)
-         for key, leaf in rings.flat},
-        batch_size=shape,
-        device=rings.device,
-    )
+    entries = {key: torch.empty(*shape, *leaf.shape[1:], dtype=leaf.dtype, device=rings.device)
+               for key, leaf in rings.flat}
+    return assemble(entries, torch.Size(shape), rings.device, None, rings.item_shapes)
 
 
 def draw_uniform(

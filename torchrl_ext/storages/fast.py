@@ -14,13 +14,17 @@ checkpointing, and change only those two paths:
   ``index_select`` per stored tensor; other indices (ints, slices, negative
   indices, ...) go to TorchRL.
 
-It is also stricter than TorchRL, which silently adds a key that appears
-later, silently keeps stale values for a key that goes missing, and fails
-deep inside ``index_put`` on a shape or dtype change. Here every write is
-checked against what the first write stored (same keys, same per-item shapes
-and dtypes, no batch larger than the capacity) *before* anything is copied,
-and a mismatch raises a ``ValueError`` naming the key and the fix: stored
-data is never half-written.
+Everything else goes to TorchRL's own ``set`` and ``get``, so what TorchRL's storage
+accepts is accepted and stored alike: a key that appears after the first write is added
+(rows written before read it as zeros), a write without a stored key leaves that key's
+rows as they were (zeros on rows never written, where TorchRL would expose uninitialised
+memory), a batch larger than the capacity keeps its last ``max_size`` rows, and
+heterogeneous lazy stacks and writes inside ``torch.compile`` take TorchRL's code.
+A shape or dtype change, which TorchRL refuses deep inside ``index_put``, is refused
+before anything is copied with a :class:`StorageLayoutError` naming the key and the fix.
+
+``strict=True`` also refuses what TorchRL accepts silently (a new or missing key, a batch
+larger than the capacity), for code that wants every write to match the first.
 
 A drop-in: swap ``LazyTensorStorage`` for :class:`FastTensorStorage` (or
 ``LazyMemmapStorage`` for :class:`FastMemmapStorage`), keep everything else.
@@ -35,16 +39,21 @@ from typing import Any
 import numpy as np
 import torch
 from tensordict import TensorDictBase, is_tensor_collection
+from tensordict.utils import expand_as_right
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage
 from torchrl.data.replay_buffers.writers import RoundRobinWriter
 
 from torchrl_ext import _compat
 from torchrl_ext._checks import bounds, check_int
-from torchrl_ext.storages._gathers import assemble, gather_rows, take_rows
+from torchrl_ext.storages._layouts import (
+    StorageLayoutError, _check_common_keys, _layout, _newest_rows, _raise_key_mismatch, _refuse_non_tensors,
+    has_lazy_stack,
+)
+from torchrl_ext.storages._gathers import NO_ITEM_SHAPES, assemble, gather_rows, item_batch_shapes, take_rows
 from torchrl_ext.storages._numpy_rows import ColumnCache, Columns, matching_arrays, leaf_items
 from torchrl_ext.storages._output_memory import PinnedOutputs
 
-__all__ = ["FastMemmapStorage", "FastTensorStorage", "gather_rows"]
+__all__ = ["FastMemmapStorage", "FastTensorStorage", "StorageLayoutError", "gather_rows"]
 
 
 @contextlib.contextmanager
@@ -71,22 +80,73 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
     """Mixin over a TorchRL ``TensorStorage``: the two fast paths described above, gathering
     into pinned memory for buffers that pin their samples (:class:`PinnedOutputs`)."""
 
-    def __init__(self, max_size: int, *args: Any, **kwargs: Any) -> None:
+    #: Whether the stored data holds a lazy stack (heterogeneous agents, ...): TorchRL's
+    #: reads and writes handle it, the column paths here do not.
+    _lazy_stacked = False
+    #: :func:`~torchrl_ext.storages._gathers.item_batch_shapes` of the stored data, kept by
+    #: :meth:`_note_layout` after every write that can change the stored structure.
+    _item_shapes = NO_ITEM_SHAPES
+
+    def __init__(self, max_size: int, *args: Any, strict: bool = False, **kwargs: Any) -> None:
         check_int("max_size", max_size, minimum=1)  # TorchRL fails later, or never, on 0 or -1
+        if not isinstance(strict, bool):
+            raise TypeError(f"strict must be True or False, got {strict!r}.")
         super().__init__(max_size, *args, **kwargs)
+        self.strict = strict
 
     def _init(self, data: Any) -> None:
         # TorchRL's hook that allocates the leaves at the first write. Its log line names
         # TorchRL's class ("Initialized LazyTensorStorage ..."): this storage's names itself.
         with _own_name_in_init_log(type(self).__name__):
             super()._init(data)
+        self._note_layout()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self._note_layout()
+
+    def _note_layout(self) -> None:
+        """Records what the read paths need to know of the stored structure (lazy stacks,
+        batch dims items keep): after the first write, a load, and TorchRL's own writes."""
+        stored = _compat.stored_data(self)
+        self._lazy_stacked = has_lazy_stack(stored)
+        self._item_shapes = (
+            item_batch_shapes(stored, 1) if isinstance(stored, TensorDictBase) and not self._lazy_stacked
+            else NO_ITEM_SHAPES
+        )
+
+    def _torchrl_path(self) -> bool:
+        """Whether reads and writes go to TorchRL's own code: multi-dim storages, stored lazy
+        stacks and traced code (the paths here call numpy)."""
+        return self.ndim != 1 or self._lazy_stacked or torch.compiler.is_compiling()
+
+    def _torchrl_set(self, cursor: Any, data: Any, set_cursor: bool) -> None:
+        """TorchRL's ``set``, looked up past this class in the MRO: it is a pyvers
+        ``implement_for`` object, which dynamo traces when called but not through ``super()``."""
+        mro = type(self).__mro__
+        for cls in mro[mro.index(_SliceWritesIndexSelectReads) + 1:]:
+            if "set" in cls.__dict__:
+                return cls.__dict__["set"](self, cursor, data, set_cursor=set_cursor)
+        raise AssertionError("no TorchRL set found")  # unreachable: TensorStorage defines set
 
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
+        if torch.compiler.is_compiling():
+            return self._torchrl_set(cursor, data, set_cursor)
+        if has_lazy_stack(data) or self._torchrl_path():
+            super().set(cursor, data, set_cursor=set_cursor)
+            self._note_layout()
+            return
         if isinstance(cursor, torch.Tensor) and cursor.numel() == 0 and self.initialized:
             # Nothing to write. TorchRL would record the empty cursor as the last one
             # written, and its checkpointer then fails on the next dumps().
             return
-        leaves = self._checked_leaves(cursor, data) if self.ndim == 1 else None
+        if not self.strict:
+            cursor, data = _newest_rows(cursor, data, self.max_size)
+        leaves = self._checked_leaves(cursor, data)
+        if leaves is _TORCHRL_WRITE:
+            super().set(cursor, data, set_cursor=set_cursor)
+            self._note_layout()
+            return
         ranges = self._ring_ranges(cursor, data)
         if ranges is None:
             return super().set(cursor, data, set_cursor=set_cursor)
@@ -119,16 +179,16 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
             data = data.clone(False)
             for key, value in extra.items():
                 data.set(key, value)
-        leaves = self._checked_leaves(cursor, data)
-        if leaves is None:
+        leaves = None if self._torchrl_path() or has_lazy_stack(data) else self._checked_leaves(cursor, data)
+        if leaves is None or leaves is _TORCHRL_WRITE:
             self.set(cursor, data)
         else:
             self._copy_ranges(leaves, ranges, cursor, data, True)
         return None
 
     def _columns_of(self, data: Any) -> Columns | None:
-        """:meth:`_columns` when ``data`` is a ``[N]`` batch (the numpy write paths' case)."""
-        if not isinstance(data, TensorDictBase) or data.batch_dims != 1:
+        """:meth:`_columns` when ``data`` is a dense ``[N]`` batch (the numpy write paths' case)."""
+        if not isinstance(data, TensorDictBase) or data.batch_dims != 1 or has_lazy_stack(data):
             return None
         return self._columns()
 
@@ -137,7 +197,7 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
         them, if the caller listed them); ``None`` otherwise or where numpy cannot view a leaf.
         Rebuilt when TorchRL replaces or moves a leaf (:class:`ColumnCache`)."""
         stored = _compat.stored_data(self)
-        if self.ndim != 1 or not isinstance(stored, TensorDictBase):
+        if self._torchrl_path() or not isinstance(stored, TensorDictBase):
             return None
         cache = self.__dict__.get("_numpy_columns")
         if cache is None:
@@ -155,11 +215,14 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
 
         Shape contract: ``rows`` ``[B]`` gives a TensorDict of batch size ``[B]``.
         """
+        if self._torchrl_path():
+            return _with_entries(super().get(rows), extra)
         stored = _compat.stored_data(self)
         columns = self._columns(leaves) if rows.is_cpu and not self._pin_outputs else None
         if columns is not None:
-            return assemble(take_rows(columns, rows), rows.shape, stored.device, extra)
-        return gather_rows(stored, rows, extra=extra, leaves=leaves, pinned=self._pin_outputs)
+            return assemble(take_rows(columns, rows), rows.shape, stored.device, extra, self._item_shapes)
+        return gather_rows(stored, rows, extra=extra, leaves=leaves, pinned=self._pin_outputs,
+                           item_shapes=self._item_shapes)
 
     def _numpy_pairs(self, data: Any) -> list | None:
         """``(stored, new rows)`` numpy views for a ``[N]`` batch that matches the stored
@@ -168,7 +231,7 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
         columns = self._columns_of(data)
         return None if columns is None else matching_arrays(data, columns, data.shape[0])
 
-    def _checked_leaves(self, cursor: Any, data: Any) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+    def _checked_leaves(self, cursor: Any, data: Any) -> Any:
         """:meth:`_check_matches_storage`; a refused write first moves back the writer that advanced for it."""
         try:
             return self._check_matches_storage(cursor, data)
@@ -216,20 +279,21 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
                     and _compat.write_count(writer) >= count:
                 _compat.set_writer_cursor(writer, start, written=-count)
 
-    def _check_matches_storage(
-        self, cursor: Any, data: Any
-    ) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
+    def _check_matches_storage(self, cursor: Any, data: Any) -> Any:
         """Raises before any copy if ``data`` does not fit what is stored.
 
-        Returns ``(stored tensor, data tensor)`` pairs when the storage is
-        initialised and every leaf is a tensor, else ``None``.
+        Returns ``(stored tensor, data tensor)`` pairs when the storage is initialised, every
+        leaf is a tensor and the keys are the stored ones; ``_TORCHRL_WRITE`` when the keys
+        differ in a storage that is not strict (TorchRL's ``set`` then adds or skips them);
+        else ``None``.
         """
         single = isinstance(cursor, int) and not isinstance(cursor, bool)
-        if not single and hasattr(data, "shape") and data.ndim and len(data) > self.max_size:
-            raise ValueError(
+        if self.strict and not single and hasattr(data, "shape") and data.ndim and len(data) > self.max_size:
+            raise StorageLayoutError(
                 f"cannot write a batch of {len(data)} items into a storage of capacity "
                 f"{self.max_size}; extend in chunks of at most {self.max_size} (or keep the "
-                f"newest: data[-{self.max_size}:])."
+                f"newest: data[-{self.max_size}:]), or build the storage with strict=False, "
+                "which keeps the newest as TorchRL does."
             )
         if not self.initialized:
             _refuse_non_tensors(data, type(self).__name__)
@@ -244,11 +308,28 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
         if got is None or expected is None:
             return None
         if got != expected:
-            _raise_layout_mismatch(expected, got)
+            _check_common_keys(expected, got)
+            if self.strict:
+                _raise_key_mismatch(expected, got, " (or with strict=False, which adds and skips keys as TorchRL does)")
+            self._zero_unwritten_rows(cursor, expected.keys() - got.keys())
+            return _TORCHRL_WRITE
         stored = _compat.stored_data(self)
         if isinstance(data, torch.Tensor):
             return [(stored, data)]
         return [(stored.get(key), leaf) for key, leaf in leaf_items(data)]
+
+    def _zero_unwritten_rows(self, cursor: Any, keys: Any) -> None:
+        """Zeroes the stored ``keys`` at the rows of ``cursor`` never written (past the filled
+        part): a write without them leaves them as they were, which there is uninitialised
+        memory. Rows written before keep their values, as in TorchRL."""
+        if not keys:
+            return
+        rows = torch.as_tensor(cursor).reshape(-1)
+        rows = rows[rows >= len(self)]
+        if rows.numel():
+            stored = _compat.stored_data(self)
+            for key in keys:
+                stored.get(key)[rows.to(stored.device)] = 0
 
     def _stored_layout(self) -> dict[Any, tuple[tuple[int, ...], torch.dtype]] | None:
         # Read each time: a load_state_dict can add leaves to the same stored TensorDict.
@@ -286,14 +367,14 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
             and index.numel() > 0
             and not index.dtype.is_floating_point
             and index.dtype is not torch.bool
-            and self.ndim == 1
             and self.initialized
             and isinstance(stored, TensorDictBase)
+            and not self._torchrl_path()
         ):
             low, high = bounds(index)
             size = len(self)
             if 0 <= low and high < size:
-                return gather_rows(stored, index, pinned=self._pin_outputs)
+                return gather_rows(stored, index, pinned=self._pin_outputs, item_shapes=self._item_shapes)
             if low < -size or high >= size:
                 bad = high if high >= size else low
                 raise IndexError(
@@ -332,54 +413,25 @@ def _ring_slices(start: int, n: int, capacity: int) -> list[tuple[int, int, int,
     return ranges
 
 
-def _layout(data: Any, item_dims: int) -> dict[Any, tuple[tuple[int, ...], torch.dtype]] | None:
-    """Per-leaf item shape (without the first ``item_dims`` dims) and dtype."""
-    if isinstance(data, torch.Tensor):
-        return {"": (tuple(data.shape[item_dims:]), data.dtype)}
-    if not isinstance(data, TensorDictBase):
-        return None
-    layout = {}
-    for key, leaf in leaf_items(data):
-        if not isinstance(leaf, torch.Tensor):
-            return None  # a non-tensor leaf: the callers refuse the batch (_refuse_non_tensors)
-        layout[key] = (tuple(leaf.shape[item_dims:]), leaf.dtype)
-    return layout
+#: :meth:`_SliceWritesIndexSelectReads._check_matches_storage`'s answer for a write whose keys
+#: differ from the stored ones in a storage that is not strict: TorchRL's ``set`` writes it.
+_TORCHRL_WRITE = object()
 
 
-def _refuse_non_tensors(data: Any, owner: str) -> None:
-    """Raises ``TypeError`` if the TensorDict ``data`` has non-tensor leaves, which ``owner`` does
-    not store (its reads gather tensors only: such entries would be lost without a word)."""
-    if not isinstance(data, TensorDictBase):
-        return
-    keys = [key for key, leaf in leaf_items(data) if not isinstance(leaf, torch.Tensor)]
-    if keys:
-        raise TypeError(
-            f"data has non-tensor entries {keys}; {owner} stores tensors only. Drop them "
-            f"(data.exclude(*{keys!r})), or keep such data in TorchRL's LazyTensorStorage."
-        )
-
-
-def _raise_layout_mismatch(expected: dict, got: dict) -> None:
-    missing = sorted(map(str, expected.keys() - got.keys()))
-    extra = sorted(map(str, got.keys() - expected.keys()))
-    if missing or extra:
-        raise ValueError(
-            f"data keys differ from the stored keys (missing: {missing}, extra: {extra}); "
-            "write the same keys every time, e.g. data.select(*stored_keys), or build "
-            "the storage from a sample that has all of them."
-        )
-    for key, (shape, dtype) in expected.items():
-        got_shape, got_dtype = got[key]
-        if got_shape != shape:
-            raise ValueError(
-                f"key {key!r}: stored items have shape {list(shape)}, got {list(got_shape)}; "
-                "per-item shapes must not change after the first write."
-            )
-        if got_dtype != dtype:
-            raise ValueError(
-                f"key {key!r}: stored dtype is {dtype}, got {got_dtype}; convert the data, "
-                f"e.g. tensor.to({dtype})."
-            )
+def _with_entries(data: TensorDictBase, extra: dict[Any, torch.Tensor] | None) -> TensorDictBase:
+    """``data`` with the ``extra`` entries set (on a shallow copy: ``data`` may be stored)."""
+    if not extra:
+        return data
+    data = data.copy()
+    locked = data.is_locked  # memory-mapped reads come locked; TorchRL unlocks to add the info
+    if locked:
+        data.unlock_()
+    for key, value in extra.items():
+        # Over items with batch dims of their own, as TorchRL's buffer writes "index".
+        data.set(key, expand_as_right(value, data) if value.ndim < data.batch_dims else value)
+    if locked:
+        data.lock_()
+    return data
 
 
 class FastTensorStorage(_SliceWritesIndexSelectReads, LazyTensorStorage):

@@ -37,7 +37,7 @@ from torchrl_ext.io.state_files import (
     tensordict_from_state,
     tensordict_state,
 )
-from torchrl_ext.storages._gathers import gather_coordinates
+from torchrl_ext.storages._gathers import gather_coordinates, item_batch_shapes
 from torchrl_ext.storages._numpy_rows import leaf_items
 from torchrl_ext.storages._output_memory import PinnedOutputs
 
@@ -332,7 +332,8 @@ class RolloutStorage(PinnedOutputs, Storage):
         ):
             # Coordinates from a sampler: flat rows gathered with index_select, which
             # beats TensorDict's advanced indexing (benchmarks/bench_storage.py).
-            return gather_coordinates(stored, index, pinned=self._pin_outputs)
+            return gather_coordinates(stored, index, pinned=self._pin_outputs,
+                                      item_shapes=item_batch_shapes(stored, stored.batch_dims))
         return stored[: self._num_steps][index]
 
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:

@@ -6,6 +6,8 @@ from torchrl_ext.value.functional import (
     td_lambda_return_estimate,
     vtrace_advantage_estimate,
 )
+from torchrl_ext.value.losses import make_value_estimator
+from torchrl_ext.value.td_lambda import TDLambda
 from torchrl_ext.value.normalizers import (
     IntrinsicRewardNormalizer,
     RunningMeanStd,
@@ -17,10 +19,12 @@ __all__ = [
     "GAE",
     "IntrinsicRewardNormalizer",
     "RunningMeanStd",
+    "TDLambda",
     "VTrace",
     "ValueNorm",
     "discounted_cumsum",
     "generalized_advantage_estimate",
+    "make_value_estimator",
     "td_lambda_return_estimate",
     "vtrace_advantage_estimate",
 ]

@@ -8,9 +8,12 @@ things TorchRL's ``GAE`` lacks: team-level reward/done broadcast to per-agent
 values (so one class serves single- and multi-agent data) and an optional
 value normalizer (HARL's ``ValueNorm``) applied before the recursion.
 
-Both are registered in TorchRL's value-estimator registry under
-:class:`ExtValueEstimators`, so ``build_value_estimator(loss, "ext_gae")`` and
-``loss.make_value_estimator(GAE, gamma=..., lmbda=...)`` work.
+Both (and :class:`~torchrl_ext.value.TDLambda`) are registered in TorchRL's value-estimator
+registry under :class:`ExtValueEstimators` (``"ext_gae"``, ``"ext_vtrace"``,
+``"ext_td_lambda"``). To give a TorchRL loss one of them, with the loss's critic, actor
+and keys, call :func:`torchrl_ext.value.make_value_estimator` (``loss``, ``GAE``,
+``gamma=...``, ``lmbda=...``): TorchRL's ``loss.make_value_estimator(GAE, ...)`` builds the
+class without the loss's networks or keys.
 """
 from __future__ import annotations
 
@@ -35,10 +38,12 @@ __all__ = ["ExtValueEstimators", "GAE", "VTrace", "stored_action_log_prob"]
 
 
 class ExtValueEstimators(Enum):
-    """Registry keys of torchrl_ext's estimators (string aliases ``ext_gae``, ``ext_vtrace``)."""
+    """Registry keys of torchrl_ext's estimators (string aliases ``ext_gae``, ``ext_vtrace``,
+    ``ext_td_lambda``)."""
 
     EXT_GAE = "torchrl_ext generalized advantage estimate (log-depth scan)"
     EXT_VTRACE = "torchrl_ext V-trace (log-depth scan)"
+    EXT_TD_LAMBDA = "torchrl_ext TD(lambda) (log-depth scan)"
 
 
 class _Signals(NamedTuple):
