@@ -172,8 +172,10 @@ def main() -> int:
     buffer_ratio = rows["stock"]["buffer_value_ms"] / rows["torchrl_ext"]["buffer_value_ms"]
     print(f"\nbuffer + value steps: {buffer_ratio:.2f}x stock")
     if args.json:
+        case = {"title": f"PPO update ({args.epochs} epochs of {FRAMES // MINI_BATCH} minibatches)",
+                "impls": rows, "bg_load": bg, "buffer_value_ratio": buffer_ratio}
         write_results(args.json, {"meta": environment_meta(started, load_start, loadavg(), args),
-                                  "rows": rows, "targets": [entry], "buffer_value_ratio": buffer_ratio}, checks)
+                                  "cases": {entry["case"]: case}, "targets": [entry]}, checks)
     return 0 if all(c.ok for c in checks) else 1
 
 

@@ -33,11 +33,13 @@ BENCHES = {
     "value": "GAE and V-trace",
     "dedup": "deduplicating pixel storage: insert and sample",
     "sweep": "sweeps: sample vs batch size and capacity, prioritized vs batch size, GAE vs T, V-trace vs (T, N)",
+    "ppo_loop": "TorchRL's PPO loop: stock components vs the README's swap (storage and GAE)",
 }
 
 # bench -> [(case regex, torchrl_ext implementation, candidate peers)]; the best peer of a case
 # is the fastest candidate present. Everything else in a case is a reference or a component.
 COMPARISONS: dict[str, list[tuple[str, str, list[str]]]] = {
+    "ppo_loop": [(r".", "torchrl_ext", ["stock"])],
     "storage": [(r".", "torchrl_ext", ["torchrl", "cpprb", "sb3"])],
     "prioritized": [(r"^per_1M_", "torchrl_ext", ["cpprb", "torchrl"]),
                     (r"^per_1M_", "torchrl_ext sampler only", ["torchrl sampler only"])],

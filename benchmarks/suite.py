@@ -43,7 +43,7 @@ BASELINE = HERE / "baseline_quick.json"
 REGRESSION_FACTOR = 2.0
 
 # Script order of a run, and the extra arguments of each under --quick (on top of --quick --no-wait).
-SCRIPTS = ["value", "prioritized", "storage", "ring", "minibatch", "dedup", "nstep", "onpolicy", "sweep"]
+SCRIPTS = ["value", "prioritized", "storage", "ring", "minibatch", "dedup", "nstep", "onpolicy", "sweep", "ppo_loop"]
 QUICK: dict[str, list[str]] = {
     "value": ["--only", "gae_T2048_N64_p0.01,gae_T32_N64_p0.01,vtrace"],
     "prioritized": ["--only", "per_1M"],  # the 10M tree is a memory target, measured in full runs
@@ -57,6 +57,7 @@ QUICK: dict[str, list[str]] = {
     "nstep": ["--only", "sample_B256_n5,insert"],  # the scaling case builds three more buffers
     "onpolicy": [],
     "sweep": [],
+    "ppo_loop": [],
 }
 
 

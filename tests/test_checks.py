@@ -131,10 +131,19 @@ def test_a_non_positive_setting_is_one_value_error(component, value):
     _raises(lambda: call(value), ValueError, rf"{name} must be > 0\.0, got {name}={value}")
 
 
-@pytest.mark.parametrize("component", list(POSITIVE))
+#: Clip thresholds: +inf clips nothing, as TorchRL's V-trace accepts it.
+INFINITE_ACCEPTED = {"VTrace", "functional V-trace", "VTraceReplayBuffer"}
+
+
+@pytest.mark.parametrize("component", sorted(set(POSITIVE) - INFINITE_ACCEPTED))
 def test_an_infinite_positive_setting_is_one_value_error(component):
     name, call = POSITIVE[component]
     _raises(lambda: call(math.inf), ValueError, rf"{name} must be a finite number, got {name}=inf")
+
+
+@pytest.mark.parametrize("component", sorted(INFINITE_ACCEPTED))
+def test_an_infinite_clip_threshold_is_accepted(component):
+    POSITIVE[component][1](math.inf)
 
 
 @pytest.mark.parametrize("component", list(POSITIVE))
@@ -174,8 +183,9 @@ def test_a_tensor_of_thresholds_is_checked_elementwise():
     per_step = torch.ones(5, 1)
     _raises(lambda: call(per_step * torch.tensor([[1.0], [0.0], [1.0], [1.0], [1.0]])), ValueError,
             r"rho_thresh must be > 0\.0, got values in \[0\.0, 1\.0\]")
-    _raises(lambda: call(per_step * math.inf), ValueError, r"rho_thresh must be a finite number, got values in \[inf, inf\]")
+    _raises(lambda: call(per_step * math.nan), ValueError, r"rho_thresh must be > 0\.0, got values in \[nan, nan\]")
     call(per_step * 2.0)  # accepted
+    call(per_step * math.inf)  # no clipping, as TorchRL accepts it
 
 
 def test_a_tensor_of_discounts_still_works():

@@ -110,16 +110,18 @@ def check_reals(
     low: float,
     high: float | None = None,
     open_low: bool = False,
+    finite: bool = True,
     shape: torch.Size | None = None,
     hint: str = "",
 ) -> None:
     """:func:`check_real` for a number, elementwise for a tensor of real numbers (per-step or
     per-env discounts, clip thresholds), which must also broadcast to ``shape`` when given.
-    Every element must be finite and in range; the messages are :func:`check_real`'s."""
+    Every element must be in range, and finite unless ``finite=False`` (a clip threshold of
+    ``+inf`` clips nothing); the messages are :func:`check_real`'s."""
     if not isinstance(value, torch.Tensor):
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise TypeError(f"{name} must be a real number or a tensor of them, got {value!r}{_end(hint)}")
-        check_real(name, value, low=low, high=high, open_low=open_low, hint=hint)
+        check_real(name, value, low=low, high=high, open_low=open_low, finite=finite, hint=hint)
         return
     if value.dtype is torch.bool or value.is_complex():
         raise TypeError(f"{name} must be a real number or a tensor of them, got dtype={value.dtype}{_end(hint)}")
@@ -135,10 +137,13 @@ def check_reals(
             )
     # One fused reduction: NaN fails every comparison, so it is caught too.
     ok = value > low if open_low else value >= low
-    ok = ok & (value <= high if high is not None else value < math.inf)
+    if high is not None:
+        ok = ok & (value <= high)
+    elif finite:
+        ok = ok & (value < math.inf)
     if not bool(ok.all()):
         what = _bound(low, high, open_low)
-        if bool(torch.isinf(value).any()) and not bool(torch.isnan(value).any()):
+        if finite and bool(torch.isinf(value).any()) and not bool(torch.isnan(value).any()):
             what = "a finite number"
         raise ValueError(
             f"{name} must be {what}, got values in [{value.min().item()}, {value.max().item()}]{_end(hint)}"

@@ -311,7 +311,7 @@ def test_a_bad_refresh_stores_nothing_in_vtrace():
 
 
 @pytest.mark.parametrize("name, value", [("advantage_eps", float("inf")), ("gamma", float("nan")),
-                                         ("rho_thresh", float("inf"))])
+                                         ("rho_thresh", float("nan"))])
 def test_non_finite_parameters_are_refused(name, value):
     rb = VTraceReplayBuffer(2)
     with pytest.raises(ValueError, match=f"{name} must be"):

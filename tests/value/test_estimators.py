@@ -1,6 +1,8 @@
 """GAE / VTrace modules: same results and keys as TorchRL's, multi-agent, ValueNorm, registry."""
 from __future__ import annotations
 
+import math
+
 import copy
 
 import pytest
@@ -157,7 +159,8 @@ def behaviour_batch():
     return td
 
 
-@pytest.mark.parametrize("kwargs", [{}, {"rho_thresh": 0.8, "c_thresh": 1.3}, {"average_adv": True}])
+@pytest.mark.parametrize("kwargs", [{}, {"rho_thresh": 0.8, "c_thresh": 1.3}, {"average_adv": True},
+                                    {"rho_thresh": math.inf, "c_thresh": math.inf}])  # no clipping, as TorchRL
 def test_vtrace_equals_torchrl_functional_on_the_stored_actions(kwargs):
     """TorchRL's V-trace math, fed the current policy's log-prob of the stored actions."""
     from torchrl.objectives.value.functional import vtrace_advantage_estimate as torchrl_vtrace

@@ -180,7 +180,8 @@ class OnPolicyReplayBuffer(TensorDictReplayBuffer):
         if name in ("gamma", "gamma_intrinsic") or (name == "gae_lambda" and value is not None):
             value = check_real(name, value, low=0.0, high=1.0)
         elif name in ("rho_thresh", "c_thresh"):
-            value = check_real(name, value, low=0.0, open_low=True, hint="e.g. 1.0, the IMPALA default")
+            value = check_real(name, value, low=0.0, open_low=True, finite=False,
+                               hint="e.g. 1.0, the IMPALA default (+inf: no clipping)")
         elif name == "advantage_eps":
             value = check_real(name, value, low=0.0)
         elif name == "normalize_advantage":

@@ -357,8 +357,10 @@ class VTrace(_SignalsMixin, _TorchRLVTrace):
         **kwargs,
     ) -> None:
         check_reals("gamma", gamma, low=0.0, high=1.0)
-        check_reals("rho_thresh", rho_thresh, low=0.0, open_low=True, hint="e.g. 1.0, the IMPALA default")
-        check_reals("c_thresh", c_thresh, low=0.0, open_low=True, hint="e.g. 1.0, the IMPALA default")
+        check_reals("rho_thresh", rho_thresh, low=0.0, open_low=True, finite=False,
+                hint="e.g. 1.0, the IMPALA default (+inf: no clipping)")
+        check_reals("c_thresh", c_thresh, low=0.0, open_low=True, finite=False,
+                hint="e.g. 1.0, the IMPALA default (+inf: no clipping)")
         super().__init__(
             gamma=gamma,
             actor_network=actor_network,

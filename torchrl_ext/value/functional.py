@@ -411,8 +411,8 @@ def vtrace_advantage_estimate(
         reward: ``r_t``, same shape.
         done: boolean, same shape.
         terminated: boolean, same shape. Defaults to ``done``.
-        rho_thresh: clip of the importance weight in the TD error (> 0).
-        c_thresh: clip of the trace coefficients (> 0).
+        rho_thresh: clip of the importance weight in the TD error (> 0; ``math.inf`` clips nothing).
+        c_thresh: clip of the trace coefficients (> 0; ``math.inf`` clips nothing).
 
     Keyword Args:
         time_dim: the time dimension. Defaults to ``-2``.
@@ -444,8 +444,10 @@ def vtrace_advantage_estimate(
         log_mu=log_mu,
     )
     check_reals("gamma", gamma, low=0.0, high=1.0, shape=state_value.shape)
-    check_reals("rho_thresh", rho_thresh, low=0.0, open_low=True, hint="e.g. 1.0, the IMPALA default")
-    check_reals("c_thresh", c_thresh, low=0.0, open_low=True, hint="e.g. 1.0, the IMPALA default")
+    check_reals("rho_thresh", rho_thresh, low=0.0, open_low=True, finite=False,
+                hint="e.g. 1.0, the IMPALA default (+inf: no clipping)")
+    check_reals("c_thresh", c_thresh, low=0.0, open_low=True, finite=False,
+                hint="e.g. 1.0, the IMPALA default (+inf: no clipping)")
     dim = resolve_time_dim(time_dim, state_value.ndim)
     return _with_autograd(
         _vtrace, _differentiable.vtrace, gamma, log_pi, log_mu, state_value, next_state_value, reward, done,
