@@ -3,8 +3,9 @@
 #   make test   create the venv, install the test extras, run the whole test suite
 # `make test-nightly` runs the same suite against torchrl-nightly + tensordict-nightly,
 # `make test-plain` runs it with every fast path off (TORCHRL_EXT_FASTPATH=0), and
-# `make test-soak` reruns the model-based hypothesis machines with SOAK examples each (all
-# called by .ci/run). Override the venv locations with VENV=... / NIGHTLY_VENV=...
+# `make test-soak` reruns the model-based hypothesis machines with SOAK examples each, and
+# `make docs` builds the documentation with warnings as errors (all called by .ci/run).
+# Override the venv locations with VENV=... / NIGHTLY_VENV=...
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -21,7 +22,7 @@ PYTEST := -m pytest -n $(PYTEST_WORKERS) --durations=15
 # torch is pinned here as well so pip never resolves a CUDA build of another release.
 TORCH_SPEC := torch>=2.14,<2.15
 
-.PHONY: demo test test-plain test-soak test-nightly bench bench-quick clean
+.PHONY: demo test test-plain test-soak test-nightly bench bench-quick docs clean
 
 $(VENV)/.installed-%: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -74,5 +75,10 @@ bench: $(VENV)/.installed-peers
 bench-quick: $(VENV)/.installed-peers
 	$(VENV)/bin/python benchmarks/suite.py --quick $(BENCH_ARGS)
 
+# The documentation (docs/conf.py): API reference and guides, warnings are errors (CI builds it).
+docs: $(VENV)/.installed-docs
+	$(VENV)/bin/python -m sphinx -W --keep-going -q -b html docs docs/_build/html
+	@echo "docs built: docs/_build/html/index.html"
+
 clean:
-	rm -rf $(VENV) $(NIGHTLY_VENV) outputs .pytest_cache
+	rm -rf $(VENV) $(NIGHTLY_VENV) outputs .pytest_cache docs/_build

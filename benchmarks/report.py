@@ -387,7 +387,10 @@ def readme_table(results: dict[str, dict[str, Any]]) -> str:
         measured = f"{t['ratio']:,.0f} {unit}" if unit else fmt_ratio(t["ratio"])
         goal = (f"<= {t['target']:,.0f} {unit}" if unit else f"{'<=' if t['upper'] else '>='} {t['target']:g}x")
         verdict = "met" if t["result"] == "PASS" else "**missed**" if t["result"] == "FAIL" else t["result"]
-        lines.append(f"| {t['bench']} | {t['case']} | {t['baseline']} | {measured} | {goal} | {verdict} |")
+        # Cases measured for several torchrl_ext components name the component.
+        impl = str(t["impl"]).removeprefix("torchrl_ext").strip()
+        case = t["case"] if not impl or impl == "dedup" else f"{t['case']} ({impl})"
+        lines.append(f"| {t['bench']} | {case} | {t['baseline']} | {measured} | {goal} | {verdict} |")
     return "\n".join(lines)
 
 

@@ -52,7 +52,7 @@ from torchrl_ext.presets import (  # noqa: E402
 )
 from torchrl_ext.io import SafetensorsCheckpointer, VeloraCheckpointer  # noqa: E402
 
-__version__ = "0.1.0.dev0"
+__version__ = "0.1.0"
 
 __all__ = [
     "ChunkedRecurrentMinibatchSampler",

@@ -11,7 +11,7 @@ The calls: ``extend`` (including zero-row batches), ``add``, default and explici
 compared: return values, lengths, stored rows, writer cursors and write counts; the three
 buffers sample with identically seeded generators, so their samples must be equal too.
 
-The one documented difference (README, "Where behaviour differs"): the fast storages refuse
+The one documented difference (docs/migrating.md, "Where behaviour differs"): the fast storages refuse
 a batch whose keys differ from the stored ones; that refusal is checked on its own rule
 (the reference is not called there).
 """
@@ -174,7 +174,7 @@ class FastVsTorchRLMachine(RuleBasedStateMachine):
         last = self.buffers[0].storage._last_cursor
         if isinstance(last, torch.Tensor) and last.numel() == 0:
             # TorchRL's dumps fails after a zero-row extend (it records the empty cursor);
-            # the fast storages keep the last real one (README, "Where behaviour differs").
+            # the fast storages keep the last real one (docs/migrating.md, "Where behaviour differs").
             for rb in self.buffers[1:]:
                 with tempfile.TemporaryDirectory() as folder:
                     rb.dumps(folder)

@@ -147,7 +147,7 @@ def test_registered_names_are_accepted(name):
 @pytest.mark.parametrize("layout", ["renamed", "agents"])
 def test_vtrace_through_a_loss_scores_the_stored_actions(layout):
     """VTrace gets the loss's actor and critic and keys: the same targets as a VTrace built by
-    hand (TorchRL's scores freshly sampled actions, README "Where behaviour differs")."""
+    hand (TorchRL's scores freshly sampled actions, docs/migrating.md "Where behaviour differs")."""
     loss, keys = build(A2CLoss, LAYOUTS[layout])
     make_value_estimator(loss, VTrace, gamma=0.9)
     by_hand = VTrace(gamma=0.9, actor_network=loss.actor_network, value_network=loss.critic_network)

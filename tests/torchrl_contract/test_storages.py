@@ -1,6 +1,6 @@
 """``LazyTensorStorage`` / ``LazyMemmapStorage`` against ``FastTensorStorage`` / ``FastMemmapStorage``,
 in TorchRL's and torchrl_ext's ``TensorDictReplayBuffer``: what TorchRL accepts is accepted and
-stored alike (README, "Migrating": "same arguments").
+stored alike (docs/migrating.md: "same arguments").
 """
 from __future__ import annotations
 
@@ -172,7 +172,7 @@ def test_a_write_without_a_stored_key_leaves_it_on_rows_written_before(kind, buf
 
 @KINDS
 def test_a_write_without_a_stored_key_reads_zeros_past_the_filled_part(kind, tmp_path):
-    """A documented difference (README, "Where behaviour differs"): TorchRL leaves rows past
+    """A documented difference (docs/migrating.md, "Where behaviour differs"): TorchRL leaves rows past
     the filled part as allocated (uninitialised memory); the fast storages zero them."""
     rb = ExtTensorDictReplayBuffer(storage=make(PAIRS[kind][1], 6, tmp_path))
     rb.extend(rows(0, 2, b=lambda s: s.float() + 0.5))

@@ -41,7 +41,7 @@ def alf_replay_buffer(
     ``get_batch(B, T)`` becomes ``rb.sample(B)`` with ``batch_length=T`` (or
     ``rb.sampler.batch_length = T``), ``get_field`` becomes ``rb.read`` and the
     episode queries live on ``rb.storage``. The data spec is taken from the
-    first batch written. Differences from ALF are listed in the README.
+    first batch written. Differences from ALF are listed in docs/migrating.md.
 
     Args:
         num_environments: number of env rings.

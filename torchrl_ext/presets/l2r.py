@@ -31,14 +31,14 @@ def l2r_ppo_buffer(
 ) -> PathGAEReplayBuffer:
     """l2r's ``PPOBuffer(obs_dim, act_dim, size, batch_size, gamma, lam, eps)``.
 
-    ============================================  ==========================================
-    l2r                                           torchrl_ext
-    ============================================  ==========================================
-    ``store({"obs", "act": ActionSample, "rew"})``  ``rb.store(step)``: ``"observation"``, ``"action"``,
-                                                  ``"state_value"``, ``"action_log_prob"``, ``("next", "reward")``
-    ``finish_path(action_obj)``                   ``rb.finish_path(last_val)`` (0 at a terminal state, else ``V(s_T)``)
-    ``sample_batch()`` -> obs, act, ret, adv, logp  ``rb.sample_batch()`` -> ``value_target``, ``advantage``, ...
-    ============================================  ==========================================
+    ================================================  ==========================================
+    l2r                                               torchrl_ext
+    ================================================  ==========================================
+    ``store({"obs", "act": ActionSample, "rew"})``    ``rb.store(step)``: ``"observation"``, ``"action"``,
+                                                      ``"state_value"``, ``"action_log_prob"``, ``("next", "reward")``
+    ``finish_path(action_obj)``                       ``rb.finish_path(last_val)`` (0 at a terminal state, else ``V(s_T)``)
+    ``sample_batch()`` -> obs, act, ret, adv, logp    ``rb.sample_batch()`` -> ``value_target``, ``advantage``, ...
+    ================================================  ==========================================
 
     ``obs_dim`` / ``act_dim`` are checked here; the storage takes its shapes
     from the first stored step and refuses steps that differ.

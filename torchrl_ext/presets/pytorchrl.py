@@ -28,23 +28,23 @@ def pytorchrl_on_policy_buffer(
 ) -> OnPolicyReplayBuffer:
     """pytorchrl's on-policy storage of rollout length ``size``.
 
-    ==========================================  ===============================================
-    pytorchrl                                   torchrl_ext
-    ==========================================  ===============================================
-    ``insert_transition(sample)``               ``rb.insert(step)`` (a TorchRL step TensorDict)
-    ``before_gradients()``                      ``rb.compute_returns(critic)`` (V-trace: ``refresh=``)
-    ``generate_batches(nmb, mbs, epochs, sh)``  ``rb.generate_batches(nmb, mbs, epochs, sh)``
-    ``after_gradients(batch, info)``            ``rb.after_update()`` once per update
-    ``get_all_buffer_data(to_cpu)``             ``rb.get_all_buffer_data(to_cpu)``
-    ``insert_data_slice(data)``                 ``rb.insert_data_slice(data)``
-    ``used_capacity``                           ``rb.used_capacity`` (filled steps)
-    ``update_storage_parameter(name, value)``   same; unknown names raise
-    ``Observation`` / ``Reward`` / ``Done``     ``"observation"`` / ``("next", "reward")`` / ``("next", "done")``
-    ``Value`` / ``LogProbability``              ``"state_value"`` / ``"action_log_prob"``
-    ``IntrinsicReward`` / ``IntrinsicValue``    ``("next", "intrinsic_reward")`` / ``"intrinsic_state_value"``
-    ``ExternalReturn`` / ``Advantage``          ``"value_target"`` / ``"advantage"``
+    ============================================  =================================================================
+    pytorchrl                                     torchrl_ext
+    ============================================  =================================================================
+    ``insert_transition(sample)``                 ``rb.insert(step)`` (a TorchRL step TensorDict)
+    ``before_gradients()``                        ``rb.compute_returns(critic)`` (V-trace: ``refresh=``)
+    ``generate_batches(nmb, mbs, epochs, sh)``    ``rb.generate_batches(nmb, mbs, epochs, sh)``
+    ``after_gradients(batch, info)``              ``rb.after_update()`` once per update
+    ``get_all_buffer_data(to_cpu)``               ``rb.get_all_buffer_data(to_cpu)``
+    ``insert_data_slice(data)``                   ``rb.insert_data_slice(data)``
+    ``used_capacity``                             ``rb.used_capacity`` (filled steps)
+    ``update_storage_parameter(name, value)``     same; unknown names raise
+    ``Observation`` / ``Reward`` / ``Done``       ``"observation"`` / ``("next", "reward")`` / ``("next", "done")``
+    ``Value`` / ``LogProbability``                ``"state_value"`` / ``"action_log_prob"``
+    ``IntrinsicReward`` / ``IntrinsicValue``      ``("next", "intrinsic_reward")`` / ``"intrinsic_state_value"``
+    ``ExternalReturn`` / ``Advantage``            ``"value_target"`` / ``"advantage"``
     ``IntrinsicReturn`` / ``IntrinsicAdvantage``  ``"intrinsic_value_target"`` / ``"intrinsic_advantage"``
-    ==========================================  ===============================================
+    ============================================  =================================================================
 
     Args:
         size: rollout length ``T``.
