@@ -29,8 +29,9 @@ Two parts:
   <= 1.1 x 7,056 B.
 * **speed** (information, no target): one process holds the dedup buffer, the plain ring and
   the TorchRL buffer, filled with the same stream (100,000 transitions each if memory allows,
-  else 20,000; ``--time-capacity``). Timed with the harness (interleaved repetitions): uniform
-  ``sample(256)`` end to end, and ``extend`` of one step of the 8 envs into the full buffers.
+  else 20,000; ``--time-max-length`` sets the steps per env). Timed with the harness
+  (interleaved repetitions): uniform ``sample(256)`` end to end, and ``extend`` of one step of
+  the 8 envs into the full buffers.
 
 Checks (exit code 1 if one fails): sampled dedup data equals the plain ring's data at the same
 ``(env, position)`` and the source stream, on the filled buffers and after the timed inserts;
