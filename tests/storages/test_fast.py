@@ -373,6 +373,19 @@ def test_a_zero_row_extend_keeps_the_buffer_checkpointable(storage_cls, tmp_path
     assert restored[:]["obs"].tolist() == [0.0, 1.0, 2.0]
 
 
+@pytest.mark.parametrize("storage_cls", FAST)
+def test_a_zero_row_extend_keeps_a_two_dim_buffer_checkpointable(storage_cls, tmp_path):
+    # The same on [time, env] storages, whose writes otherwise go to TorchRL's own set.
+    rb = ExtTensorDictReplayBuffer(storage=storage_cls(40, ndim=2), batch_size=2)
+    rb.extend(TensorDict({"obs": torch.arange(8.0).view(2, 4)}, [2, 4]))
+    assert rb.extend(TensorDict({"obs": torch.zeros(2, 0)}, [2, 0])).numel() == 0
+    assert len(rb) == 8
+    rb.dumps(tmp_path / "ckpt")
+    restored = ExtTensorDictReplayBuffer(storage=storage_cls(40, ndim=2), batch_size=2)
+    restored.loads(tmp_path / "ckpt")
+    assert len(restored) == 8
+
+
 def test_gather_equals_get_and_carries_the_extra_entries():
     storage = FastTensorStorage(10)
     data = TensorDict({"a": torch.arange(20.0).reshape(10, 2), ("b", "c"): torch.arange(10)}, [10])

@@ -132,13 +132,13 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
         if torch.compiler.is_compiling():
             return self._torchrl_set(cursor, data, set_cursor)
-        if has_lazy_stack(data) or self._torchrl_path():
-            super().set(cursor, data, set_cursor=set_cursor)
-            self._note_layout()
-            return
         if isinstance(cursor, torch.Tensor) and cursor.numel() == 0 and self.initialized:
             # Nothing to write. TorchRL would record the empty cursor as the last one
             # written, and its checkpointer then fails on the next dumps().
+            return
+        if has_lazy_stack(data) or self._torchrl_path():
+            super().set(cursor, data, set_cursor=set_cursor)
+            self._note_layout()
             return
         if not self.strict:
             cursor, data = _newest_rows(cursor, data, self.max_size)
