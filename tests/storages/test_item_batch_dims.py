@@ -61,3 +61,26 @@ def test_rollout_minibatches():
     assert batches
     for batch in batches:
         assert_agent_dims(batch)
+
+
+@pytest.mark.parametrize("kind", ["ring", "rollout", "fast"])
+def test_checkpoints_keep_them(kind, tmp_path):
+    """``dumps`` / ``loads`` into a new buffer: the batch dims of nested entries come back."""
+    def build():
+        if kind == "ring":
+            return EnvRingReplayBuffer(num_envs=2, max_length=6, sampler=TrajectorySampler(1))
+        if kind == "rollout":
+            return TensorDictReplayBuffer(storage=RolloutStorage(4), sampler=FeedForwardMinibatchSampler(2))
+        return TensorDictReplayBuffer(storage=FastTensorStorage(8), batch_size=4)
+
+    rb = build()
+    if kind == "ring":
+        for t in range(4):
+            rb.extend(steps(2, float(t)))
+    else:
+        rb.extend(steps(2, lead=(4,)) if kind == "rollout" else steps(6))
+    rb.dumps(tmp_path / "ckpt")
+    restored = build()
+    restored.loads(tmp_path / "ckpt")
+    batch = next(iter(restored)) if kind == "rollout" else restored.sample(4) if kind == "ring" else restored.sample()
+    assert_agent_dims(batch)

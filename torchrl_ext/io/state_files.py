@@ -247,8 +247,15 @@ def tensordict_state(data: TensorDictBase | None) -> dict[str, Any]:
     if data is None:
         return {"batch": [], "keys": [], "leaves": []}
     keys = list(data.keys(include_nested=True, leaves_only=True))
+    # Sub-TensorDicts with batch dims of their own (("agents", ...) of [E, L, n_agents]).
+    nested = [
+        [list(key) if isinstance(key, tuple) else [key], list(value.batch_size)]
+        for key, value in data.items(include_nested=True)
+        if isinstance(value, TensorDictBase) and value.batch_dims > data.batch_dims
+    ]
     return {
         "batch": list(data.batch_size),
+        "nested_batch": nested,
         "keys": [list(key) if isinstance(key, tuple) else [key] for key in keys],
         # Contiguous clones: a leaf that is a view (the rings' transposed memory) is
         # copied once, in the order its shape says, which is how the files store it.
@@ -261,11 +268,14 @@ def tensordict_from_state(state: dict[str, Any], device: torch.device) -> Tensor
     if not state["keys"]:
         return None
     keys = [tuple(key) if len(key) > 1 else key[0] for key in state["keys"]]
-    return TensorDict(
+    data = TensorDict(
         {key: leaf.to(device) for key, leaf in zip(keys, state["leaves"])},
         batch_size=state["batch"],
         device=device,
     )
+    for key, batch in sorted(state.get("nested_batch", []), key=lambda entry: -len(entry[0])):  # children first
+        data.get(tuple(key)).batch_size = batch
+    return data
 
 
 _TENSOR_LIST = "__tensor_list__"
