@@ -5,10 +5,11 @@ import pytest
 import torch
 import torchrl.objectives.value.functional as trl
 from torchrl.objectives.value import GAE as TorchRLGAE
+from torchrl.objectives.value import TDLambdaEstimator as TorchRLTDLambda
 
 from tests.value.test_estimators import rollout, value_net
 from tests.value.test_functional import cumsum_loop, gae_loop, make_rollout, td_lambda_loop, vtrace_loop
-from torchrl_ext.value import GAE
+from torchrl_ext.value import GAE, TDLambda
 from torchrl_ext.value import functional as F
 
 CONTINUOUS = ("value", "next_value", "reward", "log_pi", "log_mu")
@@ -109,11 +110,12 @@ def test_gradients_equal_torchrls_functions(name):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("ours, theirs", [(GAE, TorchRLGAE), (TDLambda, TorchRLTDLambda)], ids=["GAE", "TDLambda"])
 @pytest.mark.parametrize("differentiable", [True, False])
-def test_gae_module_passes_gradients_like_torchrl(differentiable):
+def test_module_passes_gradients_like_torchrl(differentiable, ours, theirs):
     """Values computed outside the estimator and rewards (reward learning) get TorchRL's gradients."""
     found = []
-    for cls in (GAE, TorchRLGAE):
+    for cls in (ours, theirs):
         td, net = rollout(), value_net()
         reward = td["next", "reward"].clone().requires_grad_(True)
         td["next", "reward"] = reward

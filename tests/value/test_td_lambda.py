@@ -48,21 +48,6 @@ def test_team_signals_broadcast_over_agents():
         torch.testing.assert_close(out["value_target"][:, :, agent], expected, rtol=1e-5, atol=1e-5)
 
 
-def test_gradients_flow_like_torchrl():
-    """``differentiable=True``: gradients into rewards and the critic, as TorchRL's estimator gives."""
-    found = []
-    for cls in (TDLambda, TorchRLTDLambda):
-        td, net = rollout(), value_net()
-        reward = td["next", "reward"].clone().requires_grad_(True)
-        td["next", "reward"] = reward
-        td["state_value"] = net(td.clone())["state_value"]
-        td["next", "state_value"] = net(td["next"].clone())["state_value"]
-        out = cls(gamma=0.97, lmbda=0.9, value_network=None, differentiable=True)(td)
-        found.append(torch.autograd.grad(out["advantage"].square().sum(), [reward, *net.parameters()]))
-    for a, b in zip(*found):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
-
-
 @pytest.mark.parametrize("name,value", [("gamma", 1.5), ("lmbda", -0.1)])
 def test_out_of_range_hyperparameters_are_refused(name, value):
     kwargs = {"gamma": 0.9, "lmbda": 0.9, name: value}

@@ -131,6 +131,24 @@ class _SignalsMixin:
         return tensordict
 
 
+class _TargetEstimate:
+    """``value_estimate`` of an estimator whose ``_advantage(tensordict, params, target_params,
+    time_dim)`` returns ``(advantage, value_target, valid)``."""
+
+    def value_estimate(
+        self,
+        tensordict: TensorDictBase,
+        params: TensorDictBase | None = None,
+        target_params: TensorDictBase | None = None,
+        time_dim: int | None = None,
+        **kwargs,
+    ) -> Tensor:
+        """Returns the value target without writing to ``tensordict``."""
+        if self.is_stateless and params is None:
+            raise RuntimeError("This estimator is stateless: pass params=.")
+        return self._advantage(tensordict, params, target_params, time_dim)[1]
+
+
 def _broadcast_team_signal(tensor: Tensor, value: Tensor, agent_dim: int) -> Tensor:
     """Expands a team-level signal ``[*B, T, 1]`` to per-agent ``[*B, T, A, 1]``."""
     if tensor.ndim == value.ndim:
@@ -149,7 +167,7 @@ def _broadcast_team_signal(tensor: Tensor, value: Tensor, agent_dim: int) -> Ten
     ExtValueEstimators.EXT_GAE,
     default_kwargs={"gamma": 0.99, "lmbda": 0.95, "differentiable": True},
 )
-class GAE(_SignalsMixin, _TorchRLGAE):
+class GAE(_SignalsMixin, _TargetEstimate, _TorchRLGAE):
     """Generalized advantage estimation, a faster drop-in for :class:`torchrl.objectives.value.GAE`.
 
     Reads ``value`` (or calls ``value_network``) at the root and under
@@ -284,19 +302,6 @@ class GAE(_SignalsMixin, _TorchRLGAE):
                 advantage, valid, groups=_compat.group_ids(self, tensordict)
             )
         return self._write_outputs(tensordict, advantage, value_target, valid)
-
-    def value_estimate(
-        self,
-        tensordict: TensorDictBase,
-        params: TensorDictBase | None = None,
-        target_params: TensorDictBase | None = None,
-        time_dim: int | None = None,
-        **kwargs,
-    ) -> Tensor:
-        """Returns the GAE value target without writing to ``tensordict``."""
-        if self.is_stateless and params is None:
-            raise RuntimeError("This estimator is stateless: pass params=.")
-        return self._advantage(tensordict, params, target_params, time_dim)[1]
 
 
 @register_value_estimator(

@@ -12,7 +12,9 @@ from torchrl.objectives.value import TDLambdaEstimator as _TorchRLTDLambda
 from torchrl_ext import _compat
 from torchrl_ext._checks import check_reals
 from torchrl_ext.value import functional
-from torchrl_ext.value.estimators import ExtValueEstimators, _broadcast_team_signal, _SignalsMixin
+from torchrl_ext.value.estimators import (
+    ExtValueEstimators, _broadcast_team_signal, _SignalsMixin, _TargetEstimate,
+)
 
 __all__ = ["TDLambda"]
 
@@ -21,7 +23,7 @@ __all__ = ["TDLambda"]
     ExtValueEstimators.EXT_TD_LAMBDA,
     default_kwargs={"gamma": 0.99, "lmbda": 0.95, "differentiable": True},
 )
-class TDLambda(_SignalsMixin, _TorchRLTDLambda):
+class TDLambda(_SignalsMixin, _TargetEstimate, _TorchRLTDLambda):
     """TD(lambda) returns, a drop-in for :class:`torchrl.objectives.value.TDLambdaEstimator`.
 
     Same keys (``set_keys``), value-network calling and ``for_loss`` wiring as TorchRL's
@@ -60,9 +62,9 @@ class TDLambda(_SignalsMixin, _TorchRLTDLambda):
         check_reals("lmbda", lmbda, low=0.0, high=1.0)
         super().__init__(gamma=gamma, lmbda=lmbda, value_network=value_network, **kwargs)
 
-    def _returns(self, tensordict: TensorDictBase, params: Any, target_params: Any,
-                 time_dim: int | None) -> tuple[Tensor, Tensor, Any]:
-        """``(value_target, value, valid)``."""
+    def _advantage(self, tensordict: TensorDictBase, params: Any, target_params: Any,
+                   time_dim: int | None) -> tuple[Tensor, Tensor, Any]:
+        """``(advantage, value_target, valid)``: the advantage is ``value_target - value``."""
         sig = self._read_signals(tensordict, params, target_params, time_dim)
         reward = sig.reward
         if self.average_rewards:
@@ -79,7 +81,7 @@ class TDLambda(_SignalsMixin, _TorchRLTDLambda):
         value_target = functional.td_lambda_return_estimate(
             sig.gamma, self.lmbda, sig.next_value, reward, done, terminated, time_dim=sig.time_dim
         )
-        return value_target, sig.value, sig.valid
+        return value_target - sig.value, value_target, sig.valid
 
     @_compat.skip_existing
     @_compat.grad_enabled
@@ -93,19 +95,5 @@ class TDLambda(_SignalsMixin, _TorchRLTDLambda):
         time_dim: int | None = None,
     ) -> TensorDictBase:
         """Writes ``advantage`` and ``value_target`` into ``tensordict`` and returns it."""
-        value_target, value, valid = self._returns(tensordict, params, target_params, time_dim)
-        return self._write_outputs(tensordict, value_target - value, value_target, valid)
-
-    def value_estimate(
-        self,
-        tensordict: TensorDictBase,
-        params: TensorDictBase | None = None,
-        target_params: TensorDictBase | None = None,
-        time_dim: int | None = None,
-        **kwargs: Any,
-    ) -> Tensor:
-        """Returns the TD(lambda) return without writing to ``tensordict``."""
-        if self.is_stateless and params is None:
-            raise RuntimeError("This estimator is stateless: pass params=.")
-        return self._returns(tensordict, params, target_params, time_dim)[0]
-
+        advantage, value_target, valid = self._advantage(tensordict, params, target_params, time_dim)
+        return self._write_outputs(tensordict, advantage, value_target, valid)
