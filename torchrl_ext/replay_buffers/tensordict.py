@@ -25,7 +25,6 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 from tensordict import TensorDictBase, is_tensor_collection
-from tensordict.utils import expand_as_right
 from torchrl.data import TensorDictReplayBuffer as _TorchRLTensorDictReplayBuffer
 from torchrl.data.replay_buffers.storages import Storage, TensorStorage
 
@@ -36,7 +35,7 @@ from torchrl_ext.io.atomic_dir import atomic_save_dir, committed_dir, verify_che
 from torchrl_ext.io.state_files import load_state, save_state
 from torchrl_ext.replay_buffers._lean_extend import LeanExtend
 from torchrl_ext.storages._gathers import (
-    NO_ITEM_SHAPES, check_info_leads, gather_coordinates, gather_rows, item_batch_shapes,
+    NO_ITEM_SHAPES, check_info_leads, gather_coordinates, gather_rows, item_batch_shapes, set_info,
 )
 from torchrl_ext.storages._numpy_rows import leaf_items
 from torchrl_ext.samplers.minibatch import _EpochMinibatchSampler
@@ -122,16 +121,7 @@ def _gather_sample(storage: Any, index: Any, rows: Any, info: dict) -> Any:
             batch = torch.broadcast_shapes(*(i.shape for i in index))[0]
             return gather_coordinates(stored, index, extra=_info_entries(info, batch), leaves=leaves)
     data = storage.get(_compat.storage_index(index, storage))  # non-tensor leaves, other layouts
-    locked = data.is_locked  # memory-mapped reads come locked; TorchRL unlocks to add the info
-    if locked:
-        data.unlock_()
-    for key, value in _info_entries(info, data.shape[0]).items():
-        if value.ndim < data.ndim:  # per-item info over [B, T] windows, as TorchRL does
-            value = expand_as_right(value, data)
-        data.set(key, value)
-    if locked:
-        data.lock_()
-    return data
+    return set_info(data, _info_entries(info, data.shape[0]))
 
 
 def _plain_layout(stored: Any, storage: Any) -> bool:

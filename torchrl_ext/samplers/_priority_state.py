@@ -36,6 +36,12 @@ def _is_torchrl_tree(tree: Any) -> bool:
     return hasattr(tree, "capacity") and all(callable(getattr(tree, name, None)) for name in ("scan_lower_bound", "query"))
 
 
+def _checked_exponents(state: dict[str, Any]) -> tuple[float, float, float]:
+    """``(alpha, beta, eps)`` of a sampler checkpoint, torchrl_ext's or TorchRL's, checked."""
+    return (check_real("alpha", state.get("_alpha"), low=0.0), check_real("beta", state.get("_beta"), low=0.0),
+            check_real("eps", state.get("_eps"), low=0.0))
+
+
 class PriorityCheckpoints(StateFiles):
     """``state_dict`` / ``load_state_dict``, ``dumps`` / ``loads`` (``trees.safetensors`` and
     ``sampler_metadata.json``) and the pickling rule."""
@@ -82,19 +88,15 @@ class PriorityCheckpoints(StateFiles):
                 f"state_dict was saved with weights={saved[0]!r} and "
                 f"max_priority_within_buffer={saved[1]}; build the sampler the same way."
             )
-        alpha = check_real("alpha", state_dict["_alpha"], low=0.0)
-        beta = check_real("beta", state_dict["_beta"], low=0.0)
-        eps = check_real("eps", state_dict["_eps"], low=0.0)
+        exponents = _checked_exponents(state_dict)
         initial_priority = check_real("initial_priority", state_dict["_initial_priority"], low=0.0)
         max_seen = state_dict["_max_seen"]
         if isinstance(max_seen, bool) or not isinstance(max_seen, (int, float)) or math.isnan(max_seen) \
                 or max_seen == math.inf:
             raise ValueError(f"state_dict['_max_seen'] must be a finite number or -inf, got {max_seen!r}.")
         self._tree.load_state_dict(state_dict["_sum_tree"])  # checks its levels before writing
-        self._priority_exponent, self._weight_exponent, self._priority_offset = alpha, beta, eps
-        self._initial_priority, self._max_seen = initial_priority, float(max_seen)
-        written = torch.nonzero(self._tree.leaves)
-        self._written_below = int(written.max()) + 1 if written.numel() else 0
+        self._initial_priority = initial_priority
+        self._take_loaded_tree(exponents, max_seen)
 
     def loads(self, path: str | Path) -> None:
         """Restores what :meth:`dumps` wrote, or what TorchRL's ``PrioritizedSampler.dumps``
@@ -119,9 +121,7 @@ class PriorityCheckpoints(StateFiles):
         item, and ``_max_priority`` the raw maximum. This sampler's own settings
         (``initial_priority``, ``weights``, ``max_priority_within_buffer``) stay."""
         self._check_geometry(capacity)
-        alpha = check_real("alpha", state.get("_alpha"), low=0.0)
-        beta = check_real("beta", state.get("_beta"), low=0.0)
-        eps = check_real("eps", state.get("_eps"), low=0.0)
+        exponents = _checked_exponents(state)
         max_priority = state.get("_max_priority")
         max_priority = max_priority[0] if isinstance(max_priority, (tuple, list)) and max_priority else None
         max_seen = -math.inf if max_priority is None else float(max_priority)
@@ -131,8 +131,14 @@ class PriorityCheckpoints(StateFiles):
         self._tree.clear()
         if written.numel():
             self._tree._write(written, leaves[written].to(self.dtype))
-        self._priority_exponent, self._weight_exponent, self._priority_offset = alpha, beta, eps
-        self._max_seen = max_seen
+        self._take_loaded_tree(exponents, max_seen)
+
+    def _take_loaded_tree(self, exponents: tuple[float, float, float], max_seen: float) -> None:
+        """The settings that go with a tree just loaded (either format): ``(alpha, beta, eps)``,
+        the largest priority seen, and the bound above which every leaf is zero."""
+        self._priority_exponent, self._weight_exponent, self._priority_offset = exponents
+        self._max_seen = float(max_seen)
+        written = torch.nonzero(self._tree.leaves)
         self._written_below = int(written.max()) + 1 if written.numel() else 0
 
     def _check_geometry(self, capacity: int) -> None:

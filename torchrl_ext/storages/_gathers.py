@@ -17,7 +17,7 @@ from torchrl_ext import _compat
 from torchrl_ext.storages._numpy_rows import TORCH_DTYPES, Columns
 from torchrl_ext.storages import _output_memory
 
-__all__ = ["NO_ITEM_SHAPES", "assemble", "item_batch_shapes", "gather_coordinates", "gather_rows", "select_rows", "take", "take_rows"]
+__all__ = ["NO_ITEM_SHAPES", "assemble", "item_batch_shapes", "set_info", "gather_coordinates", "gather_rows", "select_rows", "take", "take_rows"]
 
 def check_info_leads(key: Any, value: torch.Tensor, batch_size: torch.Size) -> None:
     """Refuses sampler info whose shape does not start with ``batch_size``."""
@@ -95,6 +95,21 @@ def assemble(entries: dict[Any, torch.Tensor], batch_size: torch.Size, device: A
             data.set(key, expand_as_right(value, data))  # as TorchRL's buffer sets "index"
     return data
 
+
+
+def set_info(data: TensorDictBase, entries: dict[Any, torch.Tensor]) -> TensorDictBase:
+    """Sets sampler info ``entries`` in a sample ``data`` (in place) as TorchRL's buffer does:
+    an entry with fewer dims than the batch is broadcast over the rest (per-item info over
+    ``[B, T]`` windows, ``"index"`` over items with batch dims of their own), and a locked
+    sample (memory-mapped reads) is unlocked for the write and locked again."""
+    locked = data.is_locked
+    if locked:
+        data.unlock_()
+    for key, value in entries.items():
+        data.set(key, expand_as_right(value, data) if value.ndim < data.batch_dims else value)
+    if locked:
+        data.lock_()
+    return data
 
 
 def gather_rows(

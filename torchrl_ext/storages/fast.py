@@ -39,7 +39,6 @@ from typing import Any
 import numpy as np
 import torch
 from tensordict import TensorDictBase, is_tensor_collection
-from tensordict.utils import expand_as_right
 from torchrl.data import LazyMemmapStorage, LazyTensorStorage
 from torchrl.data.replay_buffers.writers import RoundRobinWriter
 
@@ -49,7 +48,9 @@ from torchrl_ext.storages._layouts import (
     StorageLayoutError, _check_common_keys, _layout, _newest_rows, _raise_key_mismatch, _refuse_non_tensors,
     has_lazy_stack,
 )
-from torchrl_ext.storages._gathers import NO_ITEM_SHAPES, assemble, gather_rows, item_batch_shapes, take_rows
+from torchrl_ext.storages._gathers import (
+    NO_ITEM_SHAPES, assemble, gather_rows, item_batch_shapes, set_info, take_rows,
+)
 from torchrl_ext.storages._numpy_rows import ColumnCache, Columns, matching_arrays, leaf_items
 from torchrl_ext.storages._output_memory import PinnedOutputs
 
@@ -107,7 +108,11 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
 
     def _note_layout(self) -> None:
         """Records what the read paths need to know of the stored structure (lazy stacks,
-        batch dims items keep): after the first write, a load, and TorchRL's own writes."""
+        batch dims items keep): after the first write, a load, and TorchRL's own writes. Only
+        1-D storages read through those paths: a multi-dim one (every write of which goes to
+        TorchRL) skips the walk."""
+        if self.ndim != 1:
+            return
         stored = _compat.stored_data(self)
         self._lazy_stacked = has_lazy_stack(stored)
         self._item_shapes = (
@@ -216,7 +221,8 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
         Shape contract: ``rows`` ``[B]`` gives a TensorDict of batch size ``[B]``.
         """
         if self._torchrl_path():
-            return _with_entries(super().get(rows), extra)
+            data = super().get(rows)
+            return set_info(data.copy(), extra) if extra else data  # a shallow copy: data may be stored
         stored = _compat.stored_data(self)
         columns = self._columns(leaves) if rows.is_cpu and not self._pin_outputs else None
         if columns is not None:
@@ -416,22 +422,6 @@ def _ring_slices(start: int, n: int, capacity: int) -> list[tuple[int, int, int,
 #: :meth:`_SliceWritesIndexSelectReads._check_matches_storage`'s answer for a write whose keys
 #: differ from the stored ones in a storage that is not strict: TorchRL's ``set`` writes it.
 _TORCHRL_WRITE = object()
-
-
-def _with_entries(data: TensorDictBase, extra: dict[Any, torch.Tensor] | None) -> TensorDictBase:
-    """``data`` with the ``extra`` entries set (on a shallow copy: ``data`` may be stored)."""
-    if not extra:
-        return data
-    data = data.copy()
-    locked = data.is_locked  # memory-mapped reads come locked; TorchRL unlocks to add the info
-    if locked:
-        data.unlock_()
-    for key, value in extra.items():
-        # Over items with batch dims of their own, as TorchRL's buffer writes "index".
-        data.set(key, expand_as_right(value, data) if value.ndim < data.batch_dims else value)
-    if locked:
-        data.lock_()
-    return data
 
 
 class FastTensorStorage(_SliceWritesIndexSelectReads, LazyTensorStorage):
