@@ -22,7 +22,7 @@ PYTEST := -m pytest -n $(PYTEST_WORKERS) --durations=15
 # torch is pinned here as well so pip never resolves a CUDA build of another release.
 TORCH_SPEC := torch>=2.14,<2.15
 
-.PHONY: demo test test-plain test-soak test-nightly bench bench-quick docs clean
+.PHONY: demo test test-plain test-soak test-nightly bench bench-quick bench-train bench-train-quick docs clean
 
 $(VENV)/.installed-%: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -74,6 +74,16 @@ bench: $(VENV)/.installed-peers
 
 bench-quick: $(VENV)/.installed-peers
 	$(VENV)/bin/python benchmarks/suite.py --quick $(BENCH_ARGS)
+
+# Training loops, stock TorchRL against torchrl_ext (benchmarks/training/run.py): `make bench-train`
+# runs every case with 3 seeds per variant (about 15 min) and rewrites the training tables of
+# README.md and benchmarks/RESULTS.md; `make bench-train-quick` (CI) runs each case for a few
+# iterations and checks that both variants run and agree. TRAIN_ARGS are passed to run.py.
+bench-train: $(VENV)/.installed-examples
+	$(VENV)/bin/python benchmarks/training/run.py --write-docs $(TRAIN_ARGS)
+
+bench-train-quick: $(VENV)/.installed-examples
+	$(VENV)/bin/python benchmarks/training/run.py --quick $(TRAIN_ARGS)
 
 # The documentation (docs/conf.py): API reference and guides, warnings are errors (CI builds it).
 docs: $(VENV)/.installed-docs

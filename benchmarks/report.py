@@ -196,7 +196,19 @@ def meta_lines(results: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
-def markdown(results: dict[str, dict[str, Any]], img_rel: str) -> str:
+TRAINING_START, TRAINING_END = "<!-- training:start -->", "<!-- training:end -->"
+
+
+def training_block(old_md: Path) -> str:
+    """The training-loop table that ``benchmarks/training/run.py --write-docs`` wrote into the
+    previous RESULTS.md, markers included; this report keeps it (it measures other things)."""
+    text = old_md.read_text() if old_md.exists() else ""
+    if TRAINING_START in text and TRAINING_END in text:
+        return TRAINING_START + text.split(TRAINING_START, 1)[1].split(TRAINING_END, 1)[0] + TRAINING_END
+    return f"{TRAINING_START}\nNot measured yet: run `make bench-train`.\n{TRAINING_END}"
+
+
+def markdown(results: dict[str, dict[str, Any]], img_rel: str, training: str = "") -> str:
     comps, tgts, mem = comparisons(results), targets(results), memory_rows(results)
     platform = next((r["meta"].get("platform") for r in results.values() if r.get("meta")), "-")
     out = ["# Benchmark results", "",
@@ -210,6 +222,10 @@ def markdown(results: dict[str, dict[str, Any]], img_rel: str) -> str:
            "below 0.3 before a case, up to 30 s).", "",
            "## Runs", "", "| script | started | versions | torch threads | reps | mode | loadavg at start |",
            "|---|---|---|---:|---:|---|---|", *meta_lines(results), "",
+           "## Training loops", "",
+           "Stock TorchRL against torchrl_ext in training loops (`benchmarks/training/`, `make bench-train`; "
+           "issue 37's targets). The pixel case with the learner on a GPU (`--device cuda`): not measured, "
+           "no GPU machine was available.", "", training, "",
            "## Targets", "",
            "Every target of the project issues, as the scripts measure it (a missed target stays listed).", "",
            "| script | case | torchrl_ext | against | measured | target | result |", "|---|---|---|---|---:|---:|:-:|"]
@@ -429,7 +445,8 @@ def write_report(results_dir: Path, output_md: Path, img_dir: Path, readme: Path
         if plot(results, img_dir / name):
             written.append(img_dir / name)
     rel = Path(os.path.relpath(img_dir.resolve(), output_md.parent.resolve()))
-    output_md.write_text(markdown(results, rel.as_posix()) + "\n")
+    training = training_block(output_md)
+    output_md.write_text(markdown(results, rel.as_posix(), training) + "\n")
     written.append(output_md)
     if readme is not None and update_readme(readme, results):
         written.append(readme)

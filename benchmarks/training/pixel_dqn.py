@@ -1,11 +1,10 @@
-"""A replay-bound training loop: DQN-style updates on 84x84x4 uint8 frame stacks, stock TorchRL
-against torchrl_ext, one flag apart (issue 37's pixel case; the other cases follow).
+"""The replay-bound case: DQN-style updates on 84x84x4 uint8 frame stacks, 4 updates of batch 256
+per collected step, 100,000-transition buffers.
 
 Usage::
 
-    python benchmarks/training/pixel_dqn.py                 # 100,000-transition buffers, 60 iterations
-    python benchmarks/training/pixel_dqn.py --quick         # 4,000 transitions, a few iterations
-    python benchmarks/training/pixel_dqn.py --variant stock # one variant only
+    python benchmarks/training/pixel_dqn.py --variant stock|torchrl_ext [--quick] [--seed N]
+    python benchmarks/training/pixel_dqn.py --variant torchrl_ext --device cuda   # learner on a GPU
 
 The loop has the structure of TorchRL's DQN reference (collector, buffer, loss, optimiser) with
 the collector replaced by a synthetic one, so that the buffer is what is measured: 8 envs whose
@@ -20,54 +19,72 @@ a small conv net's TD loss against a target net (Double-DQN target, gamma 0.99),
   num_stack=4), sampler=TrajectorySampler(1))``: each frame stored once, stacks and next
   stacks rebuilt at sampling (the README's row for pixel observations).
 
-Both buffers are filled to capacity first (not timed). The two variants then run interleaved,
-iteration by iteration, from the same network parameters, with the same collected steps; the
-time of each iteration is split into collection, buffer (extend, sample) and network (forward,
-backward, step). Reported: median and spread of each part, updates per second, and the bytes of
-each buffer's stored tensors. Check: in samples from both buffers, each next stack is its
-stack shifted by one frame, as the collector wrote it.
+Both buffers are filled to capacity first (not timed): the measured iterations replay from a
+full buffer, as a long run does. With ``device="cuda"`` the network trains on the GPU and both
+buffers sample into pinned memory, copied with ``non_blocking=True``. The rewards are random, so
+there is no learning curve; the check is that in samples each next stack is its stack shifted by
+one frame, as the collector wrote it (``extra["stacks_ok"]``). ``EXACT`` is False: the two
+buffers draw different indices.
 """
 from __future__ import annotations
 
-import argparse
 import copy
-import statistics
 import sys
-import time
+from pathlib import Path
+from typing import Any
 
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDict
 from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
 
 from torchrl_ext.replay_buffers import EnvRingReplayBuffer
 from torchrl_ext.samplers import TrajectorySampler
 from torchrl_ext.storages import DedupEnvRingStorage
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _loop import PartTimer, Record, case_main, storage_bytes  # noqa: E402
+
+NAME = "pixel DQN (replay-bound)"
+FULL = {"capacity": 100_000, "iterations": 24}
+SEEDS = 2  # no learning curve to compare; each run first fills its 100k buffer
+QUICK = {"capacity": 4_000, "iterations": 6}
+EXACT = False
+
 ENVS, STACK, SIZE, ACTIONS, BATCH, UPDATES, GAMMA = 8, 4, 84, 6, 256, 4, 0.99
 
 
 class SyntheticPixelCollector:
-    """8 envs of frame stacks; every frame is new and carries its id in its first 8 bytes."""
+    """8 envs of frame stacks; every frame is new and carries its id in its first 8 bytes.
+
+    The frames' pixels cycle through a pool of random frames (generating 8 x 84 x 84 random
+    bytes per step would make filling the 100k buffers the slowest part of a run); the id
+    makes each frame distinct.
+    """
+
+    POOL = 4096
 
     def __init__(self, seed: int = 0) -> None:
         self.rng = torch.Generator().manual_seed(seed)
+        self.pool = torch.randint(256, (self.POOL, SIZE, SIZE), dtype=torch.uint8, generator=self.rng)
         self.frame_id = 0
         self.stacks = torch.stack([self._reset_stack() for _ in range(ENVS)])
         self.remaining = torch.randint(100, 1001, (ENVS,), generator=self.rng)
 
-    def _frame(self) -> torch.Tensor:
-        frame = torch.randint(256, (SIZE, SIZE), dtype=torch.uint8, generator=self.rng)
-        frame.view(-1)[:8] = torch.tensor([self.frame_id], dtype=torch.int64).view(torch.uint8)
-        self.frame_id += 1
-        return frame
+    def _frames(self, n: int) -> torch.Tensor:
+        """``n`` new frames ``[n, 84, 84]``, ids stamped."""
+        ids = torch.arange(self.frame_id, self.frame_id + n, dtype=torch.int64)
+        frames = self.pool[ids % self.POOL]
+        frames.view(n, -1)[:, :8] = ids.view(torch.uint8).view(n, 8)
+        self.frame_id += n
+        return frames
 
     def _reset_stack(self) -> torch.Tensor:
-        return self._frame().expand(STACK, SIZE, SIZE).clone()  # "reset" padding: the first frame repeated
+        return self._frames(1).expand(STACK, SIZE, SIZE).clone()  # "reset" padding: the first frame repeated
 
     def step(self) -> TensorDict:
         """One step of the 8 envs as a collector returns it: ``[8]``."""
         obs = self.stacks.clone()
-        next_obs = torch.cat([obs[:, 1:], torch.stack([self._frame() for _ in range(ENVS)]).unsqueeze(1)], 1)
+        next_obs = torch.cat([obs[:, 1:], self._frames(ENVS).unsqueeze(1)], 1)
         self.remaining -= 1
         done = self.remaining <= 0
         data = TensorDict({
@@ -89,66 +106,23 @@ def q_network() -> torch.nn.Module:
         torch.nn.Flatten(), torch.nn.Linear(32 * 9 * 9, 256), torch.nn.ReLU(), torch.nn.Linear(256, ACTIONS))
 
 
-class Learner:
-    """One variant: its buffer, Q network, target network and optimiser, and its timings."""
-
-    def __init__(self, name: str, buffer: object, net: torch.nn.Module) -> None:
-        self.name, self.buffer = name, buffer
-        self.net, self.target = copy.deepcopy(net), copy.deepcopy(net)
-        self.optim = torch.optim.Adam(self.net.parameters(), lr=1e-4)
-        self.times: dict[str, list[float]] = {"collect": [], "buffer": [], "network": []}
-
-    def extend(self, data: TensorDict) -> None:
-        if isinstance(self.buffer, EnvRingReplayBuffer):
-            self.buffer.extend(data, env_ids=torch.arange(ENVS))
-        else:
-            self.buffer.extend(data)
-
-    def sample(self) -> TensorDict:
-        batch = self.buffer.sample(BATCH)
-        return batch.reshape(-1) if batch.batch_dims > 1 else batch  # rings: [B, 1] windows
-
-    def update(self, batch: TensorDict) -> float:
-        obs = batch["observation"].float().div_(255)
-        next_obs = batch["next", "observation"].float().div_(255)
-        q = self.net(obs).gather(1, batch["action"].view(-1, 1)).squeeze(1)
-        with torch.no_grad():
-            best = self.net(next_obs).argmax(1, keepdim=True)
-            bootstrap = self.target(next_obs).gather(1, best).squeeze(1)
-            not_terminal = (~batch["next", "terminated"].view(-1)).float()
-            target = batch["next", "reward"].view(-1) + GAMMA * not_terminal * bootstrap
-        loss = torch.nn.functional.smooth_l1_loss(q, target)
-        self.optim.zero_grad()
-        loss.backward()
-        self.optim.step()
-        return float(loss.detach())
-
-    def iteration(self, data: TensorDict, collect_seconds: float) -> None:
-        t0 = time.perf_counter()
-        self.extend(data)
-        batches = [self.sample() for _ in range(UPDATES)]
-        t1 = time.perf_counter()
-        for batch in batches:
-            self.update(batch)
-        t2 = time.perf_counter()
-        self.times["collect"].append(collect_seconds)
-        self.times["buffer"].append(t1 - t0)
-        self.times["network"].append(t2 - t1)
+def make_buffer(variant: str, capacity: int, pin_memory: bool) -> Any:
+    if variant == "stock":
+        return TensorDictReplayBuffer(storage=LazyTensorStorage(capacity), pin_memory=pin_memory)
+    storage = DedupEnvRingStorage(ENVS, capacity // ENVS, num_stack=STACK)
+    return EnvRingReplayBuffer(storage=storage, sampler=TrajectorySampler(1), pin_memory=pin_memory)
 
 
-def stored_bytes(buffer: object) -> int:
-    """Bytes of the tensors in the storage's state (its data and, for dedup, its frame tables)."""
-    def walk(obj: object) -> int:
-        if isinstance(obj, torch.Tensor):
-            return obj.numel() * obj.element_size()
-        if isinstance(obj, TensorDictBase):
-            return sum(walk(t) for t in obj.values(True, True))
-        if isinstance(obj, dict):
-            return sum(walk(v) for v in obj.values())
-        if isinstance(obj, (list, tuple)):
-            return sum(walk(v) for v in obj)
-        return 0
-    return walk(buffer.storage.state_dict())
+def extend(buffer: Any, data: TensorDict) -> None:
+    if isinstance(buffer, EnvRingReplayBuffer):
+        buffer.extend(data, env_ids=torch.arange(ENVS))  # the rings are written per env
+    else:
+        buffer.extend(data)
+
+
+def sample(buffer: Any) -> TensorDict:
+    batch = buffer.sample(BATCH)
+    return batch.reshape(-1) if batch.batch_dims > 1 else batch  # rings: [B, 1] windows
 
 
 def check_stacks(batch: TensorDict) -> bool:
@@ -156,61 +130,46 @@ def check_stacks(batch: TensorDict) -> bool:
     return torch.equal(batch["next", "observation"][:, :-1], batch["observation"][:, 1:])
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--capacity", type=int, default=100_000)
-    ap.add_argument("--iterations", type=int, default=60)
-    ap.add_argument("--quick", action="store_true", help="4,000 transitions, 6 iterations")
-    ap.add_argument("--variant", choices=["both", "stock", "torchrl_ext"], default="both")
-    ap.add_argument("--threads", type=int, default=1)
-    args = ap.parse_args()
-    if args.quick:
-        args.capacity, args.iterations = 4_000, 6
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    net = q_network()
-    learners = []
-    if args.variant in ("both", "stock"):
-        learners.append(Learner("stock", TensorDictReplayBuffer(storage=LazyTensorStorage(args.capacity)), net))
-    if args.variant in ("both", "torchrl_ext"):
-        storage = DedupEnvRingStorage(ENVS, args.capacity // ENVS, num_stack=STACK)
-        learners.append(Learner("torchrl_ext", EnvRingReplayBuffer(storage=storage, sampler=TrajectorySampler(1)), net))
-    collector = SyntheticPixelCollector()
-    t0 = time.perf_counter()
-    for _ in range(args.capacity // ENVS):  # fill (not timed)
-        data = collector.step()
-        for learner in learners:
-            learner.extend(data)
-    print(f"filled {args.capacity:,} transitions per buffer in {time.perf_counter() - t0:.0f} s")
-    checks = {learner.name: all(check_stacks(learner.sample()) for _ in range(3)) for learner in learners}
-    print("check, next stacks are the stacks shifted by one frame:", checks)
-    for _ in range(args.iterations):
-        t0 = time.perf_counter()
-        data = collector.step()
-        collect = time.perf_counter() - t0
-        for learner in learners:
-            learner.iteration(data, collect)
-    print(f"\n{args.iterations} iterations of 1 collected step (8 envs) + {UPDATES} updates of batch {BATCH}; "
-          f"{torch.get_num_threads()} torch thread(s)\n")
-    print("| variant | iteration (ms) | collect | buffer (extend + sample) | network | updates/s | buffer MB |")
-    print("|---|--:|--:|--:|--:|--:|--:|")
-    rows = {}
-    for learner in learners:
-        parts = {k: statistics.median(v) * 1e3 for k, v in learner.times.items()}
-        total = [sum(x) for x in zip(*learner.times.values())]
-        it_ms = statistics.median(total) * 1e3
-        spread = (min(total) * 1e3, max(total) * 1e3)
-        rows[learner.name] = {"iteration_ms": it_ms, **parts, "bytes": stored_bytes(learner.buffer)}
-        print(f"| {learner.name} | {it_ms:,.0f} ({spread[0]:,.0f}-{spread[1]:,.0f}) | {parts['collect']:,.1f} | "
-              f"{parts['buffer']:,.1f} | {parts['network']:,.0f} | {UPDATES / it_ms * 1e3:,.2f} | "
-              f"{rows[learner.name]['bytes'] / 2**20:,.0f} |")
-    if len(rows) == 2:
-        s, e = rows["stock"], rows["torchrl_ext"]
-        print(f"\nupdates per second: {s['iteration_ms'] / e['iteration_ms']:.2f}x stock (target >= 1.5x); "
-              f"buffer time: {e['buffer'] / s['buffer']:.2f} of stock's (target <= 0.5); "
-              f"buffer memory: {e['bytes'] / s['bytes']:.3f} of stock's (target <= 1/6)")
-    return 0 if all(checks.values()) else 1
+def run(variant: str, seed: int, timer: PartTimer, capacity: int, iterations: int, device: str = "cpu") -> Record:
+    torch.manual_seed(seed)
+    device_ = torch.device(device)
+    net = q_network().to(device_)
+    target = copy.deepcopy(net)
+    optim = torch.optim.Adam(net.parameters(), lr=1e-4)
+    buffer = make_buffer(variant, capacity, pin_memory=device_.type == "cuda")
+    collector = SyntheticPixelCollector(seed)
+    for _ in range(capacity // ENVS):  # fill (not timed): the iterations replay from a full buffer
+        extend(buffer, collector.step())
+    stacks_ok = all(check_stacks(sample(buffer)) for _ in range(3))
+    losses: list[float] = []
+    for _ in range(iterations):
+        with timer("collect"):
+            data = collector.step()
+        with timer("buffer"):
+            extend(buffer, data)
+            batches = [sample(buffer).to(device_, non_blocking=True) for _ in range(UPDATES)]
+        with timer("network"):
+            for batch in batches:
+                obs = batch["observation"].float().div_(255)
+                next_obs = batch["next", "observation"].float().div_(255)
+                q = net(obs).gather(1, batch["action"].view(-1, 1)).squeeze(1)
+                with torch.no_grad():
+                    best = net(next_obs).argmax(1, keepdim=True)  # Double-DQN: online argmax, target value
+                    bootstrap = target(next_obs).gather(1, best).squeeze(1)
+                    not_terminal = (~batch["next", "terminated"].view(-1)).float()
+                    td_target = batch["next", "reward"].view(-1) + GAMMA * not_terminal * bootstrap
+                loss = torch.nn.functional.smooth_l1_loss(q, td_target)
+                optim.zero_grad()
+                loss.backward()
+                optim.step()
+                losses.append(loss.detach())
+            if device_.type == "cuda":
+                torch.cuda.synchronize(device_)  # the network part ends when the GPU has finished it
+        timer.end_iteration()
+    return Record(case=NAME, variant=variant, seed=seed, frames=iterations * ENVS, updates=iterations * UPDATES,
+                  losses=[float(x) for x in losses[:20]], buffer_bytes=storage_bytes(buffer),
+                  extra={"stacks_ok": stacks_ok, "device": str(device_), "capacity": capacity})
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(case_main(sys.modules[__name__]))
