@@ -35,6 +35,7 @@ import torch
 from tensordict import TensorDictBase
 
 PARTS = ("collect", "buffer", "value", "network")
+LOSSES_KEPT = 20
 VARIANTS = ("stock", "torchrl_ext")
 
 
@@ -91,6 +92,11 @@ class Record:
     wall_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def add_loss(self, loss: float | torch.Tensor) -> None:
+        """Keeps the run's first ``LOSSES_KEPT`` losses (what the agreement check compares)."""
+        if len(self.losses) < LOSSES_KEPT:
+            self.losses.append(float(loss))
+
 
 def tensor_bytes(obj: Any) -> int:
     """Bytes of every tensor in a (nested) state: dicts, lists, tuples and TensorDicts."""
@@ -127,6 +133,19 @@ def mean_or_nan(values: list[float]) -> float:
     return sum(values) / len(values) if values else math.nan
 
 
+def timed_run(case: ModuleType, variant: str, seed: int, size: dict[str, Any], with_rss: bool = True) -> Record:
+    """``case.run`` with a fresh :class:`PartTimer`; the record gets its iterations, wall time
+    and (``with_rss``) this process's peak RSS."""
+    timer = PartTimer()
+    start = time.perf_counter()
+    record = case.run(variant, seed, timer, **size)
+    record.wall_s = time.perf_counter() - start
+    record.iterations = timer.iterations
+    if with_rss:
+        record.peak_rss_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    return record
+
+
 def case_main(case: ModuleType) -> int:
     """Runs one variant of ``case`` for one seed and prints its :class:`Record` as JSON."""
     ap = argparse.ArgumentParser(description=case.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -140,11 +159,5 @@ def case_main(case: ModuleType) -> int:
     size = dict(case.QUICK if args.quick else case.FULL)
     if args.device is not None:
         size["device"] = args.device
-    timer = PartTimer()
-    start = time.perf_counter()
-    record = case.run(args.variant, args.seed, timer, **size)
-    record.wall_s = time.perf_counter() - start
-    record.iterations = timer.iterations
-    record.peak_rss_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
-    print(json.dumps(asdict(record)))
+    print(json.dumps(asdict(timed_run(case, args.variant, args.seed, size))))
     return 0

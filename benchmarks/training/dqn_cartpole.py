@@ -71,7 +71,8 @@ def make_env(seed: int) -> TransformedEnv:
 
 
 def make_model(env: TransformedEnv) -> QValueActor:
-    action_spec = env.full_action_spec["action"]
+    """The reference's Q-network, an ``MLP`` of ``[120, 84]`` ReLU cells (``dqn_per_nstep`` too)."""
+    action_spec = env.full_action_spec_unbatched["action"]
     mlp = MLP(in_features=env.observation_spec["observation"].shape[-1], out_features=action_spec.space.n,
               num_cells=[120, 84], activation_class=torch.nn.ReLU)
     return QValueActor(module=mlp, spec=action_spec, in_keys=["observation"])
@@ -121,8 +122,7 @@ def run(variant: str, seed: int, timer: PartTimer, *, total_frames: int, init_ra
                     optimizer.step()
                     target_updater.step()
                 record.updates += 1
-                if len(record.losses) < 20:
-                    record.losses.append(loss.item())
+                record.add_loss(loss.detach())
             collector.update_policy_weights_()
         timer.end_iteration()
     collector.shutdown()

@@ -50,7 +50,7 @@ from tensordict.nn import TensorDictSequential
 from torchrl.collectors import Collector
 from torchrl.data import LazyTensorStorage, TensorDictPrioritizedReplayBuffer
 from torchrl.envs import GymEnv, MultiStepTransform, RewardSum, SerialEnv, TransformedEnv
-from torchrl.modules import MLP, EGreedyModule, QValueActor
+from torchrl.modules import EGreedyModule
 from torchrl.objectives import DQNLoss, HardUpdate
 
 from torchrl_ext.replay_buffers import TensorDictReplayBuffer
@@ -59,6 +59,9 @@ from torchrl_ext.storages import FastTensorStorage
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _loop import PartTimer, Record, case_main, episode_returns, mean_or_nan, storage_bytes  # noqa: E402
+from dqn_cartpole import (  # noqa: E402  the reference's network and hyper-parameters
+    BATCH_SIZE, BUFFER_SIZE, EPS_END, EPS_START, GAMMA, HARD_UPDATE_FREQ, LR, UPDATES_PER_BATCH, make_model,
+)
 
 NAME = "DQN + PER 3-step CartPole"
 FULL = {"total_frames": 10_800, "init_random_frames": 216, "annealing_frames": 5_400}  # multiples of 12
@@ -67,8 +70,7 @@ EXACT = False
 NOTE = ("returns may differ: TorchRL's MultiStepTransform bootstraps the n - 1 steps before a "
         "termination from the terminal observation")
 
-NUM_ENVS, FRAMES_PER_BATCH, BUFFER_SIZE, BATCH_SIZE, UPDATES_PER_BATCH = 4, 12, 10_000, 128, 1
-EPS_START, EPS_END, LR, GAMMA, HARD_UPDATE_FREQ = 1.0, 0.05, 2.5e-4, 0.99, 50
+NUM_ENVS, FRAMES_PER_BATCH = 4, 12
 N_STEP, ALPHA, BETA_START, BETA_END = 3, 0.6, 0.4, 1.0
 
 
@@ -76,13 +78,6 @@ def make_env(seed: int) -> TransformedEnv:
     env = TransformedEnv(SerialEnv(NUM_ENVS, lambda: GymEnv("CartPole-v1")), RewardSum())
     env.set_seed(seed)
     return env
-
-
-def make_model(env: TransformedEnv) -> QValueActor:
-    action_spec = env.full_action_spec_unbatched["action"]
-    mlp = MLP(in_features=env.observation_spec["observation"].shape[-1], out_features=action_spec.space.n,
-              num_cells=[120, 84], activation_class=torch.nn.ReLU)
-    return QValueActor(module=mlp, spec=action_spec, in_keys=["observation"])
 
 
 def make_buffer(variant: str, seed: int) -> TensorDictPrioritizedReplayBuffer | TensorDictReplayBuffer:
@@ -143,8 +138,7 @@ def run(variant: str, seed: int, timer: PartTimer, *, total_frames: int, init_ra
                     batch["td_error"] = batch["td_error"].sqrt()  # PER's priority: |delta|
                     rb.update_tensordict_priority(batch)
                 record.updates += 1
-                if len(record.losses) < 20:
-                    record.losses.append(loss.item())
+                record.add_loss(loss.detach())
             collector.update_policy_weights_()
         timer.end_iteration()
     collector.shutdown()

@@ -50,16 +50,14 @@ from pathlib import Path
 
 import torch
 from tensordict import TensorDictBase
-from tensordict.nn import TensorDictModule
-from torch import nn
 from torchrl.collectors import Collector
 from torchrl.data import LazyTensorStorage, SamplerWithoutReplacement, TensorDictReplayBuffer
 from torchrl.envs import GymEnv, RewardSum, TransformedEnv
-from torchrl.modules import MLP, OneHotCategorical, ProbabilisticActor, ValueOperator
 from torchrl.objectives import A2CLoss, ValueEstimators
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _loop import PartTimer, Record, case_main, episode_returns, mean_or_nan, storage_bytes  # noqa: E402
+from ppo_cartpole import make_models  # noqa: E402  actor and critic MLPs of 64 x 64
 
 from torchrl_ext.replay_buffers import TensorDictReplayBuffer as ExtTensorDictReplayBuffer  # noqa: E402
 from torchrl_ext.storages import FastTensorStorage  # noqa: E402
@@ -79,26 +77,13 @@ def make_env(seed: int) -> TransformedEnv:
     return env
 
 
-def make_models(env: TransformedEnv) -> tuple[ProbabilisticActor, ValueOperator]:
-    """Actor and critic MLPs of 64 x 64 (tanh) in place of the reference's Atari conv nets."""
-    obs_dim = env.observation_spec["observation"].shape[-1]
-    policy_net = MLP(in_features=obs_dim, out_features=env.action_spec.shape[-1], num_cells=[64, 64],
-                     activation_class=nn.Tanh)
-    value_net = MLP(in_features=obs_dim, out_features=1, num_cells=[64, 64], activation_class=nn.Tanh)
-    actor = ProbabilisticActor(
-        module=TensorDictModule(policy_net, in_keys=["observation"], out_keys=["logits"]),
-        in_keys=["logits"], spec=env.action_spec, distribution_class=OneHotCategorical, return_log_prob=True)
-    critic = ValueOperator(value_net, in_keys=["observation"])
-    return actor, critic
-
-
 def run(variant: str, seed: int, timer: PartTimer, total_frames: int = FULL["total_frames"],
         frames_per_batch: int = 16, batches_to_accumulate: int = 4, mini_batch: int = 64) -> Record:
     """One run. An iteration of ``timer`` is one learner batch (``batches_to_accumulate`` collected
     rollouts and the ``capacity // mini_batch`` updates they feed); ``curve`` has one point per rollout."""
     torch.manual_seed(seed)
     env = make_env(seed)
-    actor, critic = make_models(env)
+    actor, critic = make_models(env, orthogonal_init=False)  # the reference's Atari nets, as CartPole MLPs
     collector = Collector(env, actor, frames_per_batch=frames_per_batch, total_frames=total_frames,
                           max_frames_per_traj=-1, auto_register_policy_transforms=False)
     capacity = frames_per_batch * batches_to_accumulate
@@ -147,8 +132,7 @@ def run(variant: str, seed: int, timer: PartTimer, total_frames: int = FULL["tot
                 optim.step()
                 optim.zero_grad()
             record.updates += 1
-            if len(record.losses) < 20:
-                record.losses.append(float(loss_sum.detach()))
+            record.add_loss(loss_sum.detach())
         accumulator = []
         timer.end_iteration()
     collector.shutdown()

@@ -160,8 +160,7 @@ def run(variant: str, seed: int, timer: PartTimer, n_iters: int = FULL["n_iters"
                     optim.step()
                     optim.zero_grad()
                 record.updates += 1
-                if len(record.losses) < 20:
-                    record.losses.append(float(loss_value.detach()))
+                record.add_loss(loss_value.detach())
         timer.end_iteration()
         collector.update_policy_weights_()  # a no-op here (same device), kept as in the reference
     collector.shutdown()

@@ -42,7 +42,7 @@ from torchrl_ext.samplers import TrajectorySampler
 from torchrl_ext.storages import DedupEnvRingStorage
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _loop import PartTimer, Record, case_main, storage_bytes  # noqa: E402
+from _loop import LOSSES_KEPT, PartTimer, Record, case_main, storage_bytes  # noqa: E402
 
 NAME = "pixel DQN (replay-bound)"
 FULL = {"capacity": 100_000, "iterations": 24}
@@ -162,12 +162,13 @@ def run(variant: str, seed: int, timer: PartTimer, capacity: int, iterations: in
                 optim.zero_grad()
                 loss.backward()
                 optim.step()
-                losses.append(loss.detach())
+                if len(losses) < LOSSES_KEPT:
+                    losses.append(loss.detach())  # float() later: no GPU sync inside the timed part
             if device_.type == "cuda":
                 torch.cuda.synchronize(device_)  # the network part ends when the GPU has finished it
         timer.end_iteration()
     return Record(case=NAME, variant=variant, seed=seed, frames=iterations * ENVS, updates=iterations * UPDATES,
-                  losses=[float(x) for x in losses[:20]], buffer_bytes=storage_bytes(buffer),
+                  losses=[float(x) for x in losses], buffer_bytes=storage_bytes(buffer),
                   extra={"stacks_ok": stacks_ok, "device": str(device_), "capacity": capacity})
 
 

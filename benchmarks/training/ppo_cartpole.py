@@ -80,18 +80,19 @@ def make_env(seed: int, num_envs: int = NUM_ENVS) -> TransformedEnv:
     return env
 
 
-def make_models(env: TransformedEnv) -> tuple[ProbabilisticActor, ValueOperator]:
-    """Two MLPs of 64 x 64 (tanh), as the reference's ``make_ppo_models``; a categorical head."""
+def make_models(env: TransformedEnv, orthogonal_init: bool = True) -> tuple[ProbabilisticActor, ValueOperator]:
+    """Two MLPs of 64 x 64 (tanh), as the reference's ``make_ppo_models``; a categorical head
+    (``impala_cartpole`` too, with PyTorch's default init)."""
     obs_dim = env.observation_spec["observation"].shape[-1]
     policy_net = MLP(in_features=obs_dim, out_features=env.action_spec.shape[-1], num_cells=[64, 64],
                      activation_class=nn.Tanh)
     value_net = MLP(in_features=obs_dim, out_features=1, num_cells=[64, 64], activation_class=nn.Tanh)
-    # Orthogonal init, a near-uniform initial policy (small head gain): the usual PPO recipe.
-    for net, head_gain in ((policy_net, 0.01), (value_net, 1.0)):
-        linears = [m for m in net.modules() if isinstance(m, nn.Linear)]
-        for i, layer in enumerate(linears):
-            nn.init.orthogonal_(layer.weight, gain=head_gain if i == len(linears) - 1 else math.sqrt(2.0))
-            nn.init.zeros_(layer.bias)
+    if orthogonal_init:  # a near-uniform initial policy (small head gain): the usual PPO recipe
+        for net, head_gain in ((policy_net, 0.01), (value_net, 1.0)):
+            linears = [m for m in net.modules() if isinstance(m, nn.Linear)]
+            for i, layer in enumerate(linears):
+                nn.init.orthogonal_(layer.weight, gain=head_gain if i == len(linears) - 1 else math.sqrt(2.0))
+                nn.init.zeros_(layer.bias)
     actor = ProbabilisticActor(
         module=TensorDictModule(policy_net, in_keys=["observation"], out_keys=["logits"]),
         in_keys=["logits"], spec=env.action_spec, distribution_class=OneHotCategorical, return_log_prob=True)
@@ -149,8 +150,7 @@ def run(variant: str, seed: int, timer: PartTimer, total_frames: int = FULL["tot
                     actor_optim.zero_grad()
                     critic_optim.zero_grad()
                 record.updates += 1
-                if len(record.losses) < 20:
-                    record.losses.append(float(actor_loss.detach() + loss["loss_critic"].detach()))
+                record.add_loss(actor_loss.detach() + loss["loss_critic"].detach())
         timer.end_iteration()
     collector.shutdown()
     record.buffer_bytes = storage_bytes(data_buffer)

@@ -36,7 +36,6 @@ import json
 import math
 import multiprocessing
 import os
-import resource
 import statistics
 import sys
 import time
@@ -48,7 +47,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(HERE))
-from _loop import PARTS, VARIANTS, PartTimer  # noqa: E402
+from _loop import PARTS, VARIANTS, timed_run  # noqa: E402
 
 CASES = ["dqn_cartpole", "ppo_cartpole", "mappo_vmas", "dqn_per_nstep", "impala_cartpole", "pixel_dqn"]
 LOSS_RTOL = 1e-4
@@ -64,13 +63,7 @@ def _child(case: str, variant: str, seed: int, threads: int, device: str | None,
         size = dict(module.FULL)
         if device is not None:
             size["device"] = device
-        timer = PartTimer()
-        start = time.perf_counter()
-        record = module.run(variant, seed, timer, **size)
-        record.wall_s = time.perf_counter() - start
-        record.iterations = timer.iterations
-        record.peak_rss_bytes = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
-        results.put(asdict(record))
+        results.put(asdict(timed_run(module, variant, seed, size)))
     except BaseException:
         results.put({"error": traceback.format_exc()})
 
@@ -94,12 +87,7 @@ def run_full(ctx: Any, case: str, variant: str, seed: int, out_dir: Path, thread
 def run_quick(case: str, variant: str, seed: int) -> dict[str, Any]:
     """One quick run in this process."""
     module = importlib.import_module(case)
-    timer = PartTimer()
-    start = time.perf_counter()
-    record = module.run(variant, seed, timer, **module.QUICK)
-    record.wall_s = time.perf_counter() - start
-    record.iterations = timer.iterations
-    return asdict(record)
+    return asdict(timed_run(module, variant, seed, module.QUICK, with_rss=False))  # one shared process
 
 
 def per_iteration_ms(record: dict[str, Any]) -> dict[str, float]:
