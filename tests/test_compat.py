@@ -314,12 +314,6 @@ def test_ray_client_is_the_attribute_torchrls_ray_buffer_calls_through():
     assert _compat.ray_client(Hosted()) is Hosted._client
 
 
-def test_entries_is_a_tensordicts_own_entry_dict():
-    data = TensorDict({"a": torch.zeros(2), "b": {"c": torch.ones(2)}}, [2])
-    entries = _compat.entries(data)
-    assert set(entries) == {"a", "b"} and entries["a"] is data.get("a")
-
-
 # ---------------------------------------------------------------- the rule
 
 @pytest.mark.parametrize("cls, name", _compat.HOOKS, ids=[f"{c.__name__}.{n}" for c, n in _compat.HOOKS])

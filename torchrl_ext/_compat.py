@@ -287,11 +287,6 @@ def unchecked_tensordict(entries: dict[Any, torch.Tensor], batch_size: torch.Siz
     return _NEW_UNSAFE(source=root, batch_size=batch_size, device=device)
 
 
-def entries(data: TensorDictBase) -> dict[str, Any]:
-    """A plain ``TensorDict``'s own entry dict (keys to tensors or sub-TensorDicts)."""
-    return data._tensordict
-
-
 #: ``(TorchRL class, private method)``: the private methods TorchRL calls that torchrl_ext overrides.
 HOOKS: tuple[tuple[type, str], ...] = (
     (_ReplayBuffer, "_dump_prefetch_state"),  # the extra state saved with the same lock held

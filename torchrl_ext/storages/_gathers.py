@@ -14,10 +14,10 @@ from tensordict import TensorDict, TensorDictBase
 from tensordict.utils import expand_as_right
 
 from torchrl_ext import _compat
-from torchrl_ext.storages._numpy_rows import TORCH_DTYPES, Columns
+from torchrl_ext.storages._numpy_rows import TORCH_DTYPES
 from torchrl_ext.storages import _output_memory
 
-__all__ = ["NO_ITEM_SHAPES", "assemble", "item_batch_shapes", "set_info", "gather_coordinates", "gather_rows", "select_rows", "take", "take_rows"]
+__all__ = ["NO_ITEM_SHAPES", "assemble", "item_batch_shapes", "set_info", "gather_coordinates", "gather_rows", "select_rows", "take"]
 
 def check_info_leads(key: Any, value: torch.Tensor, batch_size: torch.Size) -> None:
     """Refuses sampler info whose shape does not start with ``batch_size``."""
@@ -186,24 +186,6 @@ def take(array: np.ndarray, rows: np.ndarray, *, pinned: bool = False) -> torch.
     # straight into the output ("raise" gathers into a buffer and copies it over).
     array.take(rows, axis=0, out=output.numpy(), mode="wrap")
     return output
-
-
-def take_rows(columns: Columns, rows: torch.Tensor, skip: Any = (), *,
-              pinned: bool = False) -> dict[Any, torch.Tensor]:
-    """``{key: stored[rows]}`` for every column but those in ``skip``, through numpy's
-    ``take`` (CPU ``rows``), which costs less than ``index_select`` on a sample's few
-    hundred rows.
-
-    Examples:
-        >>> import torch
-        >>> from torchrl_ext.storages._numpy_rows import numpy_columns
-        >>> columns = numpy_columns([("a", torch.arange(6).reshape(3, 2))], batch_dims=1)
-        >>> take_rows(columns, torch.tensor([2, 0]))["a"].tolist()
-        [[4, 5], [0, 1]]
-    """
-    index = rows.numpy()
-    return {key: take(array, index, pinned=pinned) for key, (array, _, _) in columns.by_key.items()
-            if key not in skip}
 
 
 def gather_coordinates(

@@ -15,9 +15,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase, is_leaf_nontensor
-
-from torchrl_ext import _compat
+from tensordict import TensorDictBase, is_leaf_nontensor
 
 
 #: torch dtypes whose CPU tensors numpy views without a copy (bfloat16 has no numpy twin).
@@ -42,26 +40,12 @@ Column = tuple[np.ndarray, tuple[int, ...], np.dtype]
 
 
 class Columns:
-    """Stored columns by key, and the columns as a batch of some number of rows must match them."""
+    """Stored columns by key: ``(stored leaf as a numpy array, item shape, numpy dtype)``."""
 
-    __slots__ = ("by_key", "_sized")
+    __slots__ = ("by_key",)
 
     def __init__(self, by_key: dict[Any, Column]) -> None:
         self.by_key = by_key
-        self._sized: tuple[int | None, dict[Any, Column]] = (None, {})
-
-    def sized(self, rows: int) -> dict[Any, Column]:
-        """:attr:`by_key` with each item shape replaced by the shape of ``rows`` items.
-
-        A batch's arrays are then checked with one shape comparison each, about half
-        the cost of comparing the row count and slicing off the item shape. The last
-        row count asked is kept: writers repeat theirs.
-        """
-        cached_rows, sized = self._sized
-        if cached_rows != rows:
-            sized = {key: (array, (rows, *shape), dtype) for key, (array, shape, dtype) in self.by_key.items()}
-            self._sized = (rows, sized)
-        return sized
 
 
 def numpy_columns(leaves: Any, batch_dims: int) -> Columns | None:
@@ -114,14 +98,9 @@ class ColumnCache:
 
 
 def leaf_items(data: TensorDictBase) -> list[tuple[Any, Any]]:
-    """``list(data.items(include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor))``,
-    in the same order: the tensor leaves, and the non-tensor ones (strings and other
-    ``NonTensorData``) that ``items``' default leaves out, so that a caller can refuse them.
-
-    A plain :class:`~tensordict.TensorDict` of tensors is listed from its entry dicts,
-    cheaper than ``items``, which a small write would pay twice (the batch and the
-    stored leaves). Any other TensorDict type, or a non-tensor leaf,
-    takes ``items``.
+    """``data``'s ``(key, leaf)`` pairs, nested keys as tuples: the tensor leaves, and the
+    non-tensor ones (strings and other ``NonTensorData``) that ``items``' default leaves out,
+    so that a caller can refuse them.
 
     Examples:
         >>> import torch
@@ -130,23 +109,7 @@ def leaf_items(data: TensorDictBase) -> list[tuple[Any, Any]]:
         >>> [key for key, _ in leaf_items(td)]
         ['a', ('next', 'b')]
     """
-    leaves = _plain_leaves(data, ()) if type(data) is TensorDict else None
-    if leaves is None:
-        return list(data.items(include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor))
-    return leaves
-
-
-def _plain_leaves(data: TensorDict, prefix: tuple) -> list[tuple[Any, torch.Tensor]] | None:
-    leaves = []
-    for key, value in _compat.entries(data).items():
-        if isinstance(value, torch.Tensor):
-            leaves.append(((*prefix, key) if prefix else key, value))
-            continue
-        nested = _plain_leaves(value, (*prefix, key)) if type(value) is TensorDict else None
-        if nested is None:
-            return None
-        leaves.extend(nested)
-    return leaves
+    return list(data.items(include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor))
 
 
 def matching_arrays(
@@ -171,39 +134,21 @@ def matching_arrays(
         >>> matching_arrays(data.double(), columns, rows=3, extra={"i": torch.arange(3.0)}) is None
         True
     """
-    sized = columns.sized(rows)
-    if type(data) is TensorDict and not extra:
-        # The entries of a flat batch are its leaves: no listing needed.
-        pairs = _matched(_compat.entries(data).items(), sized, skip_key, on_nested=_NESTED)
-        if pairs is not _NESTED:
-            return pairs
-    leaves = leaf_items(data)
-    return _matched(chain(leaves, extra.items()) if extra else leaves, sized, skip_key)
-
-
-_NESTED = object()  # a flat batch's entries turned out to hold a sub-TensorDict
-
-
-def _matched(items: Any, sized: dict[Any, Column], skip_key: Any, on_nested: Any = None) -> Any:
-    """:func:`matching_arrays` of the ``(key, value)`` entries ``items`` against the columns
-    :meth:`Columns.sized` gives; ``on_nested`` when one of the entries is a TensorDict."""
+    items = leaf_items(data)
     pairs = []
     try:
-        for key, value in items:
+        for key, value in chain(items, extra.items()) if extra else items:
             if key == skip_key:
                 continue
-            if not isinstance(value, torch.Tensor):
-                return on_nested if isinstance(value, TensorDictBase) else None  # else a non-tensor leaf
-            column = sized.get(key)
-            if column is None:
-                return None  # a key that is not stored
+            column = columns.by_key.get(key)
+            if column is None or not isinstance(value, torch.Tensor):
+                return None  # a key that is not stored, or a non-tensor leaf
             # numpy() refuses tensors off the CPU, with autograd history, or with lazy
             # conjugate/negative bits.
             array = value.numpy()
-            dtype = array.dtype
-            if array.shape != column[1] or (dtype is not column[2] and dtype != column[2]):
+            if array.shape[:1] != (rows,) or array.shape[1:] != column[1] or array.dtype != column[2]:
                 return None
             pairs.append((column[0], array))
     except (RuntimeError, TypeError):
         return None
-    return pairs if len(pairs) == len(sized) else None
+    return pairs if len(pairs) == len(columns.by_key) else None

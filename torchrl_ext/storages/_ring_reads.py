@@ -11,51 +11,34 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
-from torchrl_ext.storages._gathers import assemble, select_rows, take, take_rows
+from torchrl_ext.storages._gathers import assemble, select_rows, take
 from torchrl_ext.storages._ring_data import RingData
 
 
 def gather(
     rings: RingData, env: torch.Tensor, position: torch.Tensor, extra: dict[Any, torch.Tensor] | None,
-    skip: Any, pinned: bool,
+    skip: Any, pinned: bool, next_position: torch.Tensor | None = None,
 ) -> TensorDictBase:
     """The stored steps at ``(env, position)`` (both of shape ``S``) as a TensorDict of batch
-    size ``S``, plus ``extra`` entries, without the leaves in ``skip``."""
-    flat = rings.flat_index(env, position)
-    shape, rows = flat.shape, flat.reshape(-1)
-    columns = rings.read_columns() if flat.is_cpu else None
-    if columns is not None:
-        entries = take_rows(columns, rows, skip, pinned=pinned)
-    else:
-        entries = {key: select_rows(leaf, rows, pinned=pinned) for key, leaf in rings.flat if key not in skip}
-    if len(shape) != 1:  # else the rows already have the batch shape
-        entries = {key: value.reshape(*shape, *value.shape[1:]) for key, value in entries.items()}
-    return assemble(entries, shape, rings.device, extra, rings.item_shapes)
-
-
-def gather_chain(
-    rings: RingData, env: torch.Tensor, start: torch.Tensor, end: torch.Tensor,
-    extra: dict[Any, torch.Tensor], pinned: bool,
-) -> TensorDictBase:
-    """Root entries at ``(env, start)`` and ``"next"`` entries at ``(env, end)``, one gather per
-    leaf at the row it is read from; ``extra`` entries replace stored ones."""
-    root, after = rings.flat_index(env, start), rings.flat_index(env, end)
-    shape = env.shape
-    flat_batch = len(shape) == 1  # rows already have the batch shape: no reshapes
-    if not flat_batch:
-        root, after = root.reshape(-1), after.reshape(-1)
+    size ``S``, plus ``extra`` entries (which replace stored ones), without the leaves in
+    ``skip``. With ``next_position``, the ``"next"`` entries are read at ``(env,
+    next_position)``: the transition from ``position`` to the step after ``next_position``."""
+    root = rings.flat_index(env, position)
+    shape = root.shape
+    root = root.reshape(-1)
+    after = root if next_position is None else rings.flat_index(env, next_position).reshape(-1)
     columns = rings.read_columns() if root.is_cpu else None
     if columns is None:
         sources, pick = rings.flat, select_rows
-    else:
+    else:  # numpy's take costs less than index_select on a sample's few hundred rows
         sources = [(key, array) for key, (array, _, _) in columns.by_key.items()]
         root, after, pick = root.numpy(), after.numpy(), take
     entries = {}
     for key, source in sources:
-        if key in extra:
+        if key in skip or (extra and key in extra):
             continue
         value = pick(source, after if isinstance(key, tuple) and key[0] == "next" else root, pinned=pinned)
-        entries[key] = value if flat_batch else value.reshape(*shape, *source.shape[1:])
+        entries[key] = value if len(shape) == 1 else value.reshape(*shape, *source.shape[1:])
     return assemble(entries, shape, rings.device, extra, rings.item_shapes)
 
 

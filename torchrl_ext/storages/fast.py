@@ -49,7 +49,7 @@ from torchrl_ext.storages._layouts import (
     has_lazy_stack,
 )
 from torchrl_ext.storages._gathers import (
-    NO_ITEM_SHAPES, assemble, gather_rows, item_batch_shapes, set_info, take_rows,
+    NO_ITEM_SHAPES, assemble, gather_rows, item_batch_shapes, set_info, take,
 )
 from torchrl_ext.storages._numpy_rows import ColumnCache, Columns, matching_arrays, leaf_items
 from torchrl_ext.storages._output_memory import PinnedOutputs
@@ -226,7 +226,9 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
         stored = _compat.stored_data(self)
         columns = self._columns(leaves) if rows.is_cpu and not self._pin_outputs else None
         if columns is not None:
-            return assemble(take_rows(columns, rows), rows.shape, stored.device, extra, self._item_shapes)
+            index = rows.numpy()
+            entries = {key: take(array, index) for key, (array, _, _) in columns.by_key.items()}
+            return assemble(entries, rows.shape, stored.device, extra, self._item_shapes)
         return gather_rows(stored, rows, extra=extra, leaves=leaves, pinned=self._pin_outputs,
                            item_shapes=self._item_shapes)
 

@@ -415,7 +415,7 @@ class EnvRingStorage(PinnedOutputs, Storage):
         ``extra`` entries (the sampler's n-step reward, ...) replace stored ones."""
         extra = extra or {}
         if type(self).gather is EnvRingStorage.gather:
-            return _ring_reads.gather_chain(self._rings, env, start, end, extra, self._pin_outputs)
+            return _ring_reads.gather(self._rings, env, start, extra, (), self._pin_outputs, next_position=end)
         out = self.gather(env, start)  # subclasses rebuild entries on read
         if "next" in out.keys():
             out.set("next", self.gather(env, end).get("next"))
