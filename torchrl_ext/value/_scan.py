@@ -8,11 +8,8 @@ from __future__ import annotations
 import math
 import threading
 from collections import OrderedDict
-from typing import Callable, TypeVar
 
 import torch
-
-_T = TypeVar("_T")
 
 
 def _flag_as_float(flag: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -25,29 +22,15 @@ def _flag_as_float(flag: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return flag.view(torch.uint8).to(dtype)
 
 
-def _discount_unless(
-    flag: torch.Tensor, discount: float | torch.Tensor, dtype: torch.dtype
-) -> torch.Tensor:
-    """Fresh tensor equal to ``discount * (1 - flag)``, in the flag's shape."""
-    if isinstance(discount, torch.Tensor):
-        return _flag_as_float(flag, dtype).neg_().add_(1).mul_(discount)
-    return _flag_as_float(flag, dtype).mul_(-discount).add_(discount)
-
-
-def _with_autograd(fast: Callable[..., _T], differentiable: Callable[..., _T], *args: object) -> _T:
-    """``fast(*args)``, or ``differentiable(*args)`` when grad mode is on and an argument
-    requires grad.
+def _needs_autograd(*args: object) -> bool:
+    """Whether grad mode is on and an argument requires grad.
 
     The fast kernels write through ``out=`` into reused workspaces, which autograd cannot
-    follow; the differentiable twins compute the same recursion out of place, so gradients
-    reach rewards, values and log-probabilities (TorchRL's ``differentiable=True``). The
-    check is skipped when grad mode is off.
+    follow; then the differentiable twins (:mod:`torchrl_ext.value._differentiable`) compute
+    the same recursion out of place, so gradients reach rewards, values and
+    log-probabilities (TorchRL's ``differentiable=True``).
     """
-    if torch.is_grad_enabled() and any(
-        isinstance(a, torch.Tensor) and a.requires_grad for a in args
-    ):
-        return differentiable(*args)
-    return fast(*args)
+    return torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
 
 
 def _differentiable_scan(x: torch.Tensor, coef: torch.Tensor, dim: int) -> torch.Tensor:
@@ -100,17 +83,14 @@ class _Workspace:
     """
 
     def __init__(self, shape: torch.Size, dim: int, dtype: torch.dtype, device: torch.device):
-        self.shape = shape
         self.numel = numel = math.prod(shape)
-        self.length = length = shape[dim]
-        self.step = step = _time_step(shape, dim)
+        length = shape[dim]
+        self.step = step = math.prod(shape[dim + 1:])  # flat distance between time steps
         largest_offset = 1 << (length - 1).bit_length() - 1 if length > 1 else 0
         self.buffer = torch.zeros(4, numel + largest_offset * step, dtype=dtype, device=device)
-        strides = _contiguous_strides(shape)
-        self.x = self.buffer.as_strided(shape, strides, 0)
-        self.coef = self.buffer.as_strided(shape, strides, self.buffer.stride(0))
         rows = self.buffer.unbind(0)
         heads = [row[:numel] for row in rows]
+        self.x, self.coef = heads[0].view(shape), heads[1].view(shape)
         self.rounds = []
         src, offset = 0, 1  # rows src (x) and src + 1 (coef) hold the current round
         while offset < length:
@@ -121,7 +101,6 @@ class _Workspace:
                 heads[dst], heads[dst + 1],
             ))
             src, offset = dst, 2 * offset
-        self.x_final = heads[src]  # where the result is when length == 1
 
 
 # Workspaces are reused per thread (the scan writes into them) and per shape;
@@ -151,23 +130,14 @@ def _scan_workspace(
     return workspace
 
 
-def _contiguous_strides(shape: torch.Size) -> tuple[int, ...]:
-    strides, size = [], 1
-    for n in reversed(shape):
-        strides.append(size)
-        size *= n
-    return tuple(reversed(strides))
-
-
-def _reverse_linear_scan(workspace: _Workspace, scale: float = 1.0) -> torch.Tensor:
+def _reverse_linear_scan(workspace: _Workspace, scale: float | torch.Tensor = 1.0) -> torch.Tensor:
     """Solves ``y[t] = x[t] + scale * coef[t] * y[t + 1]`` (``y[T] = 0``) along ``dim``.
 
     ``workspace.x`` and ``workspace.coef`` are filled by the caller, with
     ``coef == 0`` at the last step ``T - 1`` (where its value does not matter
-    to the recursion). Returns a fresh flat tensor of ``numel + step``
-    elements: ``y`` laid out contiguously in ``shape``, then one time step of
-    zeros (``step`` is the flat distance between consecutive time steps). So
-    ``out[step:]`` viewed as ``shape`` is ``y[t + 1]`` except at the last
+    to the recursion). Returns ``y``, a fresh contiguous tensor shaped like the
+    data whose storage holds one more time step of zeros (``step`` elements), so
+    ``y.as_strided(y.shape, y.stride(), step)`` is ``y[t + 1]`` except at the last
     step of each row, where it reads the next row or the zeros.
 
     Hillis-Steele (log-depth) scan: round ``k`` (offset ``d = 2**k``) folds
@@ -182,15 +152,18 @@ def _reverse_linear_scan(workspace: _Workspace, scale: float = 1.0) -> torch.Ten
     all operands are contiguous: two kernels per round. The Python float
     ``scale`` (e.g. ``gamma``) is kept out of ``coef`` and passed as
     ``addcmul``'s ``value=``, squared each round (computed in float64), which
-    saves a full multiplication pass.
+    saves a full multiplication pass; a tensor ``scale`` is folded into ``coef`` first.
     """
+    if isinstance(scale, torch.Tensor):
+        workspace.coef.mul_(scale)
+        scale = 1.0
     numel = workspace.numel
     # One call (a memset) is cheaper than an empty tensor plus a slice to zero.
     result = torch.zeros(numel + workspace.step, dtype=workspace.buffer.dtype,
                          device=workspace.buffer.device)
+    y = result[:numel].view(workspace.x.shape)
     if not workspace.rounds:
-        result[:numel].copy_(workspace.x_final)
-        return result
+        return y.copy_(workspace.x)
     *rounds, last = workspace.rounds
     for x, coef, x_ahead, coef_ahead, x_out, coef_out in rounds:
         torch.addcmul(x, coef, x_ahead, value=scale, out=x_out)
@@ -199,12 +172,7 @@ def _reverse_linear_scan(workspace: _Workspace, scale: float = 1.0) -> torch.Ten
     # Last round: the composed coefficients are no longer needed.
     x, coef, x_ahead = last[:3]
     torch.addcmul(x, coef, x_ahead, value=scale, out=result[:numel])
-    return result
-
-
-def _time_step(shape: torch.Size, dim: int) -> int:
-    """Flat distance between consecutive time steps of a contiguous tensor."""
-    return math.prod(shape[dim + 1:])
+    return y
 
 
 def _to_dtype(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

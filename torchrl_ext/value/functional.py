@@ -47,8 +47,6 @@ Python loops of ``sqrt(T)`` small ops each.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
 from torchrl_ext._checks import (
@@ -62,15 +60,13 @@ from torchrl_ext._checks import (
 from torchrl_ext.value import _differentiable
 from torchrl_ext.value._scan import (
     _as_discount,
-    _discount_unless,
     _fill_continues,
     _flag_as_float,
+    _needs_autograd,
     _reverse_linear_scan,
     _scan_dtype,
     _scan_workspace,
-    _time_step,
     _to_dtype,
-    _with_autograd,
 )
 
 __all__ = [
@@ -149,45 +145,18 @@ def generalized_advantage_estimate(
     check_reals("gamma", gamma, low=0.0, high=1.0, shape=state_value.shape)
     check_reals("lmbda", lmbda, low=0.0, high=1.0, shape=state_value.shape)
     dim = resolve_time_dim(time_dim, state_value.ndim)
-    return _with_autograd(
-        _gae, _differentiable.gae, gamma, lmbda, state_value, next_state_value, reward, done, terminated, dim
-    )
-
-
-def _gae(
-    gamma: float | torch.Tensor,
-    lmbda: float | torch.Tensor,
-    state_value: torch.Tensor,
-    next_state_value: torch.Tensor,
-    reward: torch.Tensor,
-    done: torch.Tensor,
-    terminated: torch.Tensor,
-    dim: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`generalized_advantage_estimate` on validated arguments."""
-    shape = state_value.shape
-    dtype = state_value.dtype
-    work = _scan_dtype(dtype)
+    if _needs_autograd(gamma, lmbda, state_value, next_state_value, reward):
+        return _differentiable.gae(gamma, lmbda, state_value, next_state_value, reward, done, terminated, dim)
+    dtype, work = state_value.dtype, _scan_dtype(state_value.dtype)
     value = _to_dtype(state_value, work)
     gamma = _as_discount(gamma, value)
-    trace = gamma * _as_discount(lmbda, value)
-    workspace = _scan_workspace(shape, dim, work, value.device)
-    delta, coef = workspace.x, workspace.coef
-    # A float gamma * lmbda is applied by the scan itself.
-    _fill_continues(coef, done, dim)
-    not_terminal = _flag_as_float(~terminated, work)
-    if isinstance(trace, torch.Tensor):
-        coef.mul_(trace)
-        trace = 1.0
-    if isinstance(gamma, torch.Tensor):
-        not_terminal.mul_(gamma)
-        gamma = 1.0
-    torch.sub(reward, value, out=delta)
-    delta.addcmul_(not_terminal, _to_dtype(next_state_value, work), value=gamma)
-    flat = _reverse_linear_scan(workspace, scale=trace)
-    advantage = flat.as_strided(shape, delta.stride())
-    value_target = advantage + value
-    return _to_dtype(advantage, dtype), _to_dtype(value_target, dtype)
+    workspace = _scan_workspace(state_value.shape, dim, work, value.device)
+    _fill_continues(workspace.coef, done, dim)  # the scan applies gamma * lmbda
+    not_terminal = _flag_as_float(~terminated, work).mul_(gamma)
+    delta = torch.sub(reward, value, out=workspace.x)
+    delta.addcmul_(not_terminal, _to_dtype(next_state_value, work))
+    advantage = _reverse_linear_scan(workspace, scale=gamma * _as_discount(lmbda, value))
+    return _to_dtype(advantage, dtype), _to_dtype(advantage + value, dtype)
 
 
 ########################################################################
@@ -257,42 +226,19 @@ def td_lambda_return_estimate(
     check_reals("gamma", gamma, low=0.0, high=1.0, shape=reward.shape)
     check_reals("lmbda", lmbda, low=0.0, high=1.0, shape=reward.shape)
     dim = resolve_time_dim(time_dim, reward.ndim)
-    return _with_autograd(
-        _td_lambda, _differentiable.td_lambda, gamma, lmbda, next_state_value, reward, done, terminated, dim
-    )
-
-
-def _td_lambda(
-    gamma: float | torch.Tensor,
-    lmbda: float | torch.Tensor,
-    next_state_value: torch.Tensor,
-    reward: torch.Tensor,
-    done: torch.Tensor,
-    terminated: torch.Tensor,
-    dim: int,
-) -> torch.Tensor:
-    """:func:`td_lambda_return_estimate` on validated arguments."""
-    shape = reward.shape
-    dtype = reward.dtype
-    work = _scan_dtype(dtype)
+    if _needs_autograd(gamma, lmbda, next_state_value, reward):
+        return _differentiable.td_lambda(gamma, lmbda, next_state_value, reward, done, terminated, dim)
+    dtype, work = reward.dtype, _scan_dtype(reward.dtype)
     next_value = _to_dtype(next_state_value, work)
-    gamma = _as_discount(gamma, next_value)
-    lmbda = _as_discount(lmbda, next_value)
-    workspace = _scan_workspace(shape, dim, work, next_value.device)
-    returns, coef = workspace.x, workspace.coef
+    gamma, lmbda = _as_discount(gamma, next_value), _as_discount(lmbda, next_value)
+    workspace = _scan_workspace(reward.shape, dim, work, next_value.device)
     ends = _flag_as_float(done, work)
-    ends.narrow(dim, shape[dim] - 1, 1).fill_(1)
+    ends.narrow(dim, reward.shape[dim] - 1, 1).fill_(1)
     # Weight of the bootstrap in G_t: gamma at an end, gamma * (1 - lmbda) elsewhere.
-    bootstrap_weight = (ends * lmbda).add_(1 - lmbda)
-    bootstrap_weight.mul_(_discount_unless(terminated, gamma, work))
-    torch.addcmul(reward, bootstrap_weight, next_value, out=returns)
-    _fill_continues(coef, done, dim)  # 1 - ends
-    trace = gamma * lmbda
-    if isinstance(trace, torch.Tensor):
-        coef.mul_(trace)
-        trace = 1.0
-    flat = _reverse_linear_scan(workspace, scale=trace)
-    return _to_dtype(flat.as_strided(shape, returns.stride()), dtype)
+    bootstrap_weight = (ends * lmbda).add_(1 - lmbda).mul_(_flag_as_float(~terminated, work).mul_(gamma))
+    torch.addcmul(reward, bootstrap_weight, next_value, out=workspace.x)
+    _fill_continues(workspace.coef, done, dim)  # 1 - ends
+    return _to_dtype(_reverse_linear_scan(workspace, scale=gamma * lmbda), dtype)
 
 
 ########################################################################
@@ -344,26 +290,12 @@ def discounted_cumsum(
         )
     check_reals("gamma", gamma, low=0.0, high=1.0, shape=x.shape)
     dim = resolve_time_dim(time_dim, x.ndim)
-    return _with_autograd(_discounted_cumsum, _differentiable.discounted_cumsum, x, gamma, done, dim)
-
-
-def _discounted_cumsum(
-    x: torch.Tensor, gamma: float | torch.Tensor, done: torch.Tensor, dim: int
-) -> torch.Tensor:
-    """:func:`discounted_cumsum` on validated arguments."""
-    shape = x.shape
-    dtype = x.dtype
-    work = _scan_dtype(dtype)
-    workspace = _scan_workspace(shape, dim, work, x.device)
-    y, coef = workspace.x, workspace.coef
-    y.copy_(x)
-    _fill_continues(coef, done, dim)
-    gamma = _as_discount(gamma, coef)
-    if isinstance(gamma, torch.Tensor):
-        coef.mul_(gamma)
-        gamma = 1.0
-    flat = _reverse_linear_scan(workspace, scale=gamma)
-    return _to_dtype(flat.as_strided(shape, y.stride()), dtype)
+    if _needs_autograd(x, gamma):
+        return _differentiable.discounted_cumsum(x, gamma, done, dim)
+    workspace = _scan_workspace(x.shape, dim, _scan_dtype(x.dtype), x.device)
+    workspace.x.copy_(x)
+    _fill_continues(workspace.coef, done, dim)
+    return _to_dtype(_reverse_linear_scan(workspace, scale=_as_discount(gamma, workspace.coef)), x.dtype)
 
 
 ########################################################################
@@ -449,82 +381,28 @@ def vtrace_advantage_estimate(
     check_reals("c_thresh", c_thresh, low=0.0, open_low=True, finite=False,
                 hint="e.g. 1.0, the IMPALA default (+inf: no clipping)")
     dim = resolve_time_dim(time_dim, state_value.ndim)
-    return _with_autograd(
-        _vtrace, _differentiable.vtrace, gamma, log_pi, log_mu, state_value, next_state_value, reward, done,
-        terminated, rho_thresh, c_thresh, dim,
-    )
-
-
-def _vtrace(
-    gamma: float | torch.Tensor,
-    log_pi: torch.Tensor,
-    log_mu: torch.Tensor,
-    state_value: torch.Tensor,
-    next_state_value: torch.Tensor,
-    reward: torch.Tensor,
-    done: torch.Tensor,
-    terminated: torch.Tensor,
-    rho_thresh: float | torch.Tensor,
-    c_thresh: float | torch.Tensor,
-    dim: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`vtrace_advantage_estimate` on validated arguments.
-
-    At small sizes every torch call costs about as much as its arithmetic,
-    so this counts calls: Python floats are folded into ``value=``
-    arguments, flags are converted once, and no call is spent on a no-op
-    ``.to``.
-    """
-    shape = state_value.shape
-    dtype = state_value.dtype
-    work = _scan_dtype(dtype)
-    value = _to_dtype(state_value, work)
-    next_value = _to_dtype(next_state_value, work)
+    if _needs_autograd(gamma, log_pi, log_mu, state_value, next_state_value, reward, rho_thresh, c_thresh):
+        return _differentiable.vtrace(gamma, log_pi, log_mu, state_value, next_state_value, reward, done,
+                                      terminated, rho_thresh, c_thresh, dim)
+    dtype, work = state_value.dtype, _scan_dtype(state_value.dtype)
+    value, next_value = _to_dtype(state_value, work), _to_dtype(next_state_value, work)
     gamma = _as_discount(gamma, value)
-    workspace = _scan_workspace(shape, dim, work, value.device)
-    delta, coef = workspace.x, workspace.coef
-
-    # pi / mu = 2 ** (log2(e) * (log_pi - log_mu)): exp2 plus a scaling pass
-    # is faster than exp on CPU, and the rounding (~1e-7 relative) is far
-    # below the float32 tolerance.
-    ratio = torch.sub(_to_dtype(log_pi, work), _to_dtype(log_mu, work))
-    ratio.mul_(_LOG2_E).exp2_()
+    workspace = _scan_workspace(state_value.shape, dim, work, value.device)
+    ratio = torch.sub(_to_dtype(log_pi, work), _to_dtype(log_mu, work)).exp_()
     clipped_rho = ratio.clamp(max=_as_discount(rho_thresh, value))
-    if _same_number(rho_thresh, c_thresh):  # the usual rho_bar == c_bar: one clip
-        clipped_c = clipped_rho
-    else:
-        clipped_c = ratio.clamp_(max=_as_discount(c_thresh, value))
+    clipped_c = ratio.clamp_(max=_as_discount(c_thresh, value))
     # 1 inside a trajectory, 0 at a done step and at the last step: the trace
     # is cut there (and the scan needs coef == 0 at the last step).
     continues = _fill_continues(torch.empty_like(value), done, dim)
-    torch.mul(clipped_c, continues, out=coef)
-    not_terminal = _flag_as_float(~terminated, work)
-    if isinstance(gamma, torch.Tensor):
-        coef.mul_(gamma)
-        not_terminal.mul_(gamma)
-        gamma = 1.0
+    torch.mul(clipped_c, continues, out=workspace.coef)
+    not_terminal = _flag_as_float(~terminated, work).mul_(gamma)
     # delta = rho * (r + gamma * (1 - terminated) * V(s') - V(s))
     reward_minus_value = torch.sub(_to_dtype(reward, work), value)
-    torch.addcmul(reward_minus_value, not_terminal, next_value, value=gamma, out=delta)
-    delta.mul_(clipped_rho)
-    vs_padded = _reverse_linear_scan(workspace, scale=gamma)
-    # Views of the flat result shaped like the data (``delta``'s contiguous
-    # strides), one call each.
-    vs = vs_padded.as_strided(shape, delta.stride()).add_(value)
-
-    # v^+_t: v_{t+1} inside a trajectory, the true next value where the
-    # trace is cut (``continues == 0``, which also masks what the flat shift
-    # reads past the end of a row).
-    vs_following = vs_padded.as_strided(shape, delta.stride(), _time_step(shape, dim))
+    torch.addcmul(reward_minus_value, not_terminal, next_value, out=workspace.x).mul_(clipped_rho)
+    vs = _reverse_linear_scan(workspace, scale=gamma).add_(value)
+    # v^+_t: v_{t+1} inside a trajectory, the true next value where the trace is cut
+    # (``continues == 0``, which also masks what the flat shift reads past the end of a row).
+    vs_following = vs.as_strided(vs.shape, vs.stride(), workspace.step)
     vs_next = torch.lerp(next_value, vs_following, continues)
-    advantage = reward_minus_value.addcmul_(not_terminal, vs_next, value=gamma)
+    advantage = reward_minus_value.addcmul_(not_terminal, vs_next)
     return _to_dtype(advantage.mul_(clipped_rho), dtype), _to_dtype(vs, dtype)
-
-
-_LOG2_E = 1.0 / math.log(2.0)
-
-
-def _same_number(a: float | torch.Tensor, b: float | torch.Tensor) -> bool:
-    return not isinstance(a, torch.Tensor) and not isinstance(b, torch.Tensor) and a == b
-
-
