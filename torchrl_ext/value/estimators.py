@@ -122,9 +122,30 @@ class _SignalsMixin:
         reward = data.get(("next", keys.reward))
         return _Signals(value, next_value, reward, done, terminated, gamma, time_dim, valid)
 
-    def _write_outputs(
-        self, tensordict: TensorDictBase, advantage: Tensor, value_target: Tensor, valid
+    def _standardize(self, x: Tensor, tensordict: TensorDictBase, eps: float = 1e-4) -> Tensor:
+        """``x`` standardized (unbiased std clamped to ``eps``), per group under ``group_key``."""
+        groups = _compat.group_ids(self, tensordict)
+        if groups is None:
+            return (x - x.mean()) / x.std().clamp_min(eps)
+        return _compat.standardize_by_group(x, groups, eps=eps)
+
+    @_compat.skip_existing
+    @_compat.grad_enabled
+    @dispatch
+    def forward(
+        self,
+        tensordict: TensorDictBase,
+        *,
+        params: TensorDictBase | None = None,
+        target_params: TensorDictBase | None = None,
+        time_dim: int | None = None,
     ) -> TensorDictBase:
+        """Writes ``advantage`` and ``value_target`` into ``tensordict`` and returns it."""
+        advantage, value_target, valid = self._advantage(tensordict, params, target_params, time_dim)
+        if getattr(self, "average_gae", False):  # GAE's option
+            advantage = self._normalize_advantage(advantage, valid, groups=_compat.group_ids(self, tensordict))
+        elif getattr(self, "average_adv", False):  # VTrace's option
+            advantage = self._standardize(advantage, tensordict, eps=1e-5)
         tensordict.set(self.tensor_keys.advantage, advantage)
         tensordict.set(self.tensor_keys.value_target, value_target)
         _compat.mask_shifted_outputs(self, tensordict, valid)
@@ -132,8 +153,13 @@ class _SignalsMixin:
 
 
 class _TargetEstimate:
-    """``value_estimate`` of an estimator whose ``_advantage(tensordict, params, target_params,
-    time_dim)`` returns ``(advantage, value_target, valid)``."""
+    """Checked ``gamma`` / ``lmbda`` and ``value_estimate`` of an estimator whose ``_advantage(tensordict,
+    params, target_params, time_dim)`` returns ``(advantage, value_target, valid)``."""
+
+    def __init__(self, *, gamma: float | Tensor, lmbda: float | Tensor, value_network: Any, **kwargs: Any) -> None:
+        check_reals("gamma", gamma, low=0.0, high=1.0)
+        check_reals("lmbda", lmbda, low=0.0, high=1.0)
+        super().__init__(gamma=gamma, lmbda=lmbda, value_network=value_network, **kwargs)
 
     def value_estimate(
         self,
@@ -226,15 +252,12 @@ class GAE(_SignalsMixin, _TargetEstimate, _TorchRLGAE):
         value_normalizer: ValueNorm | None = None,
         **kwargs,
     ) -> None:
-        check_reals("gamma", gamma, low=0.0, high=1.0)
-        check_reals("lmbda", lmbda, low=0.0, high=1.0)
         super().__init__(gamma=gamma, lmbda=lmbda, value_network=value_network, **kwargs)
         self.agent_dim = agent_dim
         self.value_normalizer = value_normalizer
 
     def _prepare_signals(self, reward, done, terminated, value):
-        dim = -2 if self.agent_dim is None else self.agent_dim
-        return tuple(_broadcast_team_signal(t, value, dim) for t in (reward, done, terminated))
+        return tuple(self._broadcast_optional(t, value) for t in (reward, done, terminated))
 
     def _broadcast_optional(self, tensor: Tensor, value: Tensor) -> Tensor:
         return _broadcast_team_signal(tensor, value, -2 if self.agent_dim is None else self.agent_dim)
@@ -281,27 +304,6 @@ class GAE(_SignalsMixin, _TargetEstimate, _TorchRLGAE):
             time_dim=sig.time_dim,
         )
         return advantage, value_target, sig.valid
-
-    @_compat.skip_existing
-    @_compat.grad_enabled
-    @dispatch
-    def forward(
-        self,
-        tensordict: TensorDictBase,
-        *,
-        params: TensorDictBase | None = None,
-        target_params: TensorDictBase | None = None,
-        time_dim: int | None = None,
-    ) -> TensorDictBase:
-        """Writes ``advantage`` and ``value_target`` into ``tensordict`` and returns it."""
-        advantage, value_target, valid = self._advantage(
-            tensordict, params, target_params, time_dim
-        )
-        if self.average_gae:
-            advantage = self._normalize_advantage(
-                advantage, valid, groups=_compat.group_ids(self, tensordict)
-            )
-        return self._write_outputs(tensordict, advantage, value_target, valid)
 
 
 @register_value_estimator(
@@ -362,10 +364,7 @@ class VTrace(_SignalsMixin, _TorchRLVTrace):
         **kwargs,
     ) -> None:
         check_reals("gamma", gamma, low=0.0, high=1.0)
-        check_reals("rho_thresh", rho_thresh, low=0.0, open_low=True, finite=False,
-                hint="e.g. 1.0, the IMPALA default (+inf: no clipping)")
-        check_reals("c_thresh", c_thresh, low=0.0, open_low=True, finite=False,
-                hint="e.g. 1.0, the IMPALA default (+inf: no clipping)")
+        functional._check_thresholds(rho_thresh, c_thresh)
         super().__init__(
             gamma=gamma,
             actor_network=actor_network,
@@ -375,18 +374,7 @@ class VTrace(_SignalsMixin, _TorchRLVTrace):
             **kwargs,
         )
 
-    @_compat.skip_existing
-    @_compat.grad_enabled
-    @dispatch
-    def forward(
-        self,
-        tensordict: TensorDictBase,
-        *,
-        params: TensorDictBase | None = None,
-        target_params: TensorDictBase | None = None,
-        time_dim: int | None = None,
-    ) -> TensorDictBase:
-        """Writes ``advantage`` and ``value_target`` into ``tensordict`` and returns it."""
+    def _advantage(self, tensordict, params, target_params, time_dim):
         sig = self._read_signals(tensordict, params, target_params, time_dim)
         log_mu = tensordict.get(self.tensor_keys.sample_log_prob, None)
         if log_mu is None:
@@ -413,13 +401,7 @@ class VTrace(_SignalsMixin, _TorchRLVTrace):
             c_thresh=self.c_thresh,
             time_dim=sig.time_dim,
         )
-        if self.average_adv:
-            groups = _compat.group_ids(self, tensordict)
-            if groups is None:
-                advantage = (advantage - advantage.mean()) / advantage.std().clamp_min(1e-5)
-            else:
-                advantage = _compat.standardize_by_group(advantage, groups, eps=1e-5)
-        return self._write_outputs(tensordict, advantage, value_target, sig.valid)
+        return advantage, value_target, sig.valid
 
 
 def stored_action_log_prob(actor: Any, data: TensorDictBase) -> Tensor:

@@ -376,10 +376,7 @@ def vtrace_advantage_estimate(
         log_mu=log_mu,
     )
     check_reals("gamma", gamma, low=0.0, high=1.0, shape=state_value.shape)
-    check_reals("rho_thresh", rho_thresh, low=0.0, open_low=True, finite=False,
-                hint="e.g. 1.0, the IMPALA default (+inf: no clipping)")
-    check_reals("c_thresh", c_thresh, low=0.0, open_low=True, finite=False,
-                hint="e.g. 1.0, the IMPALA default (+inf: no clipping)")
+    _check_thresholds(rho_thresh, c_thresh)
     dim = resolve_time_dim(time_dim, state_value.ndim)
     if _needs_autograd(gamma, log_pi, log_mu, state_value, next_state_value, reward, rho_thresh, c_thresh):
         return _differentiable.vtrace(gamma, log_pi, log_mu, state_value, next_state_value, reward, done,
@@ -406,3 +403,9 @@ def vtrace_advantage_estimate(
     vs_next = torch.lerp(next_value, vs_following, continues)
     advantage = reward_minus_value.addcmul_(not_terminal, vs_next)
     return _to_dtype(advantage.mul_(clipped_rho), dtype), _to_dtype(vs, dtype)
+
+
+def _check_thresholds(rho_thresh: float | torch.Tensor, c_thresh: float | torch.Tensor) -> None:
+    for name, thresh in (("rho_thresh", rho_thresh), ("c_thresh", c_thresh)):
+        check_reals(name, thresh, low=0.0, open_low=True, finite=False,
+                    hint="e.g. 1.0, the IMPALA default (+inf: no clipping)")

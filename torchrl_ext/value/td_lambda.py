@@ -4,13 +4,10 @@ from __future__ import annotations
 from typing import Any
 
 from tensordict import TensorDictBase
-from tensordict.nn import dispatch
 from torch import Tensor
 from torchrl.objectives.utils import register_value_estimator
 from torchrl.objectives.value import TDLambdaEstimator as _TorchRLTDLambda
 
-from torchrl_ext import _compat
-from torchrl_ext._checks import check_reals
 from torchrl_ext.value import functional
 from torchrl_ext.value.estimators import (
     ExtValueEstimators, _broadcast_team_signal, _SignalsMixin, _TargetEstimate,
@@ -57,22 +54,13 @@ class TDLambda(_SignalsMixin, _TargetEstimate, _TorchRLTDLambda):
         [2.25, 2.5, 3.0]
     """
 
-    def __init__(self, *, gamma: float | Tensor, lmbda: float | Tensor, value_network: Any, **kwargs: Any) -> None:
-        check_reals("gamma", gamma, low=0.0, high=1.0)
-        check_reals("lmbda", lmbda, low=0.0, high=1.0)
-        super().__init__(gamma=gamma, lmbda=lmbda, value_network=value_network, **kwargs)
-
     def _advantage(self, tensordict: TensorDictBase, params: Any, target_params: Any,
                    time_dim: int | None) -> tuple[Tensor, Tensor, Any]:
         """``(advantage, value_target, valid)``: the advantage is ``value_target - value``."""
         sig = self._read_signals(tensordict, params, target_params, time_dim)
         reward = sig.reward
         if self.average_rewards:
-            groups = _compat.group_ids(self, tensordict)
-            if groups is None:
-                reward = (reward - reward.mean()) / reward.std().clamp_min(1e-4)
-            else:
-                reward = _compat.standardize_by_group(reward, groups)
+            reward = self._standardize(reward, tensordict)
             if sig.valid is None:  # TorchRL writes them back, for code that reads them later
                 tensordict.set(("next", self.tensor_keys.reward), reward)
         reward, done, terminated = (
@@ -82,18 +70,3 @@ class TDLambda(_SignalsMixin, _TargetEstimate, _TorchRLTDLambda):
             sig.gamma, self.lmbda, sig.next_value, reward, done, terminated, time_dim=sig.time_dim
         )
         return value_target - sig.value, value_target, sig.valid
-
-    @_compat.skip_existing
-    @_compat.grad_enabled
-    @dispatch
-    def forward(
-        self,
-        tensordict: TensorDictBase,
-        *,
-        params: TensorDictBase | None = None,
-        target_params: TensorDictBase | None = None,
-        time_dim: int | None = None,
-    ) -> TensorDictBase:
-        """Writes ``advantage`` and ``value_target`` into ``tensordict`` and returns it."""
-        advantage, value_target, valid = self._advantage(tensordict, params, target_params, time_dim)
-        return self._write_outputs(tensordict, advantage, value_target, valid)
