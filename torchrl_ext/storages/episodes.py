@@ -314,7 +314,7 @@ class EpisodicEnvRingStorage(EnvRingStorage):
 
     def get_episode_begin_position(self, positions: Any, env_ids: Any) -> torch.Tensor:
         """First position of the episode of each ``(env, position)`` (maybe no longer stored)."""
-        return self._begin(*self._stored_query(env_ids, positions))
+        return self._begin(*self._stored_coordinates(env_ids, positions))
 
     def _begin(self, env: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         slot = pos % self.max_length
@@ -324,28 +324,16 @@ class EpisodicEnvRingStorage(EnvRingStorage):
         """Latest position <= each position that begins an episode or has discount 0."""
         if not self.record_episodic_return:
             raise RuntimeError("build the storage with record_episodic_return=True for this query.")
-        env, pos = self._stored_query(env_ids, positions)
+        env, pos = self._stored_coordinates(env_ids, positions)
         return self._disc0[env, pos % self.max_length]
 
     def steps_to_episode_end(self, positions: Any, env_ids: Any) -> torch.Tensor:
         """Steps from each position to the newest stored step of its episode."""
-        env, pos = self._stored_query(env_ids, positions)
+        env, pos = self._stored_coordinates(env_ids, positions)
         begin = self.get_episode_begin_position(pos, env)
         headless = self._rings.pos[env] > begin + self.max_length
         end = torch.where(headless, self._headless[env], self._indexed[env, begin % self.max_length])
         return end - pos
-
-    def _stored_query(self, env_ids: Any, positions: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        env = torch.as_tensor(env_ids, dtype=torch.long).cpu()
-        pos = torch.as_tensor(positions, dtype=torch.long).cpu()
-        env, pos = torch.broadcast_tensors(env, pos)
-        self.check_env_ids(env)
-        stored = (pos >= self.earliest_position()[env]) & (pos < self._rings.pos[env])
-        if not bool(stored.all()):
-            bad = stored.logical_not().nonzero()[0]
-            e, p = int(env[tuple(bad)]), int(pos[tuple(bad)])
-            raise ValueError(f"position {p} of env {e} is not stored; query stored positions only.")
-        return env, pos
 
     # ------------------------------------------------------------------
     def reset(self, env_ids: torch.Tensor | None = None) -> None:

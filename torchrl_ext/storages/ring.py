@@ -429,12 +429,16 @@ class EnvRingStorage(PinnedOutputs, Storage):
         Raises:
             ValueError: if a position is not stored (overwritten, or not yet written).
         """
-        env_ids = torch.as_tensor(env_ids, dtype=torch.long).cpu()
-        positions = torch.as_tensor(positions, dtype=torch.long).cpu()
-        env_ids, positions = torch.broadcast_tensors(env_ids, positions)
-        self.check_env_ids(env_ids)
-        self._rings.check_stored(env_ids, positions)
-        return self.get((env_ids, positions))
+        return self.get(self._stored_coordinates(env_ids, positions))
+
+    def _stored_coordinates(self, env_ids: Any, positions: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """``env_ids`` and ``positions`` as broadcast CPU int64 tensors; ``ValueError`` unless
+        every ``(env, position)`` is stored."""
+        env, position = torch.broadcast_tensors(torch.as_tensor(env_ids, dtype=torch.long).cpu(),
+                                                torch.as_tensor(positions, dtype=torch.long).cpu())
+        self.check_env_ids(env)
+        self._rings.check_stored(env, position)
+        return env, position
 
     def gather_all(self, num_earliest_ignored: int = 0) -> tuple[TensorDictBase, torch.Tensor]:
         """Everything stored, chronologically, as ``[E, n]`` plus the start positions ``[E]``.
