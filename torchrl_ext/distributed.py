@@ -82,13 +82,9 @@ def buffer_factory(spec: Any) -> Callable[[], Any]:
 
 
 def _is_config_node(spec: Any) -> bool:
-    if isinstance(spec, Mapping) and "_target_" in spec:
-        return True
-    try:
-        from omegaconf import DictConfig
-    except ImportError:  # pragma: no cover - omegaconf comes with hydra-core
-        return False
-    return isinstance(spec, DictConfig)
+    from omegaconf import DictConfig
+
+    return isinstance(spec, Mapping) and "_target_" in spec or isinstance(spec, DictConfig)
 
 
 def _instantiate(container: dict[str, Any]) -> Any:

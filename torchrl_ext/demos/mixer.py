@@ -17,9 +17,14 @@ from torch import Tensor
 
 from torchrl_ext._checks import check_int
 from torchrl_ext._keys import nested_key, next_key
+from torchrl_ext.demos._demo import DEMO_KEYS
 from torchrl_ext.demos.store import DemoStore, EpisodeOutcome
 
 __all__ = ["DemoMixer"]
+
+#: Per-env replay state: ``state_dict`` key -> (attribute, type).
+_PER_ENV = {"source": ("sources", str), "step": ("_k", int), "max_value": ("_max_value", float),
+            "return": ("_return", float), "length": ("_length", int)}
 
 
 class DemoMixer:
@@ -339,13 +344,8 @@ class DemoMixer:
         demos = self._demos
         return {
             "num_envs": self.num_envs,
-            "source": list(self.sources),
-            "step": list(self._k),
-            "max_value": list(self._max_value),
-            "return": list(self._return),
-            "length": list(self._length),
-            **{f"demo_{key}": [empty if d is None else d[key].clone() for d in demos]
-               for key in ("observation", "action", "reward")},
+            **{key: list(getattr(self, attr)) for key, (attr, _) in _PER_ENV.items()},
+            **{f"demo_{key}": [empty if d is None else d[key].clone() for d in demos] for key in DEMO_KEYS},
             "demo_meta": [{} if d is None else {k: v for k, v in d.items() if not isinstance(v, Tensor)}
                           for d in demos],
         }
@@ -360,13 +360,8 @@ class DemoMixer:
         self._init_state()
         device = self.store.device
         for i in range(self.num_envs):
-            self.sources[i] = str(state["source"][i])
-            self._k[i] = int(state["step"][i])
-            self._max_value[i] = float(state["max_value"][i])
-            self._return[i], self._length[i] = float(state["return"][i]), int(state["length"][i])
+            for key, (attr, cast) in _PER_ENV.items():
+                getattr(self, attr)[i] = cast(state[key][i])
             meta = state["demo_meta"][i]
             if meta:
-                demo = {key: state[f"demo_{key}"][i].to(device)
-                        for key in ("observation", "action", "reward")}
-                demo.update(meta)
-                self._demos[i] = demo
+                self._demos[i] = {**{key: state[f"demo_{key}"][i].to(device) for key in DEMO_KEYS}, **meta}

@@ -43,7 +43,7 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
-from torchrl_ext.io.state_files import fsync_dir, fsync_file
+from torchrl_ext.io.state_files import fsync_dir, fsync_file, write_synced
 
 __all__ = ["atomic_save_dir", "committed_dir", "verify_checkpoint", "COMPLETE_MARKER"]
 
@@ -97,12 +97,9 @@ def atomic_save_dir(path: str | Path, write: Callable[[Path], None]) -> None:
     try:
         write(new)
         _fsync_tree(new)
-        marker = new / COMPLETE_MARKER
-        manifest = json.dumps({"files": _manifest(new)}, indent=1, sort_keys=True).encode("utf-8")
-        with open(marker, "wb") as handle:
-            handle.write(manifest)
-            handle.flush()
-            os.fsync(handle.fileno())
+        manifest = {name: {"bytes": path.stat().st_size, "sha256": _file_sha256(path)}
+                    for name, path in sorted(_files(new).items())}
+        write_synced(new / COMPLETE_MARKER, json.dumps({"files": manifest}, indent=1, sort_keys=True).encode())
         fsync_dir(new)
         fsync_dir(parent)
     except BaseException:
@@ -118,16 +115,14 @@ def atomic_save_dir(path: str | Path, write: Callable[[Path], None]) -> None:
 
 def _recover(path: Path) -> None:
     """Finishes a swap that was interrupted between its two renames, and drops stale siblings."""
-    new, old = _siblings(path)
     if not path.is_dir():
-        if (new / COMPLETE_MARKER).is_file():
-            os.replace(new, path)
-        elif old.is_dir():
-            os.replace(old, path)
-        else:
+        try:
+            source = committed_dir(path)
+        except FileNotFoundError:
             return
+        os.replace(source, path)
         fsync_dir(path.parent)
-    shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(_siblings(path)[1], ignore_errors=True)
 
 
 def _fsync_tree(folder: Path) -> None:
@@ -185,11 +180,6 @@ def _files(folder: Path) -> dict[str, Path]:
             if relative != COMPLETE_MARKER:
                 found[relative] = path
     return found
-
-
-def _manifest(folder: Path) -> dict[str, dict[str, object]]:
-    return {name: {"bytes": path.stat().st_size, "sha256": _file_sha256(path)}
-            for name, path in sorted(_files(folder).items())}
 
 
 def _file_sha256(path: Path) -> str:

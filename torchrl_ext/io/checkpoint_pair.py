@@ -35,6 +35,7 @@ from torchrl_ext.io.state_files import (
     sha256,
     tensors_digest,
     verify_tensors,
+    write_synced,
 )
 
 __all__ = ["CheckpointPair", "check_prefix", "read_pair", "write_pair"]
@@ -107,19 +108,15 @@ def write_pair(pair: CheckpointPair, tensors: dict[str, torch.Tensor], metadata_
         digests = {METADATA_DIGEST_KEY: sha256(body), TENSORS_DIGEST_KEY: tensors_digest(tensors)}
         save_file(tensors, pair.pending_state, metadata=digests)
         fsync_file(pair.pending_state)
-        with open(pair.pending_metadata, "wb") as handle:
-            handle.write(body)
-            handle.flush()
-            os.fsync(handle.fileno())
+        write_synced(pair.pending_metadata, body)
         fsync_dir(pair.directory)
     except BaseException:
         pair.pending_state.unlink(missing_ok=True)
         pair.pending_metadata.unlink(missing_ok=True)
         raise
-    os.replace(pair.pending_state, pair.state)
-    fsync_dir(pair.directory)
-    os.replace(pair.pending_metadata, pair.metadata)
-    fsync_dir(pair.directory)
+    for pending, target in ((pair.pending_state, pair.state), (pair.pending_metadata, pair.metadata)):
+        os.replace(pending, target)
+        fsync_dir(pair.directory)
 
 
 def read_pair(

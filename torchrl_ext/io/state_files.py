@@ -225,6 +225,12 @@ def atomic_write(target: Path, write: Callable[[str], Any]) -> None:
     os.replace(tmp, target)
 
 
+def write_synced(path: Path, data: bytes) -> None:
+    """Writes ``data`` to ``path`` and flushes it to disk."""
+    path.write_bytes(data)
+    fsync_file(path)
+
+
 def fsync_file(path: str | Path) -> None:
     """Flushes a written file to disk."""
     with open(path, "rb") as handle:

@@ -11,7 +11,9 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-NAMES = ("states", "actions", "rewards", "next_states", "dones", "hiddens")  # velora's field order
+from torchrl_ext.io.velora import VELORA_KEYS
+
+NAMES = tuple(VELORA_KEYS)  # velora's field order
 
 class Progress:
     """A tqdm bar if tqdm is installed, else a counter on stderr; silent when disabled."""

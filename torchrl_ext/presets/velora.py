@@ -57,16 +57,13 @@ from tensordict import TensorDict, TensorDictBase
 from torchrl.data import RandomSampler, RoundRobinWriter
 
 from torchrl_ext import _compat
-from torchrl_ext.presets._velora_warm import Progress, warm_gymnasium, warm_torchrl
+from torchrl_ext.presets._velora_warm import NAMES, Progress, warm_gymnasium, warm_torchrl
 from torchrl_ext._checks import check_int
-from torchrl_ext.io.velora import VeloraCheckpointer, read_velora_metadata, velora_item_layout
+from torchrl_ext.io.velora import _DIM_FIELD, VeloraCheckpointer, read_velora_metadata, velora_item_layout
 from torchrl_ext.replay_buffers.tensordict import TensorDictReplayBuffer
 from torchrl_ext.storages.fast import FastTensorStorage
 
 __all__ = ["VeloraReplayBuffer", "load_velora_replay_buffer", "velora_replay_buffer"]
-
-_NAMES = ("states", "actions", "rewards", "next_states", "dones", "hiddens")
-
 
 class VeloraReplayBuffer(TensorDictReplayBuffer):
     """velora's ``ReplayBuffer(capacity, state_dim, action_dim, hidden_dim, device=)``; see the module docs.
@@ -162,14 +159,14 @@ class VeloraReplayBuffer(TensorDictReplayBuffer):
     def _rows(self, method: str, values: tuple) -> dict[str, torch.Tensor]:
         """Checked ``[B, width]`` rows (float32; dones bool) of add/add_multi arguments."""
         rows = {}
-        for name, value in zip(_NAMES, values):
-            arg = _ARG[name][method == "add_multi"]
+        for name, value in zip(NAMES, values):
+            arg = name if method == "add_multi" else name[:-1]  # add() takes state, action, ...
             if value is None:
                 raise TypeError(f"{method}: missing argument {arg!r}.")
             tensor = torch.as_tensor(value if isinstance(value, torch.Tensor) else np.asarray(value))
             tensor = tensor.detach().to(self.device)
             tensor = tensor != 0 if name == "dones" else tensor.to(torch.float32)
-            width, field = self._layout[self.keys[name]][0][0], _FIELD.get(name, "width")
+            width, field = self._layout[self.keys[name]][0][0], _DIM_FIELD[name] or "width"
             vector = name in ("states", "next_states")
             if method == "add":
                 if tensor.numel() != width:
@@ -291,11 +288,6 @@ class VeloraReplayBuffer(TensorDictReplayBuffer):
         finally:
             bar.close()
         return target
-
-
-_ARG = {name: (single, name) for name, single in
-        zip(_NAMES, ("state", "action", "reward", "next_state", "done", "hidden"))}
-_FIELD = {"states": "state_dim", "next_states": "state_dim", "actions": "action_dim", "hiddens": "hidden_dim"}
 
 
 def velora_replay_buffer(
