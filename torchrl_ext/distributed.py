@@ -19,6 +19,8 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
 from torchrl.data import ReplayBuffer
 from torchrl.data.replay_buffers.ray_buffer import RayReplayBuffer  # importable without ray
 from torchrl.data.replay_buffers.samplers import PrioritizedSampler as _TorchRLPrioritizedSampler
@@ -61,9 +63,8 @@ def buffer_factory(spec: Any) -> Callable[[], Any]:
         TypeError: if ``spec`` is none of these.
         ValueError: if a config has no ``_target_``.
     """
-    if dataclasses.is_dataclass(spec) and not isinstance(spec, type) or _is_config_node(spec):
-        from omegaconf import OmegaConf
-
+    is_node = isinstance(spec, DictConfig) or isinstance(spec, Mapping) and "_target_" in spec
+    if dataclasses.is_dataclass(spec) and not isinstance(spec, type) or is_node:
         node = OmegaConf.structured(spec) if dataclasses.is_dataclass(spec) else spec
         container = OmegaConf.to_container(node, resolve=True) if not isinstance(node, dict) else dict(node)
         if "_target_" not in container:
@@ -72,25 +73,13 @@ def buffer_factory(spec: Any) -> Callable[[], Any]:
                 "Hydra can instantiate, e.g. cfg.buffer with _target_: torchrl_ext.presets."
                 "alf_replay_buffer."
             )
-        return functools.partial(_instantiate, container)
+        return functools.partial(instantiate, container)
     if callable(spec):
         return spec
     raise TypeError(
         f"spec must be a zero-argument factory (functools.partial, a class) or a config node "
         f"with _target_, got {type(spec).__name__}; e.g. functools.partial(alf_replay_buffer, 4)."
     )
-
-
-def _is_config_node(spec: Any) -> bool:
-    from omegaconf import DictConfig
-
-    return isinstance(spec, Mapping) and "_target_" in spec or isinstance(spec, DictConfig)
-
-
-def _instantiate(container: dict[str, Any]) -> Any:
-    from hydra.utils import instantiate
-
-    return instantiate(container)
 
 
 # ----------------------------------------------------------------------

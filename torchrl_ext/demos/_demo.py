@@ -186,14 +186,9 @@ def step_batch(
                 f"`{name}` must be {want}, one row per selected env."
             )
     check_finite("reward", rew, "nothing was tracked; pass finite rewards.")
-    return (
-        ids,
-        obs.detach().to(device, copy=True),
-        act.detach().to(device, copy=True),
-        rew.detach().to(device, copy=True).reshape(n, 1),
-        val.detach().reshape(n).double().tolist(),
-        dn.detach().reshape(n).bool().tolist(),
-    )
+    obs, act, rew = (x.detach().to(device, copy=True) for x in (obs, act, rew))
+    values, dones = val.detach().reshape(n).double().tolist(), dn.detach().reshape(n).bool().tolist()
+    return ids, obs, act, rew.reshape(n, 1), values, dones
 
 
 def priority_weights(values: list[float], alpha: float) -> Tensor:

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from torchrl_ext._checks import check_int, check_real
 from torchrl_ext.demos._demo import (
+    DEMO_KEYS,
     check_settings,
     cut_episode,
     demo_tensors,
@@ -33,6 +34,7 @@ __all__ = ["DemoStore", "EpisodeOutcome", "Source"]
 
 Source = Literal["reward_demo", "value_demo", "env"]
 
+_RUN_KEYS = (*DEMO_KEYS, "value")  # what a running episode tracks per step
 _INTS = ("capacity", "num_demos_to_save", "episodes_finished")
 _SCALARS = ("rho", "phi", "rho0", "phi0", "alpha", "initial_reward_threshold", "reward_threshold",
             "max_demo_reward", *_INTS)
@@ -216,8 +218,7 @@ class DemoStore:
 
     def _checked(self, demo: Any, where: str, human: bool) -> dict[str, Any]:
         obs, act, rew = demo_tensors(demo, where=where, device=self.device)
-        keys = demo.keys()
-        demo_id = str(demo["id"]) if "id" in keys else self.id_factory()
+        demo_id = str(demo["id"]) if "id" in demo.keys() else self.id_factory()
         return make_demo(obs, act, rew, demo_id=demo_id, human=human)
 
     # ------------------------------------------------------------------ tracking
@@ -251,13 +252,9 @@ class DemoStore:
         self._check_continues(ids, obs, act)
         outcomes = []
         for j, env in enumerate(ids):
-            run = self._running.setdefault(
-                env, {"observation": [], "action": [], "reward": [], "value": []}
-            )
-            run["observation"].append(obs[j])
-            run["action"].append(act[j])
-            run["reward"].append(rew[j])
-            run["value"].append(values[j])
+            run = self._running.setdefault(env, {key: [] for key in _RUN_KEYS})
+            for key, column in zip(_RUN_KEYS, (obs, act, rew, values)):
+                run[key].append(column[j])
             if dones[j]:
                 outcomes.append(self._finish(env))
         return outcomes

@@ -64,6 +64,7 @@ VELORA_KEYS: dict[str, Any] = {
     "hiddens": ("next", "hidden"),
 }
 VELORA_METADATA_FIELDS = ("capacity", "state_dim", "action_dim", "hidden_dim", "position", "size", "device")
+_DIMS = ("state_dim", "action_dim", "hidden_dim")
 _DIM_FIELD = {
     "states": "state_dim",
     "actions": "action_dim",
@@ -209,9 +210,7 @@ class VeloraCheckpointer(SafetensorsCheckpointer):
             tensors[name] = tensor.detach().to("cpu", torch.float32).contiguous()
         metadata = {
             "capacity": storage.max_size,
-            "state_dim": dims["state_dim"],
-            "action_dim": dims["action_dim"],
-            "hidden_dim": dims["hidden_dim"],
+            **{field: dims[field] for field in _DIMS},  # in velora's order, whatever the order of keys=
             "position": storage_position(storage),
             "size": len(storage),
             "device": None if storage.device is None else str(storage.device),
@@ -226,7 +225,7 @@ class VeloraCheckpointer(SafetensorsCheckpointer):
             raise ValueError(
                 f"{pair.state} holds tensors {sorted(tensors)}; velora files hold {sorted(self.keys)}."
             )
-        dims = {None: 1, **{f: metadata[f] for f in ("state_dim", "action_dim", "hidden_dim")}}
+        dims = {None: 1, **{f: metadata[f] for f in _DIMS}}
         layout = velora_item_layout(dims["state_dim"], dims["action_dim"], dims["hidden_dim"], self.keys)
         if storage.initialized:
             layout = {key: (shape, _compat.stored_data(storage).get(key).dtype) for key, (shape, _) in layout.items()}
@@ -255,7 +254,7 @@ def check_velora_metadata(metadata: dict[str, Any], pair: CheckpointPair) -> tup
             f"{pair.metadata} lacks velora's fields {missing} (it has {sorted(metadata)}); "
             f"is it a velora buffer metadata file? Agent-level saves keep them under 'buffer'."
         )
-    for field in ("state_dim", "action_dim", "hidden_dim"):
+    for field in _DIMS:
         value = metadata[field]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{pair.metadata}: {field!r} must be a positive int, got {value!r}.")
