@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 import numpy as np
 
 from torchrl_ext._checks import check_int
-from torchrl_ext.demos._demo import demo_tensors
+from torchrl_ext.demos._demo import DEMO_KEYS, demo_tensors
 from torchrl_ext.io.state_files import atomic_write
 
 if TYPE_CHECKING:
@@ -278,7 +278,6 @@ def load_minari_demos(
         if obs.ndim and act.ndim and obs.shape[0] == act.shape[0] + 1:
             obs = obs[:-1]
         demo = {"observation": obs, "action": act, "reward": np.asarray(episode.rewards)}
-        o, a, r = demo_tensors(demo, where=name, device="cpu")
-        demo_id = f"minari-{getattr(episode, 'id', k)}"
-        demos.append({"observation": o, "action": a, "reward": r, "id": demo_id})
+        tensors = demo_tensors(demo, where=name, device="cpu")
+        demos.append({**dict(zip(DEMO_KEYS, tensors)), "id": f"minari-{getattr(episode, 'id', k)}"})
     return demos

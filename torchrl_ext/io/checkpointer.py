@@ -225,10 +225,7 @@ def _check_tensor_storage(storage: Any) -> None:
 
 def _plain(tensor: torch.Tensor) -> torch.Tensor:
     """A contiguous CPU ``torch.Tensor`` (no memmap subclass) safetensors can write."""
-    tensor = tensor.detach()
-    if type(tensor) is not torch.Tensor:
-        tensor = tensor.as_subclass(torch.Tensor)
-    return tensor.cpu().contiguous()
+    return tensor.detach().as_subclass(torch.Tensor).cpu().contiguous()
 
 
 def _layout(data: TensorDictBase) -> dict[Any, tuple[tuple[int, ...], torch.dtype]]:
