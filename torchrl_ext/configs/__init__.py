@@ -30,12 +30,59 @@ from __future__ import annotations
 
 from hydra.core.config_store import ConfigStore
 
-from torchrl_ext.configs import extras, presets, replay_buffers, samplers, storages, value
+from torchrl_ext.configs.extras import *  # noqa: F401,F403
+from torchrl_ext.configs.presets import *  # noqa: F401,F403
+from torchrl_ext.configs.replay_buffers import *  # noqa: F401,F403
+from torchrl_ext.configs.samplers import *  # noqa: F401,F403
+from torchrl_ext.configs.storages import *  # noqa: F401,F403
+from torchrl_ext.configs.value import *  # noqa: F401,F403
 
 #: ``(group, name) -> config dataclass``, everything :func:`register_configs` stores.
-REGISTRY = {**storages.REGISTRY, **samplers.REGISTRY, **replay_buffers.REGISTRY, **presets.REGISTRY,
-            **value.REGISTRY, **extras.REGISTRY}
-globals().update({node.__name__: node for node in REGISTRY.values()})
+REGISTRY = {
+    ("storage", "ext_env_ring"): EnvRingStorageConfig,
+    ("storage", "ext_episodic_env_ring"): EpisodicEnvRingStorageConfig,
+    ("storage", "ext_dedup_env_ring"): DedupEnvRingStorageConfig,
+    ("storage", "ext_rollout"): RolloutStorageConfig,
+    ("storage", "ext_fast_tensor"): FastTensorStorageConfig,
+    ("storage", "ext_fast_memmap"): FastMemmapStorageConfig,
+    ("writer", "ext_env_ring"): EnvRingWriterConfig,
+    ("writer", "ext_rollout"): RolloutWriterConfig,
+    ("sampler", "ext_trajectory"): TrajectorySamplerConfig,
+    ("sampler", "ext_prioritized_trajectory"): PrioritizedTrajectorySamplerConfig,
+    ("sampler", "ext_feed_forward"): FeedForwardMinibatchSamplerConfig,
+    ("sampler", "ext_naive_recurrent"): NaiveRecurrentMinibatchSamplerConfig,
+    ("sampler", "ext_chunked_recurrent"): ChunkedRecurrentMinibatchSamplerConfig,
+    ("sampler", "ext_nstep"): NStepSamplerConfig,
+    ("sampler", "ext_prioritized_nstep"): PrioritizedNStepSamplerConfig,
+    ("sampler", "ext_prioritized"): PrioritizedSamplerConfig,
+    ("sampler", "ext_prioritized_without_replacement"): PrioritizedSamplerWithoutReplacementConfig,
+    ("sampler", "ext_distinct_uniform"): DistinctUniformSamplerConfig,
+    ("replay_buffer", "ext_tensordict"): ExtTensorDictReplayBufferConfig,
+    ("replay_buffer", "ext_prioritized_replay"): PrioritizedReplayBufferConfig,
+    ("replay_buffer", "ext_env_ring"): EnvRingReplayBufferConfig,
+    ("replay_buffer", "ext_on_policy"): OnPolicyReplayBufferConfig,
+    ("replay_buffer", "ext_vtrace_on_policy"): VTraceReplayBufferConfig,
+    ("replay_buffer", "ext_path_gae"): PathGAEReplayBufferConfig,
+    ("replay_buffer", "ext_alf"): AlfReplayBufferConfig,
+    ("replay_buffer", "ext_harl"): HarlRolloutBufferConfig,
+    ("replay_buffer", "ext_harl_off_policy"): HarlOffPolicyBufferConfig,
+    ("replay_buffer", "ext_pytorchrl"): PytorchrlOnPolicyBufferConfig,
+    ("replay_buffer", "ext_l2r_ppo"): L2RPPOBufferConfig,
+    ("replay_buffer", "ext_l2r_simple_replay"): L2RSimpleReplayBufferConfig,
+    ("replay_buffer", "ext_velora"): VeloraReplayBufferConfig,
+    ("value", "ext_gae"): GAEConfig,
+    ("value", "ext_vtrace"): VTraceConfig,
+    ("value", "ext_td_lambda"): TDLambdaConfig,
+    ("value_normalizer", "ext_value_norm"): ValueNormConfig,
+    ("value_normalizer", "ext_running_mean_std"): RunningMeanStdConfig,
+    ("value_normalizer", "ext_intrinsic_reward"): IntrinsicRewardNormalizerConfig,
+    ("demos", "ext_demo_store"): DemoStoreConfig,
+    ("demos", "ext_demo_mixer"): DemoMixerConfig,
+    ("demos", "ext_demo_dir_poller"): DemoDirPollerConfig,
+    ("checkpointer", "ext_safetensors_checkpointer"): SafetensorsCheckpointerConfig,
+    ("checkpointer", "ext_velora_checkpointer"): VeloraCheckpointerConfig,
+    ("checkpointer", "ext_env_ring_checkpointer"): EnvRingStorageCheckpointerConfig,
+}
 __all__ = sorted([*(node.__name__ for node in REGISTRY.values()), "REGISTRY", "register_configs"])
 
 

@@ -8,6 +8,15 @@ from torchrl.trainers.algorithms.configs.common import ConfigBase
 
 from torchrl_ext.configs._base import Validated
 
+__all__ = [
+    "DemoDirPollerConfig",
+    "DemoMixerConfig",
+    "DemoStoreConfig",
+    "EnvRingStorageCheckpointerConfig",
+    "SafetensorsCheckpointerConfig",
+    "VeloraCheckpointerConfig",
+]
+
 
 @dataclass
 class DemoStoreConfig(Validated, ConfigBase):
@@ -68,15 +77,3 @@ class VeloraCheckpointerConfig(Validated, ConfigBase):
 class EnvRingStorageCheckpointerConfig(Validated, ConfigBase):
     """Config of ``EnvRingStorageCheckpointer`` (``checkpointer: ext_env_ring_checkpointer``): its arguments, with its defaults."""
     _target_: str = "torchrl_ext.storages.EnvRingStorageCheckpointer"
-
-
-#: ``(group, name) -> config`` of this module's classes (merged into ``torchrl_ext.configs.REGISTRY``).
-REGISTRY = {
-    ("demos", "ext_demo_store"): DemoStoreConfig,
-    ("demos", "ext_demo_mixer"): DemoMixerConfig,
-    ("demos", "ext_demo_dir_poller"): DemoDirPollerConfig,
-    ("checkpointer", "ext_safetensors_checkpointer"): SafetensorsCheckpointerConfig,
-    ("checkpointer", "ext_velora_checkpointer"): VeloraCheckpointerConfig,
-    ("checkpointer", "ext_env_ring_checkpointer"): EnvRingStorageCheckpointerConfig,
-}
-__all__ = [node.__name__ for node in REGISTRY.values()]

@@ -8,6 +8,16 @@ from torchrl.trainers.algorithms.configs.common import ConfigBase
 
 from torchrl_ext.configs._base import Validated
 
+__all__ = [
+    "AlfReplayBufferConfig",
+    "HarlOffPolicyBufferConfig",
+    "HarlRolloutBufferConfig",
+    "L2RPPOBufferConfig",
+    "L2RSimpleReplayBufferConfig",
+    "PytorchrlOnPolicyBufferConfig",
+    "VeloraReplayBufferConfig",
+]
+
 
 @dataclass
 class AlfReplayBufferConfig(Validated, ConfigBase):
@@ -124,16 +134,3 @@ class VeloraReplayBufferConfig(Validated, ConfigBase):
     keys: Optional[Any] = None
     generator: Any = None
     _target_: str = "torchrl_ext.presets.velora_replay_buffer"
-
-
-#: ``(group, name) -> config`` of this module's classes (merged into ``torchrl_ext.configs.REGISTRY``).
-REGISTRY = {
-    ("replay_buffer", "ext_alf"): AlfReplayBufferConfig,
-    ("replay_buffer", "ext_harl"): HarlRolloutBufferConfig,
-    ("replay_buffer", "ext_harl_off_policy"): HarlOffPolicyBufferConfig,
-    ("replay_buffer", "ext_pytorchrl"): PytorchrlOnPolicyBufferConfig,
-    ("replay_buffer", "ext_l2r_ppo"): L2RPPOBufferConfig,
-    ("replay_buffer", "ext_l2r_simple_replay"): L2RSimpleReplayBufferConfig,
-    ("replay_buffer", "ext_velora"): VeloraReplayBufferConfig,
-}
-__all__ = [node.__name__ for node in REGISTRY.values()]

@@ -9,6 +9,15 @@ from torchrl.trainers.algorithms.configs.data import TensorDictReplayBufferConfi
 
 from torchrl_ext.configs._base import Validated
 
+__all__ = [
+    "EnvRingReplayBufferConfig",
+    "ExtTensorDictReplayBufferConfig",
+    "OnPolicyReplayBufferConfig",
+    "PathGAEReplayBufferConfig",
+    "PrioritizedReplayBufferConfig",
+    "VTraceReplayBufferConfig",
+]
+
 
 @dataclass
 class ExtTensorDictReplayBufferConfig(TensorDictReplayBufferConfig):
@@ -84,15 +93,3 @@ class PathGAEReplayBufferConfig(Validated, ConfigBase):
     device: str = "cpu"
     generator: Any = None
     _target_: str = "torchrl_ext.replay_buffers.PathGAEReplayBuffer"
-
-
-#: ``(group, name) -> config`` of this module's classes (merged into ``torchrl_ext.configs.REGISTRY``).
-REGISTRY = {
-    ("replay_buffer", "ext_tensordict"): ExtTensorDictReplayBufferConfig,
-    ("replay_buffer", "ext_prioritized_replay"): PrioritizedReplayBufferConfig,
-    ("replay_buffer", "ext_env_ring"): EnvRingReplayBufferConfig,
-    ("replay_buffer", "ext_on_policy"): OnPolicyReplayBufferConfig,
-    ("replay_buffer", "ext_vtrace_on_policy"): VTraceReplayBufferConfig,
-    ("replay_buffer", "ext_path_gae"): PathGAEReplayBufferConfig,
-}
-__all__ = [node.__name__ for node in REGISTRY.values()]

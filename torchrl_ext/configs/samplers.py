@@ -8,6 +8,19 @@ from torchrl.trainers.algorithms.configs.data import SamplerConfig
 
 from torchrl_ext.configs._base import Validated
 
+__all__ = [
+    "ChunkedRecurrentMinibatchSamplerConfig",
+    "DistinctUniformSamplerConfig",
+    "FeedForwardMinibatchSamplerConfig",
+    "NaiveRecurrentMinibatchSamplerConfig",
+    "NStepSamplerConfig",
+    "PrioritizedNStepSamplerConfig",
+    "PrioritizedSamplerConfig",
+    "PrioritizedSamplerWithoutReplacementConfig",
+    "PrioritizedTrajectorySamplerConfig",
+    "TrajectorySamplerConfig",
+]
+
 
 @dataclass
 class TrajectorySamplerConfig(Validated, SamplerConfig):
@@ -101,19 +114,3 @@ class PrioritizedSamplerWithoutReplacementConfig(PrioritizedSamplerConfig):
 class PrioritizedNStepSamplerConfig(PrioritizedSamplerConfig, NStepSamplerConfig):
     """Config of ``PrioritizedNStepSampler`` (``sampler: ext_prioritized_nstep``): its arguments, with its defaults."""
     _target_: str = "torchrl_ext.samplers.PrioritizedNStepSampler"
-
-
-#: ``(group, name) -> config`` of this module's classes (merged into ``torchrl_ext.configs.REGISTRY``).
-REGISTRY = {
-    ("sampler", "ext_trajectory"): TrajectorySamplerConfig,
-    ("sampler", "ext_prioritized_trajectory"): PrioritizedTrajectorySamplerConfig,
-    ("sampler", "ext_feed_forward"): FeedForwardMinibatchSamplerConfig,
-    ("sampler", "ext_naive_recurrent"): NaiveRecurrentMinibatchSamplerConfig,
-    ("sampler", "ext_chunked_recurrent"): ChunkedRecurrentMinibatchSamplerConfig,
-    ("sampler", "ext_nstep"): NStepSamplerConfig,
-    ("sampler", "ext_prioritized_nstep"): PrioritizedNStepSamplerConfig,
-    ("sampler", "ext_prioritized"): PrioritizedSamplerConfig,
-    ("sampler", "ext_prioritized_without_replacement"): PrioritizedSamplerWithoutReplacementConfig,
-    ("sampler", "ext_distinct_uniform"): DistinctUniformSamplerConfig,
-}
-__all__ = [node.__name__ for node in REGISTRY.values()]

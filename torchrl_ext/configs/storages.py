@@ -13,6 +13,17 @@ from torchrl.trainers.algorithms.configs.data import (
 
 from torchrl_ext.configs._base import RecordedReturns, Validated
 
+__all__ = [
+    "DedupEnvRingStorageConfig",
+    "EnvRingStorageConfig",
+    "EnvRingWriterConfig",
+    "EpisodicEnvRingStorageConfig",
+    "FastMemmapStorageConfig",
+    "FastTensorStorageConfig",
+    "RolloutStorageConfig",
+    "RolloutWriterConfig",
+]
+
 
 @dataclass
 class _RingGeometry:
@@ -85,17 +96,3 @@ class RolloutWriterConfig(Validated, WriterConfig):
     """Config of ``RolloutWriter`` (``writer: ext_rollout``): its arguments, with its defaults."""
     compilable: bool = False
     _target_: str = "torchrl_ext.writers.RolloutWriter"
-
-
-#: ``(group, name) -> config`` of this module's classes (merged into ``torchrl_ext.configs.REGISTRY``).
-REGISTRY = {
-    ("storage", "ext_env_ring"): EnvRingStorageConfig,
-    ("storage", "ext_episodic_env_ring"): EpisodicEnvRingStorageConfig,
-    ("storage", "ext_dedup_env_ring"): DedupEnvRingStorageConfig,
-    ("storage", "ext_rollout"): RolloutStorageConfig,
-    ("storage", "ext_fast_tensor"): FastTensorStorageConfig,
-    ("storage", "ext_fast_memmap"): FastMemmapStorageConfig,
-    ("writer", "ext_env_ring"): EnvRingWriterConfig,
-    ("writer", "ext_rollout"): RolloutWriterConfig,
-}
-__all__ = [node.__name__ for node in REGISTRY.values()]

@@ -14,6 +14,15 @@ from torchrl.trainers.algorithms.configs.common import ConfigBase
 
 from torchrl_ext.configs._base import Validated
 
+__all__ = [
+    "GAEConfig",
+    "IntrinsicRewardNormalizerConfig",
+    "RunningMeanStdConfig",
+    "TDLambdaConfig",
+    "VTraceConfig",
+    "ValueNormConfig",
+]
+
 
 @dataclass
 class _EstimatorOptions:
@@ -107,15 +116,3 @@ class IntrinsicRewardNormalizerConfig(Validated, ConfigBase):
     epsilon: float = 1e-4
     device: Optional[str] = None
     _target_: str = "torchrl_ext.value.IntrinsicRewardNormalizer"
-
-
-#: ``(group, name) -> config`` of this module's classes (merged into ``torchrl_ext.configs.REGISTRY``).
-REGISTRY = {
-    ("value", "ext_gae"): GAEConfig,
-    ("value", "ext_vtrace"): VTraceConfig,
-    ("value", "ext_td_lambda"): TDLambdaConfig,
-    ("value_normalizer", "ext_value_norm"): ValueNormConfig,
-    ("value_normalizer", "ext_running_mean_std"): RunningMeanStdConfig,
-    ("value_normalizer", "ext_intrinsic_reward"): IntrinsicRewardNormalizerConfig,
-}
-__all__ = [node.__name__ for node in REGISTRY.values()]
