@@ -47,8 +47,6 @@ __all__ = ["MaxSegmentTree", "MinSegmentTree", "SegmentTree", "SumSegmentTree"]
 IndexLike = int | Sequence[int] | torch.Tensor
 ValueLike = float | Sequence[float] | torch.Tensor
 INT_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
-# Largest update whose 0, 1, 2, ... positions stay cached between writes.
-_CACHED_POSITIONS = 1 << 16
 
 
 class SegmentTree:
@@ -65,7 +63,7 @@ class SegmentTree:
         dtype: floating dtype of the values. Defaults to ``torch.float32``.
         device: where the tree lives. Defaults to the CPU.
 
-    Subclasses set ``_neutral`` and implement ``_reduce_rows`` and ``summary``.
+    Subclasses set ``_neutral`` and implement ``_reduce_rows``.
     """
 
     _neutral: float = 0.0
@@ -104,20 +102,15 @@ class SegmentTree:
         # Every node has a full row of ``fanout`` children below it, padding
         # included, so a level can be viewed as ``[nodes above, fanout]`` and a
         # walk that strays onto a padding node still reads in-bounds rows.
-        lengths = [sizes[-1]]
-        for _ in sizes[:-1]:
-            lengths.insert(0, lengths[0] * fanout)
-        top_dtype = self._top_dtype if len(sizes) > 1 and self._top_dtype else dtype
+        top = len(sizes) - 1
+        top_dtype = self._top_dtype if top and self._top_dtype else dtype
         self._levels = [
-            torch.full(
-                (n,), self._neutral, dtype=top_dtype if k == len(sizes) - 1 else dtype, device=self._device,
-            )
-            for k, n in enumerate(lengths)
+            torch.full((sizes[-1] * fanout ** (top - k),), self._neutral, dtype=top_dtype if k == top else dtype,
+                       device=self._device)
+            for k in range(top + 1)
         ]
         self._scratch_buffers: dict[tuple[str, torch.dtype], torch.Tensor] = {}
-        # Scratch of _last_write: a position per leaf, and 0, 1, 2, ... (grown on demand).
-        self._tickets: torch.Tensor | None = None
-        self._positions: torch.Tensor | None = None
+        self._tickets: torch.Tensor | None = None  # scratch of _last_write: a position per leaf
 
     # ------------------------------------------------------------------
     @property
@@ -159,7 +152,7 @@ class SegmentTree:
         return sum(t.numel() * t.element_size() for t in self._tensors())
 
     def _tensors(self) -> list[torch.Tensor]:
-        last_write = [t for t in (self._tickets, self._positions) if t is not None]
+        last_write = [] if self._tickets is None else [self._tickets]
         return [*self._levels, *last_write, *self._scratch_buffers.values()]
 
     # ------------------------------------------------------------------
@@ -207,26 +200,11 @@ class SegmentTree:
         makes repeats carry identical values, so write order no longer matters
         and nothing has to be sorted or compacted.
         """
-        n = index.numel()
-        if n > _CACHED_POSITIONS:  # a bulk write: not worth keeping its positions
-            positions = torch.arange(n, dtype=torch.int32, device=self._device)
-        else:
-            have = 0 if self._positions is None else self._positions.numel()
-            if have < n:
-                self._positions = torch.arange(
-                    min(max(n, 2 * have), _CACHED_POSITIONS), dtype=torch.int32,
-                    device=self._device,
-                )
-            positions = self._positions[:n]
-        tickets = self._ticket_buffer()
-        tickets.scatter_reduce_(0, index, positions, "amax", include_self=False)
-        return tickets.index_select(0, index)
-
-    def _ticket_buffer(self) -> torch.Tensor:
-        """Scratch of :meth:`_last_write`: a position per leaf (allocated on first use)."""
         if self._tickets is None:
             self._tickets = torch.empty(self._capacity, dtype=torch.int32, device=self._device)
-        return self._tickets
+        positions = torch.arange(index.numel(), dtype=torch.int32, device=self._device)
+        self._tickets.scatter_reduce_(0, index, positions, "amax", include_self=False)
+        return self._tickets.index_select(0, index)
 
     def _refresh_level(self, k: int, rows: torch.Tensor, parents: torch.Tensor | None) -> None:
         """Recomputes level ``k`` from ``rows`` of children (all rows when
@@ -241,8 +219,8 @@ class SegmentTree:
         raise NotImplementedError
 
     def summary(self) -> torch.Tensor:
-        """Reduction of all leaves, as a 0-d tensor."""
-        raise NotImplementedError
+        """Reduction of all leaves, as a 0-d tensor (the neutral element when none was written)."""
+        return self._reduce_rows(self._levels[-1].view(1, -1), self._levels[-1].dtype).reshape(())
 
     def clear(self) -> None:
         """Resets every leaf to the neutral element."""
@@ -331,8 +309,13 @@ class SegmentTree:
     def to(self, device: torch.device | str) -> SegmentTree:
         """Moves the tree to ``device`` in place and returns it."""
         self._device = torch.device(device)
-        self._levels = [level.to(self._device) for level in self._levels]
-        self._scratch_buffers, self._tickets, self._positions = {}, None, None
+        # Every tensor the tree holds, alone or in a list of levels (subclasses add their own).
+        for name, value in vars(self).items():
+            if isinstance(value, torch.Tensor):
+                setattr(self, name, value.to(self._device))
+            elif isinstance(value, list) and value and isinstance(value[0], torch.Tensor):
+                setattr(self, name, [level.to(self._device) for level in value])
+        self._scratch_buffers, self._tickets = {}, None
         return self
 
     # ------------------------------------------------------------------
@@ -566,11 +549,6 @@ class SumSegmentTree(SegmentTree):
         super().load_state_dict(state_dict)
         self._nnz.copy_(torch.count_nonzero(self.leaves))
 
-    def to(self, device: torch.device | str) -> SumSegmentTree:
-        super().to(device)
-        self._nnz = self._nnz.to(self._device)
-        self._prefix = self._prefix.to(self._device)
-        return self
 
 
 class MinSegmentTree(SegmentTree):
@@ -590,10 +568,6 @@ class MinSegmentTree(SegmentTree):
     def _reduce_rows(self, rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return rows.amin(1)
 
-    def summary(self) -> torch.Tensor:
-        """Minimum of all leaves (``+inf`` when none was written)."""
-        return self._levels[-1].amin()
-
 
 class MaxSegmentTree(SegmentTree):
     """Segment tree of maxima; unwritten leaves hold ``-inf``.
@@ -611,10 +585,6 @@ class MaxSegmentTree(SegmentTree):
 
     def _reduce_rows(self, rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return rows.amax(1)
-
-    def summary(self) -> torch.Tensor:
-        """Maximum of all leaves (``-inf`` when none was written)."""
-        return self._levels[-1].amax()
 
 
 # ----------------------------------------------------------------------

@@ -17,9 +17,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from torchrl_ext.storages._numpy_rows import numpy_view
+from torchrl_ext.storages._numpy_rows import ColumnCache, numpy_view
 from torchrl_ext.segment_tree import SumSegmentTree, _store
-from torchrl_ext.storages._numpy_rows import ColumnCache
 
 __all__ = ["PrioritySegmentTree", "reduce_per_item"]
 
@@ -49,10 +48,10 @@ class PrioritySegmentTree(SumSegmentTree):
 
     def __init__(self, capacity: int, *, track_max: bool = False, **kwargs: Any) -> None:
         super().__init__(capacity, **kwargs)
-        key_dtype = _KEY_DTYPES[self._dtype]
+        self._key_dtype, self._no_key, *self._key_formats = _KEYS[self._dtype]
         # Minimum keys per internal node (see _min_keys), then optional maxima.
         self._min_levels = [
-            torch.full(level.shape, _NO_KEY[key_dtype], dtype=key_dtype, device=self._device)
+            torch.full(level.shape, self._no_key, dtype=self._key_dtype, device=self._device)
             for level in self._levels[1:]
         ]
         self._max_levels = (
@@ -82,10 +81,9 @@ class PrioritySegmentTree(SumSegmentTree):
         the largest key, so ``amin`` skips zeros without a mask (a masked copy
         costs several times more on CPU).
         """
-        key_dtype = _KEY_DTYPES[self._dtype]
-        out = self._scratch("min_keys", values.shape, key_dtype) if reuse else None
-        keys = torch.sub(values.view(key_dtype), 1, out=out)
-        return keys.bitwise_and_(_NO_KEY[key_dtype])
+        out = self._scratch("min_keys", values.shape, self._key_dtype) if reuse else None
+        keys = torch.sub(values.view(self._key_dtype), 1, out=out)
+        return keys.bitwise_and_(self._no_key)
 
     def min_nonzero(self) -> float:
         """Smallest non-zero leaf, or ``inf`` when every leaf is zero."""
@@ -93,11 +91,11 @@ class PrioritySegmentTree(SumSegmentTree):
             key = int(self._min_keys(self._levels[0], reuse=False).amin())
         else:
             key = self._min_levels[-1].amin().item()
-        if key == _NO_KEY[_KEY_DTYPES[self._dtype]]:
+        if key == self._no_key:
             return math.inf
         # Decode the key on the host: cheaper than three tiny kernels.
-        fmt = _STRUCT_FORMATS[self._dtype]
-        return struct.unpack(fmt[1], struct.pack(fmt[0], key + 1))[0]
+        key_format, value_format = self._key_formats
+        return struct.unpack(value_format, struct.pack(key_format, key + 1))[0]
 
     def draw_by_rejection(
         self, n: int, generator: torch.Generator | None = None
@@ -200,7 +198,7 @@ class PrioritySegmentTree(SumSegmentTree):
     def clear(self) -> None:
         super().clear()
         for level in self._min_levels:
-            level.fill_(_NO_KEY[level.dtype])
+            level.fill_(self._no_key)
         for level in self._max_levels or ():
             level.zero_()
 
@@ -244,7 +242,7 @@ class PrioritySegmentTree(SumSegmentTree):
                 self._nnz += change
         levels[0][index] = value
         parents, fanout = index, self._fanout
-        no_key = _NO_KEY[_KEY_DTYPES[self._dtype]]
+        no_key = self._no_key
         ones = _ones(fanout, levels[0].dtype)
         for k in range(1, depth):
             children = levels[k - 1].reshape(-1, fanout)
@@ -285,13 +283,6 @@ class PrioritySegmentTree(SumSegmentTree):
             )
         super().load_state_dict(state_dict)
 
-    def to(self, device: torch.device | str) -> PrioritySegmentTree:
-        super().to(device)
-        self._min_levels = [level.to(self._device) for level in self._min_levels]
-        if self._max_levels is not None:
-            self._max_levels = [level.to(self._device) for level in self._max_levels]
-        return self
-
 
 def _min_acceptance(n: int) -> float:
     """The acceptance below which a walk draws ``n`` leaves faster than rejection.
@@ -307,16 +298,12 @@ def _min_acceptance(n: int) -> float:
 # than torch's; larger writes go to torch (the crossover: benchmarks/bench_prioritized.py).
 _NUMPY_WRITES_BELOW = 2048
 
-_KEY_DTYPES = {
-    torch.float32: torch.int32,
-    torch.float64: torch.int64,
-    torch.float16: torch.int16,
-}
-_STRUCT_FORMATS = {torch.float32: ("<i", "<f"), torch.float64: ("<q", "<d"), torch.float16: ("<h", "<e")}
-_NO_KEY = {
-    torch.int16: 0x7FFF,
-    torch.int32: 0x7FFFFFFF,
-    torch.int64: 0x7FFFFFFFFFFFFFFF,
+# Per value dtype: the dtype of its minimum keys, the key of "no non-zero leaf" (the largest)
+# and the struct formats that decode a key on the host.
+_KEYS = {
+    torch.float16: (torch.int16, 0x7FFF, "<h", "<e"),
+    torch.float32: (torch.int32, 0x7FFFFFFF, "<i", "<f"),
+    torch.float64: (torch.int64, 0x7FFFFFFFFFFFFFFF, "<q", "<d"),
 }
 
 

@@ -26,13 +26,40 @@ from torchrl_ext.storages.ring import EnvRingStorage
 __all__ = ["GridStreams", "RingStreams", "streams_of"]
 
 
-class RingStreams:
+class _Streams:
+    """What both layouts share: their leaves as ``[rows, ...]`` (``flat_leaves``) and written
+    coordinates, whose column ``_env_column`` holds the env."""
+
+    _env_column = 0
+
+    def leaf(self, key: Any) -> torch.Tensor | None:
+        return next((leaf for leaf_key, leaf in self.flat_leaves() if leaf_key == key), None)
+
+    def leaves_under(self, prefix: tuple) -> list[tuple[Any, torch.Tensor]]:
+        """The ``(key, leaf)`` pairs whose nested key starts with ``prefix``."""
+        return [(key, leaf) for key, leaf in self.flat_leaves()
+                if isinstance(key, tuple) and key[: len(prefix)] == prefix]
+
+    def written(self, index: Any) -> tuple[np.ndarray, np.ndarray] | None:
+        """Written ``(env, position)`` as numpy int64, or ``None`` for a form writers do not report."""
+        if isinstance(index, tuple) and len(index) == 2 and all(isinstance(i, torch.Tensor) for i in index):
+            index = torch.stack(torch.broadcast_tensors(*index), -1)
+        if not isinstance(index, torch.Tensor) or index.dtype.is_floating_point or index.shape[-1:] != (2,):
+            return None
+        pairs = index.reshape(-1, 2).cpu().long().numpy()
+        return pairs[:, self._env_column], pairs[:, 1 - self._env_column]
+
+
+class RingStreams(_Streams):
     """Streams of an :class:`EnvRingStorage`: positions are absolute, the storage reads chains itself."""
 
     reads_chains = True
 
     def __init__(self, storage: EnvRingStorage) -> None:
         self.storage = storage
+
+    def flat_leaves(self) -> list[tuple[Any, torch.Tensor]]:
+        return self.storage.flat_leaves
 
     def stored(self) -> int:
         return int(self.storage.size_array.sum())
@@ -45,12 +72,6 @@ class RingStreams:
 
     def flat(self, env: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         return self.storage.flat_index(env, position)
-
-    def leaf(self, key: Any) -> torch.Tensor | None:
-        return self.storage.flat_leaf(key)
-
-    def leaves_under(self, prefix: tuple) -> list[tuple[Any, torch.Tensor]]:
-        return _under(self.storage.flat_leaves, prefix)
 
     def index(self, env: torch.Tensor, start: torch.Tensor, end: torch.Tensor) -> Any:
         return env, start, end
@@ -69,10 +90,6 @@ class RingStreams:
         pos = self.storage.position_array
         return expand_ranges(np.arange(self.storage.num_envs), pos - self.storage.size_array, pos - 1)
 
-    def written(self, index: Any) -> tuple[np.ndarray, np.ndarray] | None:
-        pairs = _pairs(index)
-        return None if pairs is None else (pairs[:, 0], pairs[:, 1])
-
     def reaching(self, env: np.ndarray, position: np.ndarray, n_step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Stored starts whose chains of ``n_step`` can read a written ``(env, position)``."""
         runs = _runs(env, position)
@@ -88,10 +105,11 @@ class RingStreams:
         return unique_rows(env, start, env * length + start % length)
 
 
-class GridStreams:
+class GridStreams(_Streams):
     """Streams of a ``[T, num_envs]`` tensor storage: env ``e`` is column ``e``, time wraps at ``T``."""
 
     reads_chains = False
+    _env_column = 1  # written coordinates are (time, env) rows
 
     def __init__(self, storage: TensorStorage) -> None:
         self.storage = storage
@@ -120,14 +138,8 @@ class GridStreams:
     def flat(self, env: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         return (position % self.rows) * self.num_envs + env
 
-    def leaf(self, key: Any) -> torch.Tensor | None:
-        for leaf_key, leaf in self._leaves:
-            if leaf_key == key:
-                return leaf
-        return None
-
-    def leaves_under(self, prefix: tuple) -> list[tuple[Any, torch.Tensor]]:
-        return _under(self._leaves, prefix)
+    def flat_leaves(self) -> list[tuple[Any, torch.Tensor]]:
+        return self._leaves
 
     def index(self, env: torch.Tensor, start: torch.Tensor, end: torch.Tensor) -> Any:
         return start, env
@@ -146,10 +158,6 @@ class GridStreams:
         cell = torch.arange(self.stored())
         return cell % self.num_envs, cell // self.num_envs
 
-    def written(self, index: Any) -> tuple[np.ndarray, np.ndarray] | None:
-        pairs = _pairs(index)  # (time, env) rows
-        return None if pairs is None else (pairs[:, 1], pairs[:, 0])
-
     def reaching(self, env: np.ndarray, position: np.ndarray, n_step: int) -> tuple[torch.Tensor, torch.Tensor]:
         env, start = _back(env, position, n_step)
         filled = self.filled_rows()
@@ -159,20 +167,6 @@ class GridStreams:
             keep = (start >= 0) & (start < filled)
             env, start = env[keep], start[keep]
         return unique_rows(env, start, start * self.num_envs + env)
-
-
-def _under(leaves: Any, prefix: tuple) -> list[tuple[Any, torch.Tensor]]:
-    """The ``(key, leaf)`` pairs whose nested key starts with ``prefix``."""
-    return [(key, leaf) for key, leaf in leaves if isinstance(key, tuple) and key[: len(prefix)] == prefix]
-
-
-def _pairs(index: Any) -> np.ndarray | None:
-    """Written coordinates ``[K, 2]`` as numpy int64, or ``None`` for a form writers do not report."""
-    if isinstance(index, tuple) and len(index) == 2 and all(isinstance(i, torch.Tensor) for i in index):
-        index = torch.stack(torch.broadcast_tensors(*index), -1)
-    if not isinstance(index, torch.Tensor) or index.dtype.is_floating_point or index.shape[-1:] != (2,):
-        return None
-    return index.reshape(-1, 2).cpu().long().numpy()
 
 
 def unique_rows(env: np.ndarray, start: np.ndarray, flat: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:

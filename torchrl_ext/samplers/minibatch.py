@@ -64,9 +64,7 @@ class _EpochMinibatchSampler(StateFiles, Sampler):
                 check_int(name, value, minimum=1)
         self.num_mini_batch, self.mini_batch_size = num_mini_batch, mini_batch_size
         self.shuffle, self.drop_last = bool(shuffle), bool(drop_last)
-        self._splits: list[torch.Tensor] | None = None
-        self._next = 0
-        self._ran_out = False
+        self._empty()
         self._injected: torch.Tensor | None = None
 
     # ------------------------------------------------------------------
@@ -166,15 +164,15 @@ class _EpochMinibatchSampler(StateFiles, Sampler):
 
     # ------------------------------------------------------------------
     def _empty(self) -> None:
-        self._splits, self._next, self._ran_out = None, 0, False
+        self._splits: list[torch.Tensor] | None = None
+        self._next, self._ran_out = 0, False
 
     def state_dict(self) -> dict[str, Any]:
-        splits = self._splits or []
         return {
             "next": self._next,
             "ran_out": self._ran_out,
             "units": getattr(self, "_epoch_units", 0),
-            "splits": [s.clone() for s in splits] if splits else [],
+            "splits": [s.clone() for s in self._splits or []],
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

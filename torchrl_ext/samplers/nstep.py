@@ -167,18 +167,24 @@ class NStepSampler(StatelessSampler):
         Shared by every way of drawing starts (uniform here, by priority in
         :class:`~torchrl_ext.samplers.PrioritizedNStepSampler`).
         """
-        batch_size = env.shape[0]
-        if self.agent_group is None:
-            table = self._table(streams, batch_size)
-            if table is not None:
-                return self._tabulated_chains(table, streams, env, start)
-        per_agent = self.agent_group is not None
-        done_leaf = self._leaf(streams, self.done_key, required=not per_agent)
-        reward_leaf = self._leaf(streams, self.reward_key, required=not per_agent)
-        to_newest, flat = self._chain_rows(streams, env, start)
         info: dict[Any, Any] = {}
-        if per_agent:
-            agent_end = self._agent_chains(streams, flat, to_newest, info)
+        if self.agent_group is None:  # env-level chains: looked up in the chain table, or walked
+            table = self._table(streams, env.shape[0])
+            if table is not None:
+                m, reward, steps, discount = table.lookup(streams.flat(env, start))
+            else:
+                m, reward = self._chain_values(streams, env, start)
+                steps, discount = self._counts(m, reward.shape, reward.device)
+            end = start + m.to(start.device)
+            if not streams.reads_chains:
+                self._next_entries(streams, streams.flat(env, end), info)
+            info[self.reward_key] = reward
+            info["steps_to_next_obs"], info["nstep_discount"] = steps, discount
+            return streams.index(env, start, end), info
+        done_leaf = self._leaf(streams, self.done_key, required=False)
+        reward_leaf = self._leaf(streams, self.reward_key, required=False)
+        to_newest, flat = self._chain_rows(streams, env, start)
+        agent_end = self._agent_chains(streams, flat, to_newest, info)
         if done_leaf is not None:
             m = self._stop_index(done_leaf, flat, to_newest, agent_dims=0)
         else:  # FP without an env-level done: the env chain ends with the last agent's
@@ -188,22 +194,9 @@ class NStepSampler(StatelessSampler):
             self._next_entries(streams, flat.gather(1, m.unsqueeze(1)).squeeze(1), info)
         if reward_leaf is not None:
             info[self.reward_key] = self._discounted_sum(reward_leaf, flat, m, agent_dims=0)
-        count_shape = info[self.reward_key].shape if reward_leaf is not None else (batch_size, 1)
+        count_shape = info[self.reward_key].shape if reward_leaf is not None else (env.shape[0], 1)
         device = reward_leaf.device if reward_leaf is not None else flat.device
         info["steps_to_next_obs"], info["nstep_discount"] = self._counts(m, count_shape, device)
-        return streams.index(env, start, end), info
-
-    def _tabulated_chains(
-        self, table: ChainTable, streams: Any, env: torch.Tensor, start: torch.Tensor
-    ) -> tuple[Any, dict[Any, Any]]:
-        """:meth:`_chains` of env-level chains, looked up in the chain table."""
-        m, reward, steps, discount = table.lookup(streams.flat(env, start))
-        end = start + (m if m.device == start.device else m.to(start.device))
-        info: dict[Any, Any] = {}
-        if not streams.reads_chains:
-            self._next_entries(streams, streams.flat(env, end), info)
-        info[self.reward_key] = reward
-        info["steps_to_next_obs"], info["nstep_discount"] = steps, discount
         return streams.index(env, start, end), info
 
     def _next_entries(self, streams: Any, end_flat: torch.Tensor, info: dict[Any, Any]) -> None:
@@ -260,7 +253,7 @@ class NStepSampler(StatelessSampler):
         """Steps from each start to its env's newest step ``[K]``, and the flat rows of its
         ``n_step`` chain steps ``[K, n_step]`` (steps past the newest one are held there)."""
         to_newest = streams.steps_to_newest(env, start)
-        steps = start.unsqueeze(1) + torch.minimum(self._k, to_newest.unsqueeze(1))
+        steps = start.unsqueeze(1) + torch.minimum(torch.arange(self.n_step), to_newest.unsqueeze(1))
         return to_newest, streams.flat(env.unsqueeze(1).expand_as(steps), steps)
 
     # ------------------------------------------------------------------
@@ -285,13 +278,9 @@ class NStepSampler(StatelessSampler):
             return
         table.written(index, reported_twice=reported_twice)
 
-    @property
-    def _k(self) -> torch.Tensor:
-        return self._tables(torch.device("cpu"))[0]
-
-    def _tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``arange(n)``, the reward weights of a chain stopping at ``m`` (row ``m``:
-        ``gamma**k`` for ``k <= m``, float64) and ``gamma**(m + 1)`` (float32), cached."""
+    def _tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """The reward weights of a chain stopping at ``m`` (row ``m``: ``gamma**k`` for
+        ``k <= m``, float64) and ``gamma**(m + 1)`` (float32), cached."""
         cache = self.__dict__.setdefault("_table_cache", {})
         key = (self.n_step, self.gamma, device)
         if key not in cache:
@@ -299,12 +288,12 @@ class NStepSampler(StatelessSampler):
             powers = self.gamma ** k.double()
             weights = torch.where(k.unsqueeze(0) <= k.unsqueeze(1), powers, 0.0)
             discount = (self.gamma ** (k + 1).double()).float()
-            cache[key] = (k.to(device), weights.to(device), discount.to(device))
+            cache[key] = (weights.to(device), discount.to(device))
         return cache[key]
 
     def _counts(self, m: torch.Tensor, shape: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """``steps_to_next_obs = m + 1`` and ``nstep_discount``, shaped like the reward."""
-        discount = self._tables(device)[2].index_select(0, m.reshape(-1).to(device)).reshape(m.shape)
+        discount = self._tables(device)[1].index_select(0, m.reshape(-1).to(device)).reshape(m.shape)
         return _like(m + 1, shape, device), _like(discount, shape, device)
 
     # ------------------------------------------------------------------
@@ -325,7 +314,7 @@ class NStepSampler(StatelessSampler):
         batch = flat.shape[0]
         reward = reward_leaf.index_select(0, flat.reshape(-1).to(reward_leaf.device))
         reward = reward.reshape(batch, self.n_step, *reward.shape[1:])
-        weights = self._tables(reward.device)[1]
+        weights = self._tables(reward.device)[0]
         weight = weights.index_select(0, m.reshape(-1).to(reward.device)).reshape(*m.shape, self.n_step)
         weight = weight.movedim(-1, 1)  # [B, n, *agents]
         weight = weight.reshape(*weight.shape, *(1,) * (reward.dim() - weight.dim()))

@@ -170,13 +170,9 @@ class PrioritizedNStepSampler(PrioritizedSampler):
     def _chains_with(self, **changes: Any) -> NStepSampler:
         """The chain half with ``changes`` to its ``n_step`` / ``gamma`` (checked by NStepSampler)."""
         chains = self._nstep
-        settings = {"n_step": chains.n_step, "gamma": chains.gamma} | changes
         return NStepSampler(
-            settings["n_step"],
-            settings["gamma"],
-            reward_key=chains.reward_key,
-            done_key=chains.done_key,
-            agent_group=chains.agent_group,
+            changes.get("n_step", chains.n_step), changes.get("gamma", chains.gamma),
+            reward_key=chains.reward_key, done_key=chains.done_key, agent_group=chains.agent_group,
         )
 
     # ------------------------------------------------------------------

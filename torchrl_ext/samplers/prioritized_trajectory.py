@@ -102,11 +102,7 @@ class PrioritizedTrajectorySampler(StateFiles, TrajectorySampler):
             raise ValueError(f"weights must be 'alf' or 'per', got weights={weights!r}.")
         self.alpha, self.beta, self.eps = alpha, beta, eps
         self.initial_priority, self.weights = initial_priority, weights
-        self._tree: PrioritySegmentTree | None = None
-        self._stored: torch.Tensor | None = None  # transformed priority per slot, or _UNSET
-        self._seen: torch.Tensor | None = None  # [3, E] pos, size, resets at the last sync
-        self._seen_geometry: tuple[int, int] | None = None
-        self._seen_source: tuple[int, int] | None = None  # (storage id, its load count) at the last sync
+        self._empty()
         self._ignored = self.num_earliest_frames_ignored  # the storage may need more
 
     # ------------------------------------------------------------------
@@ -307,8 +303,11 @@ class PrioritizedTrajectorySampler(StateFiles, TrajectorySampler):
 
     # ------------------------------------------------------------------
     def _empty(self) -> None:
-        self._tree = self._stored = self._seen = self._seen_geometry = None
-        self._seen_source = None
+        self._tree: PrioritySegmentTree | None = None
+        self._stored: torch.Tensor | None = None  # transformed priority per slot, or _UNSET
+        self._seen: torch.Tensor | None = None  # [3, E] pos, size, resets at the last sync
+        self._seen_geometry: tuple[int, int] | None = None
+        self._seen_source: tuple[int, int] | None = None  # (storage id, its load count) at the last sync
 
     def state_dict(self) -> dict[str, Any]:
         if self._tree is None:

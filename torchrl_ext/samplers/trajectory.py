@@ -39,15 +39,6 @@ class StatelessSampler(NoState, Sampler):
         return
 
 
-def check_ring_sample(sampler: Sampler, storage: Any, batch_size: Any, purpose: str) -> None:
-    """The checks every sampler over per-env rings runs first (``purpose`` completes the message)."""
-    if not isinstance(storage, EnvRingStorage):
-        raise TypeError(
-            f"{type(sampler).__name__} {purpose} an EnvRingStorage, got {type(storage).__name__}."
-        )
-    check_batch_size(batch_size)
-
-
 class TrajectorySampler(StatelessSampler):
     """Env-balanced uniform windows, with an optional share of recent data.
 
@@ -145,7 +136,11 @@ class TrajectorySampler(StatelessSampler):
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Checked arguments, then each env's valid starts, latest start, and the envs with any
         (numpy arrays)."""
-        check_ring_sample(self, storage, batch_size, "samples windows from")
+        if not isinstance(storage, EnvRingStorage):
+            raise TypeError(
+                f"{type(self).__name__} samples windows from an EnvRingStorage, got {type(storage).__name__}."
+            )
+        check_batch_size(batch_size)
         count, latest = self._valid_starts_np(storage)
         eligible = np.flatnonzero(count)
         if eligible.size == 0:
@@ -189,13 +184,6 @@ class TrajectorySampler(StatelessSampler):
         """``n`` (env, start) pairs, envs balanced over ``eligible`` (arrays of :meth:`_eligible`)."""
         k = eligible.size
         rounds, extra = divmod(n, k)
-        if extra == 0 and k == count.size:
-            # Every env eligible, equal shares (the usual case): the env and
-            # stratum layout only depends on (n, k), so it is built once.
-            env, stratum = self._even_layout(n, k)
-            r = torch.rand(n, dtype=torch.float64, generator=_compat.generator(self)).numpy()
-            # A copy: the caller gets the env ids and may change them.
-            return self._starts(r, env.copy(), count, latest, cap, stratum, rounds)
         env = np.tile(eligible, rounds)
         stratum = np.repeat(np.arange(rounds), k)
         strata = np.full(k, rounds, dtype=np.int64)
@@ -217,7 +205,7 @@ class TrajectorySampler(StatelessSampler):
         latest: np.ndarray,
         cap: int | None,
         stratum: np.ndarray,
-        windows: np.ndarray | int,
+        windows: np.ndarray,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """A start among each env's last ``starts`` valid ones.
 
@@ -238,12 +226,3 @@ class TrajectorySampler(StatelessSampler):
             shared = np.minimum(((r + stratum) * starts / windows).astype(np.int64), starts - 1)
             offset = np.where(width > 0, spread, shared)
         return torch.from_numpy(env), torch.from_numpy(offset + latest[env] - (starts - 1))
-
-    def _even_layout(self, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
-        cache = getattr(self, "_layout_cache_np", None)
-        if cache is None or cache[0] != (n, k):
-            rounds = n // k
-            env = np.tile(np.arange(k), rounds)
-            stratum = np.repeat(np.arange(rounds), k)
-            cache = self._layout_cache_np = ((n, k), env, stratum)
-        return cache[1], cache[2]
