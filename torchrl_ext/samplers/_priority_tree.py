@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import math
-import struct
 from typing import Any
 
 import numpy as np
@@ -48,7 +47,7 @@ class PrioritySegmentTree(SumSegmentTree):
 
     def __init__(self, capacity: int, *, track_max: bool = False, **kwargs: Any) -> None:
         super().__init__(capacity, **kwargs)
-        self._key_dtype, self._no_key, *self._key_formats = _KEYS[self._dtype]
+        self._key_dtype, self._no_key = _KEYS[self._dtype]
         # Minimum keys per internal node (see _min_keys), then optional maxima.
         self._min_levels = [
             torch.full(level.shape, self._no_key, dtype=self._key_dtype, device=self._device)
@@ -93,9 +92,7 @@ class PrioritySegmentTree(SumSegmentTree):
             key = self._min_levels[-1].amin().item()
         if key == self._no_key:
             return math.inf
-        # Decode the key on the host: cheaper than three tiny kernels.
-        key_format, value_format = self._key_formats
-        return struct.unpack(value_format, struct.pack(key_format, key + 1))[0]
+        return torch.tensor(key + 1, dtype=self._key_dtype).view(self._dtype).item()
 
     def draw_by_rejection(
         self, n: int, generator: torch.Generator | None = None
@@ -298,12 +295,11 @@ def _min_acceptance(n: int) -> float:
 # than torch's; larger writes go to torch (the crossover: benchmarks/bench_prioritized.py).
 _NUMPY_WRITES_BELOW = 2048
 
-# Per value dtype: the dtype of its minimum keys, the key of "no non-zero leaf" (the largest)
-# and the struct formats that decode a key on the host.
+# Per value dtype: the dtype of its minimum keys and the key of "no non-zero leaf" (the largest).
 _KEYS = {
-    torch.float16: (torch.int16, 0x7FFF, "<h", "<e"),
-    torch.float32: (torch.int32, 0x7FFFFFFF, "<i", "<f"),
-    torch.float64: (torch.int64, 0x7FFFFFFFFFFFFFFF, "<q", "<d"),
+    torch.float16: (torch.int16, 0x7FFF),
+    torch.float32: (torch.int32, 0x7FFFFFFF),
+    torch.float64: (torch.int64, 0x7FFFFFFFFFFFFFFF),
 }
 
 

@@ -280,16 +280,11 @@ class NStepSampler(StatelessSampler):
 
     def _tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """The reward weights of a chain stopping at ``m`` (row ``m``: ``gamma**k`` for
-        ``k <= m``, float64) and ``gamma**(m + 1)`` (float32), cached."""
-        cache = self.__dict__.setdefault("_table_cache", {})
-        key = (self.n_step, self.gamma, device)
-        if key not in cache:
-            k = torch.arange(self.n_step)
-            powers = self.gamma ** k.double()
-            weights = torch.where(k.unsqueeze(0) <= k.unsqueeze(1), powers, 0.0)
-            discount = (self.gamma ** (k + 1).double()).float()
-            cache[key] = (weights.to(device), discount.to(device))
-        return cache[key]
+        ``k <= m``, float64) and ``gamma**(m + 1)`` (float32)."""
+        k = torch.arange(self.n_step)
+        weights = torch.where(k.unsqueeze(0) <= k.unsqueeze(1), self.gamma ** k.double(), 0.0)
+        discount = (self.gamma ** (k + 1).double()).float()
+        return weights.to(device), discount.to(device)
 
     def _counts(self, m: torch.Tensor, shape: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """``steps_to_next_obs = m + 1`` and ``nstep_discount``, shaped like the reward."""

@@ -127,14 +127,9 @@ class PrioritizedSampler(StateFiles, _TorchRLPrioritizedSampler):
     ) -> None:
         # TorchRL's __init__ is not called: it would build its C++ trees.
         check_int("max_capacity", max_capacity, minimum=1)
-        if reduction not in REDUCTIONS:
-            raise ValueError(
-                f"reduction must be one of {REDUCTIONS}, got reduction={reduction!r}."
-            )
-        if weights not in WEIGHT_CONVENTIONS:
-            raise ValueError(
-                f"weights must be one of {WEIGHT_CONVENTIONS}, got weights={weights!r}."
-            )
+        for name, value, allowed in (("reduction", reduction, REDUCTIONS), ("weights", weights, WEIGHT_CONVENTIONS)):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {name}={value!r}.")
         check_real("eps", eps, low=0.0)
         check_real("initial_priority", initial_priority, low=0.0)
         if dtype in ("float32", "float64"):  # configs name dtypes as strings

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from torchrl_ext import _compat
@@ -182,28 +183,16 @@ class PrioritizedTrajectorySampler(StateFiles, TrajectorySampler):
         self._stored[leaves] = value
 
     # ------------------------------------------------------------------
-    def sample(self, storage: EnvRingStorage, batch_size: int) -> tuple[Any, dict[str, torch.Tensor]]:
-        count, latest, eligible = self._eligible(storage, batch_size)
+    def _draw_windows(
+        self, storage: EnvRingStorage, n: int, eligible: np.ndarray, count: np.ndarray, latest: np.ndarray
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """Windows drawn by priority (not by the uniform draws' arrays), with their ``priority_weight``."""
         self._storage_ref = storage
         self._sync(storage)
-        recent = self._recent_batch_size(storage, batch_size)
-        env, start, weight = self._prioritized(storage, batch_size - recent)
-        if recent:
-            # Recent windows are drawn uniformly: nothing to correct, weight 1.
-            env_r, start_r = self._draw(recent, eligible, count, latest, cap=self.recent_data_steps)
-            env, start = torch.cat([env_r, env]), torch.cat([start_r, start])
-            weight = torch.cat([torch.ones(recent, dtype=weight.dtype), weight])
-        steps = start.unsqueeze(1) + torch.arange(self._batch_length)
-        index = (env.unsqueeze(1).expand_as(steps), steps)
-        return index, {"env_ids": env, "positions": start, "priority_weight": weight}
-
-    def _prioritized(
-        self, storage: EnvRingStorage, n: int
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         tree, length = self._tree, storage.max_length
         if n == 0:
             empty = torch.empty(0, dtype=torch.long)
-            return empty, empty, torch.empty(0, dtype=tree.dtype)
+            return empty, empty, {"priority_weight": torch.empty(0, dtype=tree.dtype)}
         drawn = tree.walk_draw(n, _compat.generator(self), stratified=not self.with_replacement)
         if drawn is None:
             raise ValueError(
@@ -218,7 +207,7 @@ class PrioritizedTrajectorySampler(StateFiles, TrajectorySampler):
             weight = value * tree.nnz / total
         else:
             weight = (value / tree.min_nonzero()).pow_(-self.beta)
-        return env, start, weight
+        return env, start, {"priority_weight": weight}
 
     # ------------------------------------------------------------------
     @torch.no_grad()

@@ -156,13 +156,21 @@ class TrajectorySampler(StatelessSampler):
     def sample(self, storage: EnvRingStorage, batch_size: int) -> tuple[Any, dict[str, torch.Tensor]]:
         count, latest, eligible = self._eligible(storage, batch_size)
         recent = self._recent_batch_size(storage, batch_size)
-        env, start = self._draw(batch_size - recent, eligible, count, latest, cap=None)
+        env, start, info = self._draw_windows(storage, batch_size - recent, eligible, count, latest)
         if recent:
+            # Recent windows are drawn uniformly: nothing to correct, weight 1.
             env_r, start_r = self._draw(recent, eligible, count, latest, cap=self.recent_data_steps)
             env, start = torch.cat([env_r, env]), torch.cat([start_r, start])
+            info = {key: torch.cat([torch.ones(recent, dtype=value.dtype), value]) for key, value in info.items()}
         steps = start.unsqueeze(1) + torch.arange(self._batch_length)
         index = (env.unsqueeze(1).expand_as(steps), steps)
-        return index, {"env_ids": env, "positions": start}
+        return index, {"env_ids": env, "positions": start, **info}
+
+    def _draw_windows(
+        self, storage: EnvRingStorage, n: int, eligible: np.ndarray, count: np.ndarray, latest: np.ndarray
+    ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+        """The ``n`` windows not drawn from recent data: ``(env, start)`` and their own info."""
+        return (*self._draw(n, eligible, count, latest, cap=None), {})
 
     def _recent_batch_size(self, storage: EnvRingStorage, batch_size: int) -> int:
         if self.recent_data_ratio <= 0:
