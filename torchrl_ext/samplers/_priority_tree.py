@@ -336,12 +336,6 @@ def _rows(level: torch.Tensor, fanout: int, parents: torch.Tensor | None) -> tor
 
 def reduce_per_item(priority: torch.Tensor, reduction: str) -> torch.Tensor:
     """``[N, k]`` priorities (one per agent, say) to one per item with ``reduction``."""
-    if reduction == "max":
-        return priority.amax(1)
-    if reduction == "min":
-        return priority.amin(1)
-    if reduction == "mean":
-        return priority.mean(1)
     if reduction == "median":
         return priority.median(1).values
-    return priority.sum(1)
+    return getattr(priority, {"max": "amax", "min": "amin", "mean": "mean"}.get(reduction, "sum"))(1)
