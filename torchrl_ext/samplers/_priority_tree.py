@@ -47,7 +47,6 @@ class PrioritySegmentTree(SumSegmentTree):
 
     def __init__(self, capacity: int, *, track_max: bool = False, **kwargs: Any) -> None:
         super().__init__(capacity, **kwargs)
-        self._key_dtype, self._no_key = _KEYS[self._dtype]
         # Minimum keys per internal node (see _min_keys), then optional maxima.
         self._min_levels = [
             torch.full(level.shape, self._no_key, dtype=self._key_dtype, device=self._device)
@@ -60,6 +59,15 @@ class PrioritySegmentTree(SumSegmentTree):
             else None
         )
         self._numpy_cache = ColumnCache()
+
+    # Derived from the dtype rather than stored, so trees pickled by earlier versions load.
+    @property
+    def _key_dtype(self) -> torch.dtype:
+        return _KEYS[self._dtype][0]
+
+    @property
+    def _no_key(self) -> int:
+        return _KEYS[self._dtype][1]
 
     def _refresh_level(self, k: int, rows: torch.Tensor, parents: torch.Tensor | None) -> None:
         super()._refresh_level(k, rows, parents)
