@@ -5,11 +5,12 @@ from typing import Any, Callable
 
 import torch
 from tensordict import TensorDictBase
+from tensordict.utils import expand_as_right
 from torchrl.data.replay_buffers.samplers import Sampler
 
 from torchrl_ext import _compat
 from torchrl_ext._fastpath import fastpath_enabled
-from torchrl_ext.replay_buffers.tensordict import TensorDictReplayBuffer, _check_sample_size
+from torchrl_ext.replay_buffers.tensordict import TensorDictReplayBuffer
 from torchrl_ext.samplers.trajectory import TrajectorySampler
 from torchrl_ext.storages.ring import EnvRingStorage
 from torchrl_ext.writers.ring import EnvRingWriter
@@ -77,13 +78,10 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
                     "give num_envs= and max_length= (or storage=EnvRingStorage(...))."
                 )
             storage = EnvRingStorage(num_envs, max_length, device=device)
-        elif not isinstance(storage, EnvRingStorage):
-            raise TypeError(
-                f"storage must be an EnvRingStorage, got {type(storage).__name__}."
-            )
         writer = EnvRingWriter() if writer is None else writer
-        if not isinstance(writer, EnvRingWriter):
-            raise TypeError(f"writer must be an EnvRingWriter, got {type(writer).__name__}.")
+        for name, part, kind in (("storage", storage, EnvRingStorage), ("writer", writer, EnvRingWriter)):
+            if not isinstance(part, kind):
+                raise TypeError(f"{name} must be an {kind.__name__}, got {type(part).__name__}.")
         if kwargs.get("dim_extend") is None:
             # TorchRL reads None as storage.ndim - 1 = 1 (time); the rings extend along envs.
             kwargs["dim_extend"] = 0
@@ -183,24 +181,19 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
     ) -> Any:
         """Samples like ``TensorDictReplayBuffer.sample``: ``[B, batch_length]`` windows with
         ``index`` (per step ``(env, position)``) and the sampler's info, broadcast over time."""
-        _check_sample_size(batch_size)
-        _compat.ensure_initialized(self)
-        simple = include_info is None and _compat.samples_plainly(self) and not self.writer.tracks_generations
-        if batch_size is None:
-            batch_size = self.batch_size
-        elif self.batch_size is not None and batch_size != self.batch_size:
-            simple = False  # TorchRL's path warns about the conflict
-        if not simple or batch_size is None:
+        size = self._plain_batch_size(batch_size, include_info, lambda: not self.writer.tracks_generations)
+        if size is None:
             return super().sample(batch_size, return_info=return_info, include_info=include_info)
         storage = self.storage
         with _compat.replay_lock(self), _compat.write_lock(self):
-            index, info = self.sampler.sample(storage, batch_size)
+            index, info = self.sampler.sample(storage, size)
             info["index"] = index
             env, position = index[0], index[1]
             extra = {"index": torch.stack(index, -1)}
             for key, value in info.items():
                 if key != "index":
-                    extra[key] = _broadcast(torch.as_tensor(value), env.shape)
+                    value = torch.as_tensor(value)
+                    extra[key] = value if value.ndim >= env.ndim else expand_as_right(value, env)
             if len(index) == 3:  # n-step: "next" entries from the chain end
                 data = storage.gather_chain(env, position, index[2], extra)
             else:
@@ -305,10 +298,3 @@ def _build(part: Any) -> Any:
     if part is None or isinstance(part, (EnvRingStorage, EnvRingWriter, Sampler)):
         return part
     return part() if callable(part) else part
-
-
-def _broadcast(value: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-    """Per-window info ``[B]`` as ``[B, T]`` (a view), like TorchRL's ``expand_as_right``."""
-    if value.ndim >= len(shape):
-        return value
-    return value.reshape(*value.shape, *(1,) * (len(shape) - value.ndim)).expand(*shape)

@@ -223,12 +223,11 @@ class OnPolicyReplayBuffer(TensorDictReplayBuffer):
         updates: dict[Any, torch.Tensor] = {}
         if value_network is not None:
             boot = value_network(data[filled].clone())
-            value[filled] = _network_values(boot, keys.value, value[filled].shape, "value_network")
-            updates[keys.value] = value[filled]
-            if ivalue is not None and keys.intrinsic_value in boot.keys(True, True):
-                ivalue[filled] = _network_values(boot, keys.intrinsic_value, ivalue[filled].shape,
-                                                 "value_network")
-                updates[keys.intrinsic_value] = ivalue[filled]
+            for key, leaf in ((keys.value, value), (keys.intrinsic_value, ivalue)):
+                # keys.value first: _network_values raises if the network returned no TensorDict
+                if leaf is not None and (key == keys.value or key in boot.keys(True, True)):
+                    leaf[filled] = _network_values(boot, key, leaf[filled].shape, "value_network")
+                    updates[key] = leaf[filled]
         steps = data[:filled]
         done = steps.get(keys.done)
         terminated = steps.get(keys.terminated, done)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -58,11 +58,6 @@ class PriorityEntryError(ValueError, RuntimeError):
     """
 
 
-def _check_sample_size(batch_size: Any) -> None:
-    if batch_size is not None:  # None: the buffer's batch_size
-        check_int("batch_size", batch_size, minimum=0)
-
-
 def _check_sampler_capacity(sampler: Any, storage: Any) -> None:
     """Refuses a prioritized sampler with fewer priorities than a 1-D storage has rows: rows
     past its capacity could be stored but never get a priority (TorchRL would find out only
@@ -86,11 +81,8 @@ def identity_collate(data: Any) -> Any:
 
 
 def _info_entries(info: dict[Any, Any], batch: int) -> dict[Any, torch.Tensor]:
-    """Sampler info as TorchRL's ``TensorDictReplayBuffer.sample`` writes it.
-
-    A tuple ``index`` (coordinates) is stacked along the last dim, arrays and
-    numbers become tensors, and a scalar is broadcast over the batch.
-    """
+    """Sampler info as TorchRL's ``TensorDictReplayBuffer.sample`` writes it (tensors, a tuple
+    ``index`` stacked along the last dim, scalars broadcast over the batch)."""
     entries = {}
     for key, value in info.items():
         if key == "index" and isinstance(value, tuple):
@@ -284,19 +276,23 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
         Same contract as ``TensorDictReplayBuffer.sample``; a negative or non-int
         ``batch_size`` is a ``ValueError`` (TorchRL fails inside torch).
         """
-        _check_sample_size(batch_size)
-        _compat.ensure_initialized(self)
-        if not self._lean_path() or include_info is not None or not _compat.samples_plainly(self):
+        size = self._plain_batch_size(batch_size, include_info, self._lean_path)
+        if size is None:
             return super().sample(batch_size, return_info=return_info, include_info=include_info)
-        if batch_size is None:
-            if self.batch_size is None:
-                # TorchRL's own message and checks.
-                return super().sample(batch_size, return_info=return_info)
-            batch_size = self.batch_size
-        elif self.batch_size is not None and batch_size != self.batch_size:
-            return super().sample(batch_size, return_info=return_info)
-        data, info = self._lean_sample(batch_size)  # _lean_path() held just above
+        data, info = self._lean_sample(size)  # _lean_path() held just above
         return (data, info) if return_info else data
+
+    def _plain_batch_size(self, batch_size: Any, include_info: bool | None, lean: Callable[[], bool]) -> int | None:
+        """Checks ``batch_size``; the size a one-layer sample draws, or ``None`` where TorchRL's
+        ``sample`` must run (it warns about a size other than the buffer's, raises without one)."""
+        if batch_size is not None:  # None: the buffer's batch_size
+            check_int("batch_size", batch_size, minimum=0)
+        _compat.ensure_initialized(self)
+        if not lean() or include_info is not None or not _compat.samples_plainly(self):
+            return None
+        if batch_size is None:
+            return self.batch_size
+        return batch_size if self.batch_size is None or batch_size == self.batch_size else None
 
     def _sample(self, batch_size: int) -> tuple[Any, dict]:
         if not self._lean_path():
@@ -336,19 +332,14 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
             isinstance(index, torch.Tensor)
             and index.ndim == 2
             and self.storage.ndim > 1
-            and tensordict.ndim >= 2
-            and 0 < dim < tensordict.ndim
             and index.shape[0] == tensordict.numel()
+            # [T] steps of one env in a [T, N = 1] rollout: one (time, env) row per step, as is
+            and (tensordict.ndim == 1 or 0 < dim < tensordict.ndim)
         ):
-            shape = list(tensordict.shape)
-            shape[0], shape[dim] = shape[dim], shape[0]
-            index = index.reshape(*shape, index.shape[-1]).transpose(0, dim)
-            tensordict.set("index", index)
-            return
-        if (
-            isinstance(index, torch.Tensor) and index.ndim == 2 and tensordict.ndim == 1
-            and self.storage.ndim > 1 and index.shape[0] == tensordict.numel()
-        ):  # one env's [T] steps in a [T, N = 1] rollout: one (time, env) row per step
+            if tensordict.ndim > 1:
+                shape = list(tensordict.shape)
+                shape[0], shape[dim] = shape[dim], shape[0]
+                index = index.reshape(*shape, index.shape[-1]).transpose(0, dim)
             tensordict.set("index", index)
             return
         super()._set_index_in_td(tensordict, index)

@@ -90,8 +90,14 @@ class EnvRingWriter(Writer):
                 f"{type(self).__name__} writes TensorDicts, got {type(data).__name__}."
             )
         index = self._write_every_env(storage, data, env_ids)
-        if index is not None:
-            return index
+        if index is None:
+            index = self._write_rows(storage, data, env_ids)
+        self._write_count += index.shape[0]
+        self._mark_update_entities(storage, index)
+        return index
+
+    def _write_rows(self, storage: EnvRingStorage, data: TensorDictBase, env_ids: Any) -> torch.Tensor:
+        """The general write: ``[N]`` or ``[N, T]`` steps of any distinct envs, checked."""
         if data.batch_dims not in (1, 2):
             raise ValueError(
                 f"data must have batch size [N] (one step per env) or [N, T] (T steps per "
@@ -111,25 +117,19 @@ class EnvRingWriter(Writer):
                 data = data.exclude(self.env_id_key)
         steps = 1 if data.batch_dims == 1 else data.shape[1]
         self._check_fits(steps)
-        pos = storage.position_array[env_ids.numpy()]
+        position = torch.from_numpy(storage.position_array[env_ids.numpy()][:, None] + np.arange(steps))
+        env = env_ids.unsqueeze(1).expand(-1, steps)
         if data.batch_dims == 1:
-            env, position = env_ids, torch.from_numpy(pos)
-        else:
-            env = env_ids.unsqueeze(1).expand(-1, steps)
-            position = torch.from_numpy(pos[:, None] + np.arange(steps))
+            env, position = env_ids, position[:, 0]
         storage.write_at(env, position, data, set_cursor=True)
         storage.advance(env_ids, steps)
-        self._write_count += env.numel()
-        index = torch.stack([env.reshape(-1), position.reshape(-1)], -1)
-        self._mark_update_entities(storage, index)
-        return index
+        return torch.stack([env.reshape(-1), position.reshape(-1)], -1)
 
     def _write_every_env(self, storage: EnvRingStorage, data: TensorDictBase, env_ids: Any) -> torch.Tensor | None:
         """One step of every env in env order while all envs stand at one position.
 
         Envs stepped together (ALF's usual ``add_batch``) write one slot, a block per leaf:
-        the storage copies each leaf once, and the returned coordinates come from
-        a template instead of index arithmetic. ``None``, with nothing written,
+        the storage copies each leaf once. ``None``, with nothing written,
         for any other batch: :meth:`write` then takes the general path, which
         also raises the errors of a bad batch.
         """
@@ -141,7 +141,7 @@ class EnvRingWriter(Writer):
         if env_ids is None:
             env_ids = data.get(self.env_id_key, None)
             skip_key = None if env_ids is None else self.env_id_key
-        every_env, index_template = self._every_env(num_envs)
+        every_env = torch.arange(num_envs)
         if env_ids is not None and not (
             isinstance(env_ids, torch.Tensor)
             and env_ids.dtype is torch.int64
@@ -153,22 +153,7 @@ class EnvRingWriter(Writer):
         position = storage.write_step(data, skip_key)
         if position is None:
             return None
-        self._write_count += num_envs
-        index = index_template.copy()
-        index[:, 1] = position
-        index = torch.from_numpy(index)
-        self._mark_update_entities(storage, index)
-        return index
-
-    def _every_env(self, num_envs: int) -> tuple[torch.Tensor, np.ndarray]:
-        """``arange(num_envs)``, and the ``[num_envs, 2]`` coordinates of one step of every env at position 0."""
-        cached = self.__dict__.get("_every_env_cache")
-        if cached is None or cached[0].numel() != num_envs:
-            every_env = torch.arange(num_envs)
-            template = np.zeros((num_envs, 2), dtype=np.int64)
-            template[:, 0] = every_env.numpy()
-            cached = self._every_env_cache = (every_env, template)
-        return cached
+        return torch.stack([every_env, torch.full_like(every_env, position)], -1)
 
     def split_env_ids(self, data: TensorDictBase) -> tuple[torch.Tensor, TensorDictBase]:
         """Checked env ids ``[N]`` of a batch, and the batch without them."""
@@ -196,7 +181,6 @@ class EnvRingWriter(Writer):
                     "T steps of one env per row."
                 )
             env_ids = env_ids[:, 0]
-        env_ids = env_ids.reshape(-1).long().cpu()
         return self.check_env_ids(env_ids), data
 
     def check_env_ids(self, env_ids: Any) -> torch.Tensor:
