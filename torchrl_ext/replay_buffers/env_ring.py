@@ -295,6 +295,4 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
 
 def _build(part: Any) -> Any:
     """A component, or what its zero-argument factory (class, ``functools.partial``) builds."""
-    if part is None or isinstance(part, (EnvRingStorage, EnvRingWriter, Sampler)):
-        return part
-    return part() if callable(part) else part
+    return part() if callable(part) and not isinstance(part, (EnvRingStorage, EnvRingWriter, Sampler)) else part
