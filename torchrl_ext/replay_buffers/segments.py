@@ -129,11 +129,9 @@ class PathGAEReplayBuffer(TensorDictReplayBuffer):
         last = _last_value(last_val, value)
         next_value = torch.cat([value[1:], last.expand(1, *value.shape[1:])])
         never = torch.zeros_like(reward, dtype=torch.bool)
-        advantage, _ = generalized_advantage_estimate(
-            self.gamma, self.lam, value, next_value, reward, never, never, time_dim=0
-        )
-        advantage_1, _ = generalized_advantage_estimate(
-            self.gamma, 1.0, value, next_value, reward, never, never, time_dim=0
+        advantage, advantage_1 = (
+            generalized_advantage_estimate(self.gamma, lam, value, next_value, reward, never, never, time_dim=0)[0]
+            for lam in (self.lam, 1.0)
         )
         self._path_length = 0
         stored.get("advantage")[index] = advantage
