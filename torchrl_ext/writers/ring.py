@@ -129,7 +129,8 @@ class EnvRingWriter(Writer):
         """One step of every env in env order while all envs stand at one position.
 
         Envs stepped together (ALF's usual ``add_batch``) write one slot, a block per leaf:
-        the storage copies each leaf once. ``None``, with nothing written,
+        the storage copies each leaf once, and the returned coordinates come from a kept
+        template instead of index arithmetic. ``None``, with nothing written,
         for any other batch: :meth:`write` then takes the general path, which
         also raises the errors of a bad batch.
         """
@@ -141,7 +142,7 @@ class EnvRingWriter(Writer):
         if env_ids is None:
             env_ids = data.get(self.env_id_key, None)
             skip_key = None if env_ids is None else self.env_id_key
-        every_env = torch.arange(num_envs)
+        every_env, index_template = self._every_env(num_envs)
         if env_ids is not None and not (
             isinstance(env_ids, torch.Tensor)
             and env_ids.dtype is torch.int64
@@ -153,7 +154,20 @@ class EnvRingWriter(Writer):
         position = storage.write_step(data, skip_key)
         if position is None:
             return None
-        return torch.stack([every_env, torch.full_like(every_env, position)], -1)
+        index = index_template.copy()
+        index[:, 1] = position
+        return torch.from_numpy(index)
+
+    def _every_env(self, num_envs: int) -> tuple[torch.Tensor, np.ndarray]:
+        """``arange(num_envs)``, and the ``[num_envs, 2]`` coordinates of one step of every env at
+        position 0: kept, as building them per step costs about as much as the step's copies."""
+        cached = self.__dict__.get("_every_env_cache")
+        if cached is None or cached[0].numel() != num_envs:
+            every_env = torch.arange(num_envs)
+            template = np.zeros((num_envs, 2), dtype=np.int64)
+            template[:, 0] = every_env.numpy()
+            cached = self._every_env_cache = (every_env, template)
+        return cached
 
     def split_env_ids(self, data: TensorDictBase) -> tuple[torch.Tensor, TensorDictBase]:
         """Checked env ids ``[N]`` of a batch, and the batch without them."""
