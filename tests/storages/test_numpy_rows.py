@@ -16,7 +16,7 @@ from torchrl_ext.storages._numpy_rows import ColumnCache, leaf_items, matching_a
 
 
 def batch(n: int, start: float = 0.0, nested: bool = True) -> TensorDict:
-    """A nested batch, or a flat one (whose entries are its leaves: matching_arrays' direct path)."""
+    """A nested batch, or a flat one (whose entries are its leaves)."""
     x = start + torch.arange(n, dtype=torch.float32)
     second = {"next": {"obs": x.unsqueeze(1)}} if nested else {"next_obs": x.unsqueeze(1)}
     return TensorDict({"obs": torch.stack([x, -x], 1), **second, "done": x.remainder(2) == 0}, [n])
@@ -68,13 +68,13 @@ def test_matching_arrays_checks_the_row_count_asked_each_time():
 
 
 def test_matching_arrays_reads_a_flat_batch_as_the_listed_leaves_would():
-    """The direct path for a flat batch (and the listing it falls back to for a nested one)."""
+    """A flat batch pairs with the columns as its listed leaves do, and a nested key can be skipped."""
     columns = stored_columns(nested=False)
     data = batch(3, 4.0, nested=False)
     direct = matching_arrays(data, columns, rows=3)
     listed = [(columns.by_key[key][0], leaf.numpy()) for key, leaf in leaf_items(data)]
     assert [(id(a), b.tolist()) for a, b in direct] == [(id(a), b.tolist()) for a, b in listed]
-    # a nested env-id key to skip: the flat path meets its sub-TensorDict and lists the leaves
+    # a nested env-id key: refused unless it is the skipped one
     with_ids = data.set(("meta", "env_id"), torch.arange(3))
     assert matching_arrays(with_ids, columns, rows=3) is None
     skipped = matching_arrays(with_ids, columns, rows=3, skip_key=("meta", "env_id"))

@@ -226,9 +226,11 @@ def atomic_write(target: Path, write: Callable[[str], Any]) -> None:
 
 
 def write_synced(path: Path, data: bytes) -> None:
-    """Writes ``data`` to ``path`` and flushes it to disk."""
-    path.write_bytes(data)
-    fsync_file(path)
+    """Writes ``data`` to ``path`` and flushes it to disk through the same handle."""
+    with open(path, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 def fsync_file(path: str | Path) -> None:

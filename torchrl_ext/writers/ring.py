@@ -117,10 +117,12 @@ class EnvRingWriter(Writer):
                 data = data.exclude(self.env_id_key)
         steps = 1 if data.batch_dims == 1 else data.shape[1]
         self._check_fits(steps)
-        position = torch.from_numpy(storage.position_array[env_ids.numpy()][:, None] + np.arange(steps))
-        env = env_ids.unsqueeze(1).expand(-1, steps)
+        pos = storage.position_array[env_ids.numpy()]
         if data.batch_dims == 1:
-            env, position = env_ids, position[:, 0]
+            env, position = env_ids, torch.from_numpy(pos)
+        else:
+            env = env_ids.unsqueeze(1).expand(-1, steps)
+            position = torch.from_numpy(pos[:, None] + np.arange(steps))
         storage.write_at(env, position, data, set_cursor=True)
         storage.advance(env_ids, steps)
         return torch.stack([env.reshape(-1), position.reshape(-1)], -1)
