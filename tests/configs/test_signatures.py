@@ -1,11 +1,14 @@
 """Every public class and preset has a registered config whose fields match its constructor.
 
+The configs derive their fields from the constructors (``torchrl_ext/configs/_base.py``);
+this test reads the constructors again, on its own, and states the deliberate differences.
 The constructor's parameters are read with ``inspect.signature``; ``**kwargs``
 that a class forwards to its parent are expanded with the parent's
 parameters. Parameters owned by torchrl_ext must appear with the same default
 (required ones with any default, so that every node instantiates).
 Parameters inherited from TorchRL must appear too, unless the config derives
 from TorchRL's own config for that class, which keeps them in step.
+A parameter annotated with one plain type is a field of that type.
 """
 from __future__ import annotations
 
@@ -13,10 +16,12 @@ import dataclasses
 import enum
 import importlib
 import inspect
-from typing import Any
+import typing
+from typing import Any, Optional
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 import torchrl_ext.configs as configs
 
@@ -76,9 +81,9 @@ def _own_init(cls: type) -> Any:
     return cls.__init__ if inspect.isclass(cls) else cls
 
 
-def effective_parameters(target: Any) -> dict[str, tuple[Any, bool, str]]:
-    """``name -> (default, torchrl_ext owns it, owner name)``, **kwargs expanded along the MRO."""
-    params: dict[str, tuple[Any, bool, str]] = {}
+def effective_parameters(target: Any) -> dict[str, tuple[Any, bool, str, Any]]:
+    """``name -> (default, torchrl_ext owns it, owner name, annotation)``, **kwargs expanded along the MRO."""
+    params: dict[str, tuple[Any, bool, str, Any]] = {}
     chain = list(inspect.getmro(target)) if inspect.isclass(target) else [target]
     if not inspect.isclass(target) and target.__name__ in KWARGS_TARGET:
         chain += list(inspect.getmro(_resolve(KWARGS_TARGET[target.__name__])))
@@ -92,7 +97,7 @@ def effective_parameters(target: Any) -> dict[str, tuple[Any, bool, str]]:
         for p in signature.parameters.values():
             if p.name == "self" or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
                 continue
-            params.setdefault(p.name, (p.default, ours, owner.__name__))
+            params.setdefault(p.name, (p.default, ours, owner.__name__, p.annotation))
         if not any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
             break
     return params
@@ -128,7 +133,7 @@ def test_config_fields_match_the_constructor(name: str, target: Any) -> None:
     }
     covered_owners = {c.__name__.removesuffix("Config") for c in covered_by_torchrl}
     expected = set()
-    for param, (default, ours, owner) in params.items():
+    for param, (default, ours, owner, _) in params.items():
         if param in excluded:
             assert param not in fields, f"{name}: {param!r} is fixed by {name} and must not be a field"
             continue
@@ -146,6 +151,28 @@ def test_config_fields_match_the_constructor(name: str, target: Any) -> None:
     inherited_torchrl = {f.name for base in covered_by_torchrl for f in dataclasses.fields(base)}
     extra = set(fields) - expected - inherited_torchrl
     assert not extra, f"{node.__name__} has fields {sorted(extra)} that {name} does not take"
+
+
+PLAIN = {"bool": bool, "int": int, "float": float, "str": str}
+
+
+@pytest.mark.parametrize("name, target", public_components(), ids=lambda x: x if isinstance(x, str) else "")
+def test_config_field_types_follow_the_constructor(name: str, target: Any) -> None:
+    """``int``, ``float | None``, ...: that type, ``Optional`` where ``None`` is allowed; keys: ``Any``
+    (YAML writes a nested key as a list)."""
+    node = config_for(target)
+    OmegaConf.structured(node)  # OmegaConf accepts every field's type and default
+    hints = typing.get_type_hints(node)
+    defaults = {f.name: f.default for f in dataclasses.fields(node)}
+    for param, (_, _, owner, annotation) in effective_parameters(target).items():
+        kinds = [kind.strip() for kind in str(annotation).split("|")]
+        if param not in hints:
+            continue
+        if "Key" in str(annotation):
+            assert hints[param] is Any, f"{node.__name__}.{param} is {hints[param]}, {owner} takes a key"
+        elif len(set(kinds) - {"None"}) == 1 and kinds[0] in PLAIN:
+            want = Optional[PLAIN[kinds[0]]] if "None" in kinds or defaults[param] is None else PLAIN[kinds[0]]
+            assert hints[param] == want, f"{node.__name__}.{param} is {hints[param]}, {owner} takes {annotation}"
 
 
 def test_every_registered_config_targets_a_public_component() -> None:

@@ -1,9 +1,9 @@
 """Hydra structured configs for every public component, registered in TorchRL's ConfigStore on import.
 
 One dataclass per public class (and per preset): ``_target_`` plus every
-constructor argument with its default (a test compares them with
-``inspect.signature``). Each derives from TorchRL's config base of its group,
-so it composes with TorchRL's own configs::
+constructor argument with its default, read off the constructor's signature on
+import (``configs/_base.py``). Each derives from TorchRL's config base of its
+group, so it composes with TorchRL's own configs::
 
     defaults:
       - replay_buffer@replay_buffer: ext_alf          # the ALF preset, or:

@@ -1,9 +1,6 @@
 """Configs of the storages and writers (groups ``storage`` and ``writer``)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Optional
-
 from torchrl.trainers.algorithms.configs.data import (
     LazyMemmapStorageConfig,
     LazyTensorStorageConfig,
@@ -11,7 +8,7 @@ from torchrl.trainers.algorithms.configs.data import (
     WriterConfig,
 )
 
-from torchrl_ext.configs._base import RecordedReturns, Validated
+from torchrl_ext.configs._base import Validated, from_signature
 
 __all__ = [
     "DedupEnvRingStorageConfig",
@@ -25,74 +22,42 @@ __all__ = [
 ]
 
 
-@dataclass
-class _RingGeometry:
-    """Arguments every per-env ring storage takes."""
-    num_envs: int = 1
-    max_length: int = 1024
-    device: str = "cpu"
-    time_major: Optional[bool] = None  # None: the storage class's default layout
-
-
-@dataclass
-class EnvRingStorageConfig(_RingGeometry, Validated, StorageConfig):
+@from_signature("torchrl_ext.storages.EnvRingStorage", num_envs=1, max_length=1024)
+class EnvRingStorageConfig(Validated, StorageConfig):
     """Config of ``EnvRingStorage`` (``storage: ext_env_ring``): its arguments, with its defaults."""
-    checkpointer: Any = None
-    _target_: str = "torchrl_ext.storages.EnvRingStorage"
 
 
-@dataclass
-class EpisodicEnvRingStorageConfig(_RingGeometry, RecordedReturns, Validated, StorageConfig):
+@from_signature("torchrl_ext.storages.EpisodicEnvRingStorage", num_envs=1, max_length=1024)
+class EpisodicEnvRingStorageConfig(Validated, StorageConfig):
     """Config of ``EpisodicEnvRingStorage`` (``storage: ext_episodic_env_ring``): its arguments, with its defaults."""
-    step_type_key: Any = "step_type"
-    _target_: str = "torchrl_ext.storages.EpisodicEnvRingStorage"
 
 
-@dataclass
-class DedupEnvRingStorageConfig(_RingGeometry, RecordedReturns, Validated, StorageConfig):
+# No step_type_key: the storage finds episode ends from done_key.
+@from_signature("torchrl_ext.storages.DedupEnvRingStorage", exclude=("step_type_key",), num_envs=1, max_length=1024)
+class DedupEnvRingStorageConfig(Validated, StorageConfig):
     """Config of ``DedupEnvRingStorage`` (``storage: ext_dedup_env_ring``): its arguments, with its defaults."""
-    # No step_type_key: the storage finds episode ends from done_key.
-    obs_key: Any = "observation"
-    num_stack: int = 1
-    stack_dim: int = 0
-    padding: str = "reset"
-    done_key: Any = ("next", "done")
-    check_next: bool = True
-    _target_: str = "torchrl_ext.storages.DedupEnvRingStorage"
 
 
-@dataclass
+@from_signature("torchrl_ext.storages.RolloutStorage", num_steps=128)
 class RolloutStorageConfig(Validated, StorageConfig):
     """Config of ``RolloutStorage`` (``storage: ext_rollout``): its arguments, with its defaults."""
-    num_steps: int = 128
-    carry_keys: Optional[Any] = None
-    device: str = "cpu"
-    _target_: str = "torchrl_ext.storages.RolloutStorage"
 
 
-@dataclass
+@from_signature("torchrl_ext.storages.FastTensorStorage")
 class FastTensorStorageConfig(LazyTensorStorageConfig):
     """Config of ``FastTensorStorage`` (``storage: ext_fast_tensor``): its arguments, with its defaults."""
-    strict: bool = False
-    _target_: str = "torchrl_ext.storages.FastTensorStorage"
 
 
-@dataclass
+@from_signature("torchrl_ext.storages.FastMemmapStorage")
 class FastMemmapStorageConfig(LazyMemmapStorageConfig):
     """Config of ``FastMemmapStorage`` (``storage: ext_fast_memmap``): its arguments, with its defaults."""
-    strict: bool = False
-    _target_: str = "torchrl_ext.storages.FastMemmapStorage"
 
 
-@dataclass
+@from_signature("torchrl_ext.writers.EnvRingWriter")
 class EnvRingWriterConfig(Validated, WriterConfig):
     """Config of ``EnvRingWriter`` (``writer: ext_env_ring``): its arguments, with its defaults."""
-    env_id_key: Any = "env_id"
-    _target_: str = "torchrl_ext.writers.EnvRingWriter"
 
 
-@dataclass
+@from_signature("torchrl_ext.writers.RolloutWriter")
 class RolloutWriterConfig(Validated, WriterConfig):
     """Config of ``RolloutWriter`` (``writer: ext_rollout``): its arguments, with its defaults."""
-    compilable: bool = False
-    _target_: str = "torchrl_ext.writers.RolloutWriter"
