@@ -165,9 +165,9 @@ def test_config_field_types_follow_the_constructor(name: str, target: Any) -> No
     hints = typing.get_type_hints(node)
     defaults = {f.name: f.default for f in dataclasses.fields(node)}
     for param, (_, _, owner, annotation) in effective_parameters(target).items():
-        kinds = [kind.strip() for kind in str(annotation).split("|")]
         if param not in hints:
             continue
+        kinds = [kind.strip() for kind in str(annotation).split("|")]
         if "Key" in str(annotation):
             assert hints[param] is Any, f"{node.__name__}.{param} is {hints[param]}, {owner} takes a key"
         elif len(set(kinds) - {"None"}) == 1 and kinds[0] in PLAIN:
