@@ -38,15 +38,6 @@ __all__ = [
 DEMO_KEYS = ("observation", "action", "reward")
 
 
-def _keys(demo: Any) -> set[str]:
-    try:
-        return set(demo.keys())  # dict, TensorDict and npz files alike
-    except AttributeError:
-        raise TypeError(
-            f"a demo must be a dict or TensorDict with keys {DEMO_KEYS}, got {type(demo).__name__}."
-        ) from None
-
-
 def demo_tensors(
     demo: Any, *, where: str = "demo", device: torch.device | str | None = None
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -63,7 +54,13 @@ def demo_tensors(
         >>> rew.shape
         torch.Size([3, 1])
     """
-    missing = [key for key in DEMO_KEYS if key not in _keys(demo)]
+    try:
+        present = set(demo.keys())  # dict, TensorDict and npz files alike
+    except AttributeError:
+        raise TypeError(
+            f"a demo must be a dict or TensorDict with keys {DEMO_KEYS}, got {type(demo).__name__}."
+        ) from None
+    missing = [key for key in DEMO_KEYS if key not in present]
     if missing:
         raise ValueError(
             f"{where} has no key(s) {missing}; a demo needs {list(DEMO_KEYS)} "

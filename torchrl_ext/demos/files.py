@@ -136,12 +136,9 @@ def load_demo(path: str | Path, frame_skip: int | None = None) -> dict[str, Any]
             f"{ {key: arrays[key].shape for key in FILE_KEYS[:3]} }; re-record the demo with one "
             "row per step."
         )
-    obs, act, rew = demo_tensors(
-        {"observation": arrays["Observation"], "action": arrays["Action"], "reward": reward},
-        where=str(path),
-        device="cpu",
-    )
-    return {"observation": obs, "action": act, "reward": rew, "frame_skip": file_skip}
+    demo = {name: arrays[key] for name, key in zip(DEMO_KEYS, FILE_KEYS)}  # FrameSkip left out
+    tensors = demo_tensors(demo, where=str(path), device="cpu")
+    return {**dict(zip(DEMO_KEYS, tensors)), "frame_skip": file_skip}
 
 
 def load_demo_dir(directory: str | Path, frame_skip: int | None = None) -> list[dict[str, Any]]:

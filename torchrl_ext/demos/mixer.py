@@ -168,11 +168,9 @@ class DemoMixer:
         self.sources[env] = kind
         self._k[env], self._max_value[env] = 0, -math.inf
         self._return[env], self._length[env] = 0.0, 0
-        if kind == "env":
-            self._demos[env] = None
+        demo = self._demos[env] = None if kind == "env" else self.store.sample_demo(kind)
+        if demo is None:
             return False
-        demo = self.store.sample_demo(kind)
-        self._demos[env] = demo
         first = demo["observation"][0]
         if first.shape != obs.shape[1:]:
             raise ValueError(

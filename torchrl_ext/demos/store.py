@@ -193,11 +193,8 @@ class DemoStore:
             )
         if not new:
             return
-        if human:
-            n = self.num_human_demos
-            self._reward_demos[n:n] = new
-        else:
-            self._reward_demos.extend(new)
+        at = self.num_human_demos if human else len(self._reward_demos)
+        self._reward_demos[at:at] = new
         self._update_thresholds(-math.inf if self.initial_reward_threshold is None else self.initial_reward_threshold)
 
     def add_supplementary_demos(self, demos: Iterable[Any]) -> list[str]:

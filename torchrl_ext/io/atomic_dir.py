@@ -172,14 +172,8 @@ def verify_checkpoint(folder: str | Path) -> None:
 
 def _files(folder: Path) -> dict[str, Path]:
     """Every file under ``folder`` but the marker, by path relative to ``folder`` (``/``-separated)."""
-    found = {}
-    for root, _, names in os.walk(folder):
-        for name in names:
-            path = Path(root) / name
-            relative = path.relative_to(folder).as_posix()
-            if relative != COMPLETE_MARKER:
-                found[relative] = path
-    return found
+    paths = (Path(root) / name for root, _, names in os.walk(folder) for name in names)
+    return {path.relative_to(folder).as_posix(): path for path in paths if path != folder / COMPLETE_MARKER}
 
 
 def _file_sha256(path: Path) -> str:

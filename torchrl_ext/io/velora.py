@@ -182,7 +182,7 @@ class VeloraCheckpointer(SafetensorsCheckpointer):
 
     def encode(self, storage: Any) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
         stored = _compat.stored_data(storage)
-        present = {key if isinstance(key, str) else tuple(key) for key in stored.keys(True, True)}
+        present = set(stored.keys(True, True))
         wanted = set(self.keys.values())
         if present != wanted:
             raise ValueError(
@@ -225,23 +225,20 @@ class VeloraCheckpointer(SafetensorsCheckpointer):
             raise ValueError(
                 f"{pair.state} holds tensors {sorted(tensors)}; velora files hold {sorted(self.keys)}."
             )
-        dims = {None: 1, **{f: metadata[f] for f in _DIMS}}
-        layout = velora_item_layout(dims["state_dim"], dims["action_dim"], dims["hidden_dim"], self.keys)
+        layout = velora_item_layout(*(metadata[f] for f in _DIMS), self.keys)
         if storage.initialized:
             layout = {key: (shape, _compat.stored_data(storage).get(key).dtype) for key, (shape, _) in layout.items()}
         entries = {}
         for name, key in self.keys.items():
-            tensor = tensors[name]
-            field = _DIM_FIELD[name]
-            expected = [capacity, dims[field]]
-            if list(tensor.shape) != expected:
-                said = f"capacity={capacity}" + (f", {field}={dims[field]}" if field else "")
+            tensor, ((width,), dtype) = tensors[name], layout[key]
+            if list(tensor.shape) != [capacity, width]:
+                field = _DIM_FIELD[name]
+                said = f"capacity={capacity}" + (f", {field}={width}" if field else "")
                 raise ValueError(
                     f"{pair.state}: tensor {name!r} has shape {list(tensor.shape)} but "
-                    f"{pair.metadata} says {said} (expected {expected}); the two files do not "
+                    f"{pair.metadata} says {said} (expected {[capacity, width]}); the two files do not "
                     f"belong together: restore both from the same save."
                 )
-            dtype = layout[key][1]
             entries[key] = tensor != 0 if dtype is torch.bool else tensor.to(dtype)
         return TensorDict(entries, batch_size=[capacity]), size, position
 

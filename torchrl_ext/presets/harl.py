@@ -71,9 +71,8 @@ def harl_rollout_buffer(
         raise ValueError(
             "use_recurrent_policy and use_naive_recurrent_policy are exclusive; pick one."
         )
-    split = {"mini_batch_size": mini_batch_size} if mini_batch_size is not None else {}
     mb = None if mini_batch_size is not None else num_mini_batch
-    common = {"shuffle": shuffle, "drop_last": drop_last, **split}
+    common = {"mini_batch_size": mini_batch_size, "shuffle": shuffle, "drop_last": drop_last}
     if use_recurrent_policy:
         sampler = ChunkedRecurrentMinibatchSampler(mb, data_chunk_length=data_chunk_length, **common)
     elif use_naive_recurrent_policy:

@@ -304,8 +304,7 @@ class OnPolicyReplayBuffer(TensorDictReplayBuffer):
     def _load_extra_state(self, state: dict[str, Any]) -> None:
         super()._load_extra_state(state)
         saved = state["intrinsic_normalizer"]
-        values = saved["values"] if isinstance(saved["values"], list) else []
-        self.intrinsic_normalizer.load_state_dict(dict(zip(saved["names"], values)))
+        self.intrinsic_normalizer.load_state_dict(dict(zip(saved["names"], saved["values"])))
         if state.get("behaviour_log_prob"):
             self.behaviour_log_prob = state["behaviour_log_prob"][0]
 
@@ -370,11 +369,10 @@ class VTraceReplayBuffer(OnPolicyReplayBuffer):
         As in :meth:`OnPolicyReplayBuffer.compute_returns`, nothing is stored
         unless every output of ``refresh`` and ``value_network`` checks out.
         """
-        storage, keys = self.storage, self.keys
-        filled = storage.step
+        keys, filled = self.keys, self.storage.step
         if filled == 0:
             raise RuntimeError("the rollout is empty: insert steps before compute_returns().")
-        data = storage.data
+        data = self.storage.data
         if keys.log_prob not in data.keys(True, True):
             raise ValueError(
                 f"the steps carry no {keys.log_prob!r}: insert the behaviour policy's log-prob of each "

@@ -40,7 +40,8 @@ __all__ = [
 ]
 
 class _EpochMinibatchSampler(StateFiles, Sampler):
-    """Hands out one epoch's permutation of units, ``num_mini_batch`` pieces at a time."""
+    """Hands out one epoch's permutation of units, ``num_mini_batch`` pieces at a time; subclasses
+    define the units (``_units``: how many, ``_index``: their storage coordinates)."""
 
     state_files = ("minibatch_sampler.safetensors", "minibatch_sampler.json")
     unit_name = "unit"
@@ -100,12 +101,6 @@ class _EpochMinibatchSampler(StateFiles, Sampler):
         if filled == 0:
             raise RuntimeError("Cannot sample from an empty storage.")
         return filled, threads
-
-    def _units(self, steps: int, threads: int) -> int:
-        raise NotImplementedError
-
-    def _index(self, units: torch.Tensor, steps: int, threads: torch.Size) -> tuple[torch.Tensor, ...]:
-        raise NotImplementedError
 
     def _new_epoch(self, count: int) -> None:
         if self._injected is not None:

@@ -34,7 +34,6 @@ def _as_shape(shape: int | tuple[int, ...], name: str) -> torch.Size:
 
 
 def _as_float_tensor(x: Any, name: str, device: torch.device) -> Tensor:
-    """Turns tensors, numpy arrays and sequences into a floating tensor on ``device``."""
     t = torch.as_tensor(x)
     if not t.is_floating_point():
         raise TypeError(
@@ -350,10 +349,8 @@ class IntrinsicRewardNormalizer(nn.Module):
     ) -> None:
         # The filter's shape is only known after the first call, so size it from the checkpoint.
         saved = state_dict.get(prefix + "forward_filter")
-        if self.mode == "forward" and saved is not None:
-            current = self.forward_filter
-            if saved.shape != current.shape:
-                self.forward_filter = current.new_zeros(saved.shape)
+        if self.mode == "forward" and saved is not None and saved.shape != self.forward_filter.shape:
+            self.forward_filter = self.forward_filter.new_zeros(saved.shape)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, intrinsic_reward: Tensor | Any) -> Tensor:
