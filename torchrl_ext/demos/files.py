@@ -34,10 +34,10 @@ FILE_KEYS = ("Observation", "Action", "Reward", "FrameSkip")
 _RANKED = re.compile(r"reward_demo_(\d+)\.npz")
 
 
-def _check_frame_skip(frame_skip: Any, name: str = "frame_skip") -> int:
+def _check_frame_skip(frame_skip: Any) -> int:
     if isinstance(frame_skip, np.integer):  # as read from a demo file
         frame_skip = int(frame_skip)
-    return check_int(name, frame_skip, minimum=1)
+    return check_int("frame_skip", frame_skip, minimum=1)
 
 
 def save_demo(path: str | Path, demo: Any, frame_skip: int) -> Path:
@@ -256,10 +256,8 @@ def load_minari_demos(
                 "pip install minari"
             ) from exc
         dataset = minari.load_dataset(dataset, download=download)
-    if episode_indices is None:
-        episodes = dataset.iterate_episodes()
-    else:
-        episodes = dataset.iterate_episodes(episode_indices=list(episode_indices))
+    selection = {} if episode_indices is None else {"episode_indices": list(episode_indices)}
+    episodes = dataset.iterate_episodes(**selection)
     demos = []
     for k, episode in enumerate(episodes):
         if max_episodes is not None and k >= max_episodes:

@@ -151,7 +151,7 @@ class SafetensorsCheckpointer(StorageCheckpointerBase):
                     f"{name!r}; rename one (no dots inside key parts)."
                 )
             names[name] = list(key)
-            tensors[name] = _plain(tensor)
+            tensors[name] = tensor.detach().as_subclass(torch.Tensor).cpu().contiguous()  # no memmap subclass
         metadata = {
             "format": FORMAT,
             "version": 1,
@@ -221,11 +221,6 @@ def _check_tensor_storage(storage: Any) -> None:
         raise ValueError(
             "the storage holds a plain tensor/pytree; store TensorDicts to use this checkpointer."
         )
-
-
-def _plain(tensor: torch.Tensor) -> torch.Tensor:
-    """A contiguous CPU ``torch.Tensor`` (no memmap subclass) safetensors can write."""
-    return tensor.detach().as_subclass(torch.Tensor).cpu().contiguous()
 
 
 def _layout(data: TensorDictBase) -> dict[Any, tuple[tuple[int, ...], torch.dtype]]:

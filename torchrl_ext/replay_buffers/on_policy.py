@@ -250,7 +250,11 @@ class OnPolicyReplayBuffer(TensorDictReplayBuffer):
         for key, value in results["bootstrap"].items():
             data.get(key)[filled] = value
         for key, value in results["derived"].items():
-            self._store(key, value, filled)
+            if key in (self.keys.advantage, self.keys.intrinsic_advantage) and self.normalize_advantage:
+                value = (value - value.mean()) / (value.std(correction=1) + self.advantage_eps)
+            padded = value.new_zeros((self.storage.num_steps + 1, *value.shape[1:]))
+            padded[:filled] = value
+            self.storage.set_derived(key, padded)
 
     def _next_values(
         self, steps: TensorDictBase, next_value: torch.Tensor, truncated: torch.Tensor, value_network: Any
@@ -282,13 +286,6 @@ class OnPolicyReplayBuffer(TensorDictReplayBuffer):
             self.gamma, lmbda, value, next_value, steps.get(self.keys.reward), done, terminated,
             time_dim=0,
         )
-
-    def _store(self, key: Any, value: torch.Tensor, filled: int) -> None:
-        if key in (self.keys.advantage, self.keys.intrinsic_advantage) and self.normalize_advantage:
-            value = (value - value.mean()) / (value.std(correction=1) + self.advantage_eps)
-        padded = value.new_zeros((self.storage.num_steps + 1, *value.shape[1:]))
-        padded[:filled] = value
-        self.storage.set_derived(key, padded)
 
     # ------------------------------------------------------------------
     def _extra_state(self) -> dict[str, Any]:
