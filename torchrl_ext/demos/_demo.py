@@ -217,9 +217,8 @@ _META = ("id", "length", "total_reward", "human", "max_value")
 
 def demos_state(demos: list[dict[str, Any]]) -> dict[str, Any]:
     """Columns of a demo list: one list of tensors per data key, JSON-able metadata."""
-    state: dict[str, Any] = {key: [d[key] for d in demos] for key in DEMO_KEYS}
-    state["meta"] = [{k: d[k] for k in _META if k in d} for d in demos]
-    return state
+    return {**{key: [d[key] for d in demos] for key in DEMO_KEYS},
+            "meta": [{k: d[k] for k in _META if k in d} for d in demos]}
 
 
 def demos_from_state(state: dict[str, Any], device: torch.device) -> list[dict[str, Any]]:
@@ -231,20 +230,15 @@ def demos_from_state(state: dict[str, Any], device: torch.device) -> list[dict[s
         demo = {key: state[key][k].to(device) for key in DEMO_KEYS}
         if not {"id", "length", "total_reward", "human"} <= set(meta):
             raise ValueError(f"demo #{k} lacks id, length, total_reward or human: {sorted(meta)}.")
-        demo.update(meta)
-        demos.append(demo)
+        demos.append({**demo, **meta})
     return demos
 
 
 def running_state(running: dict[int, dict[str, list]]) -> dict[str, Any]:
     """Columns of the per-env running episodes (envs without steps are left out)."""
     envs = [env for env, run in sorted(running.items()) if run["action"]]
-    state: dict[str, Any] = {
-        key: [torch.stack(running[env][key]) for env in envs] for key in DEMO_KEYS
-    }
-    state["env"] = envs
-    state["value"] = [list(running[env]["value"]) for env in envs]
-    return state
+    return {**{key: [torch.stack(running[env][key]) for env in envs] for key in DEMO_KEYS},
+            "env": envs, "value": [list(running[env]["value"]) for env in envs]}
 
 
 def running_from_state(state: dict[str, Any], device: torch.device) -> dict[int, dict[str, list]]:

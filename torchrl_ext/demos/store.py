@@ -407,12 +407,10 @@ class DemoStore:
         Nested dicts of numbers, strings and lists of tensors, so
         :func:`torchrl_ext.io.state_files.save_state` can write it without pickling.
         """
-        state: dict[str, Any] = {name: getattr(self, name) for name in _SCALARS}
-        state["reward_demos"] = demos_state(self._reward_demos)
-        state["value_demos"] = demos_state(self._value_demos)
-        state["running"] = running_state(self._running)
-        state["generator_state"] = [] if self.generator is None else [self.generator.get_state()]
-        return state
+        return {**{name: getattr(self, name) for name in _SCALARS},
+                "reward_demos": demos_state(self._reward_demos), "value_demos": demos_state(self._value_demos),
+                "running": running_state(self._running),
+                "generator_state": [] if self.generator is None else [self.generator.get_state()]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores what :meth:`state_dict` returned (the id factory and device stay as built)."""

@@ -225,14 +225,12 @@ class VeloraReplayBuffer(TensorDictReplayBuffer):
     def load(self, dirpath: str | Path, prefix: str = "buffer_") -> VeloraReplayBuffer:
         """Replaces the contents with velora files of the same capacity and dims; returns ``self``."""
         metadata = read_velora_metadata(dirpath, prefix)
-        mine = self.metadata()
         fields = ("capacity", "state_dim", "action_dim", "hidden_dim")
-        if any(metadata[f] != mine[f] for f in fields):
-            dims = ", ".join(str(metadata[f]) for f in fields)
+        theirs, mine = ({f: meta[f] for f in fields} for meta in (metadata, self.metadata()))
+        if theirs != mine:
             raise ValueError(
-                f"{Path(dirpath) / (prefix + 'metadata.json')} describes "
-                f"{ {f: metadata[f] for f in fields} } but this buffer has { {f: mine[f] for f in fields} }; "
-                f"build a matching one with velora_replay_buffer({dims}) or "
+                f"{Path(dirpath) / (prefix + 'metadata.json')} describes {theirs} but this buffer has {mine}; "
+                f"build a matching one with velora_replay_buffer({', '.join(map(str, theirs.values()))}) or "
                 f"load_velora_replay_buffer(dirpath)."
             )
         VeloraCheckpointer(prefix, keys=self.keys).loads(self.storage, dirpath)

@@ -119,7 +119,6 @@ class PathGAEReplayBuffer(TensorDictReplayBuffer):
         size = self.storage.max_size
         length = min(self._path_length, size)  # older steps of a longer path were overwritten
         if length == 0:
-            self._path_length = 0
             return
         end = _compat.writer_cursor(self.writer)  # one past the newest step
         index = (end - length + torch.arange(length)) % size
