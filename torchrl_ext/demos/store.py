@@ -203,15 +203,13 @@ class DemoStore:
         Neither the threshold, ``max_demo_reward`` nor ``rho``/``phi`` change; the capacity check
         runs afterwards. Returns the ids of the demos added.
         """
-        added = []
         records = [self._checked(demo, f"supplementary demo #{k}", False) for k, demo in enumerate(demos)]
-        for record in records:  # all checked first: a malformed demo adds none of them
-            if record["total_reward"] >= self.reward_threshold:
-                self._reward_demos.append(record)
-                added.append(record["id"])
+        # All checked first: a malformed demo adds none of them.
+        added = [record for record in records if record["total_reward"] >= self.reward_threshold]
+        self._reward_demos.extend(added)
         self.check_capacity()
         present = {d["id"] for d in self._reward_demos}
-        return [i for i in added if i in present]
+        return [record["id"] for record in added if record["id"] in present]
 
     def _checked(self, demo: Any, where: str, human: bool) -> dict[str, Any]:
         obs, act, rew = demo_tensors(demo, where=where, device=self.device)

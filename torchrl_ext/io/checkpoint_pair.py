@@ -136,7 +136,10 @@ def read_pair(
     """
     if not pair.state.is_file():
         raise FileNotFoundError(_missing_message(pair, pair.state))
-    digest, tensors = _read_state(pair.state, load_tensors)
+    header, tensors = read_safetensors(pair.state, load_tensors=load_tensors)
+    if load_tensors:
+        verify_tensors(pair.state, header, tensors)
+    digest = header.get(METADATA_DIGEST_KEY)
     body = pair.metadata.read_bytes() if pair.metadata.is_file() else None
     verified = digest is not None
     if digest is not None and (body is None or sha256(body) != digest):
@@ -160,21 +163,12 @@ def read_pair(
     return metadata, tensors, verified
 
 
-def _read_state(path: Path, load_tensors: bool) -> tuple[str | None, dict[str, torch.Tensor]]:
-    """The recorded metadata checksum and (optionally) the tensors, checked against their
-    recorded checksum, from one open of the file."""
-    header, tensors = read_safetensors(path, load_tensors=load_tensors)
-    if load_tensors:
-        verify_tensors(path, header, tensors)
-    return header.get(METADATA_DIGEST_KEY), tensors
-
-
 def _finish_pending_commit(pair: CheckpointPair) -> None:
     """Completes a save killed between its two renames, so its recovery file is not lost."""
     if not (pair.state.is_file() and pair.pending_metadata.is_file()):
         return
     try:
-        digest, _ = _read_state(pair.state, load_tensors=False)
+        digest = read_safetensors(pair.state, load_tensors=False)[0].get(METADATA_DIGEST_KEY)
     except ValueError:
         return
     current = pair.metadata.read_bytes() if pair.metadata.is_file() else None

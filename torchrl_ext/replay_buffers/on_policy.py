@@ -238,10 +238,7 @@ class OnPolicyReplayBuffer(TensorDictReplayBuffer):
             # Last: the normalizer updates its running statistics (all-or-nothing itself).
             reward = self.intrinsic_normalizer(steps.get(keys.intrinsic_reward))
             never = torch.zeros_like(done)
-            lmbda = 1.0 if self.gae_lambda is None else self.gae_lambda
-            advantage, target = generalized_advantage_estimate(
-                self.gamma_intrinsic, lmbda, ivalue[:filled], ivalue[1:], reward, never, never, time_dim=0,
-            )
+            advantage, target = self._gae(self.gamma_intrinsic, ivalue[:filled], ivalue[1:], reward, never, never)
             derived.update({keys.intrinsic_advantage: advantage, keys.intrinsic_value_target: target})
         return {"bootstrap": updates, "derived": derived}
 
@@ -281,11 +278,12 @@ class OnPolicyReplayBuffer(TensorDictReplayBuffer):
         return next_value
 
     def _estimate(self, steps, value, next_value, done, terminated) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._gae(self.gamma, value, next_value, steps.get(self.keys.reward), done, terminated)
+
+    def _gae(self, gamma: float, *signals: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """GAE of ``signals`` as the kernel takes them (value, next value, reward, done, terminated)."""
         lmbda = 1.0 if self.gae_lambda is None else self.gae_lambda
-        return generalized_advantage_estimate(
-            self.gamma, lmbda, value, next_value, steps.get(self.keys.reward), done, terminated,
-            time_dim=0,
-        )
+        return generalized_advantage_estimate(gamma, lmbda, *signals, time_dim=0)
 
     # ------------------------------------------------------------------
     def _extra_state(self) -> dict[str, Any]:
