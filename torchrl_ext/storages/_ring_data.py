@@ -2,8 +2,8 @@
 
 One object owns the ``[E, L]`` leaves, their flat ``[E * L]`` row views, the per-env
 counters (numpy arrays with torch views on the same memory), and the caches derived from
-them. The storage composes it with the read functions (:mod:`._ring_reads`) and the
-every-env step write (:mod:`._ring_steps`), which take a :class:`RingData` and nothing else.
+them. The storage composes it with the read functions (:mod:`._ring_reads`), which take a
+:class:`RingData` and nothing else.
 """
 from __future__ import annotations
 

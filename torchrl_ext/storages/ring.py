@@ -30,6 +30,7 @@ from torchrl.data.replay_buffers.storages import Storage
 
 from torchrl_ext import _compat
 from torchrl_ext._checks import check_int
+from torchrl_ext._fastpath import fastpath_enabled
 from torchrl_ext.io.state_files import (
     load_component,
     save_state,
@@ -37,9 +38,9 @@ from torchrl_ext.io.state_files import (
     tensordict_state,
 )
 from torchrl_ext.storages import _ring_reads
+from torchrl_ext.storages._numpy_rows import matching_arrays
 from torchrl_ext.storages._output_memory import PinnedOutputs
 from torchrl_ext.storages._ring_data import RingData
-from torchrl_ext.storages._ring_steps import write_step
 
 __all__ = ["EnvRingStorage", "EnvRingStorageCheckpointer"]
 
@@ -327,17 +328,36 @@ class EnvRingStorage(PinnedOutputs, Storage):
         of every env and moves the counters, when every env stands at the same position;
         ``skip_key`` names an entry that is not stored (the writer's env ids).
 
+        The step lands in one slot: a single copy per leaf (one contiguous block time-major),
+        made on numpy views of the CPU leaves, as for the few dozen small steps of an ALF
+        ``add_batch`` the calls around the copies, not the bytes, are what costs. It is a fast
+        path (:mod:`torchrl_ext._fastpath`).
+
         Returns:
-            The position written, or ``None``, with nothing written or moved, where this
-            path does not apply (see :func:`~torchrl_ext.storages._ring_steps.write_step`;
-            also a subclass whose ``write_at`` does more than copy rows): the caller then
-            takes :meth:`write_at`, which raises the errors a bad batch deserves.
+            The position written, or ``None``, with nothing written or moved, where this path
+            does not apply: the fast paths are off, the envs stand at different positions,
+            numpy cannot view the leaves (nothing stored yet, not on the CPU, bfloat16), the
+            batch differs in any way from what is stored (keys, per-step shapes, dtypes,
+            device, autograd), or a subclass's ``write_at`` does more than copy rows. The
+            caller then takes :meth:`write_at`, which raises the errors a bad batch deserves.
         """
-        if not _write_at_copies_rows(type(self)):
+        if not (fastpath_enabled() and _write_at_copies_rows(type(self))):
             return None
-        position = write_step(self._rings, data, skip_key)
-        if position is not None:
-            _compat.bump_mutation_revision(self)
+        rings = self._rings
+        columns = rings.step_columns()
+        position = rings.common_position()
+        if columns is None or position is None:
+            return None
+        pairs = matching_arrays(data, columns, rings.num_envs, skip_key)
+        if pairs is None:
+            return None
+        slot = position % rings.max_length
+        for stored, array in pairs:
+            stored[slot] = array
+        rings.last_rows = slot  # expanded to flat rows when read (last_written_rows)
+        rings.pos_np.fill(position + 1)  # every env stood at position: a fill, not += 1
+        rings.grow_every_size(1)
+        _compat.bump_mutation_revision(self)
         return position
 
     @property
