@@ -132,9 +132,9 @@ class EnvRingWriter(Writer):
 
         Envs stepped together (ALF's usual ``add_batch``) write one slot, a block per leaf:
         the storage copies each leaf once, and the returned coordinates come from a kept
-        template instead of index arithmetic. ``None``, with nothing written,
-        for any other batch: :meth:`write` then takes the general path, which
-        also raises the errors of a bad batch.
+        ``[num_envs, 2]`` template, as building them per step costs about as much as the
+        step's copies. ``None``, with nothing written, for any other batch: :meth:`write`
+        then takes the general path, which also raises the errors of a bad batch.
         """
         num_envs = storage.num_envs
         batch_size = data.batch_size
@@ -144,13 +144,17 @@ class EnvRingWriter(Writer):
         if env_ids is None:
             env_ids = data.get(self.env_id_key, None)
             skip_key = None if env_ids is None else self.env_id_key
-        every_env, index_template = self._every_env(num_envs)
+        cached = self.__dict__.get("_every_env_cache")
+        if cached is None or cached[0].numel() != num_envs:
+            every_env = torch.arange(num_envs)
+            template = np.stack([every_env.numpy(), np.zeros(num_envs, np.int64)], 1)  # (env, position 0)
+            cached = self._every_env_cache = (every_env, template)
+        every_env, index_template = cached
         if env_ids is not None and not (
             isinstance(env_ids, torch.Tensor)
             and env_ids.dtype is torch.int64
             and env_ids.is_cpu
-            and env_ids.ndim == 1
-            and torch.equal(env_ids, every_env)  # torch.equal also compares the lengths
+            and torch.equal(env_ids, every_env)  # torch.equal also compares the shapes
         ):
             return None
         position = storage.write_step(data, skip_key)
@@ -159,17 +163,6 @@ class EnvRingWriter(Writer):
         index = index_template.copy()
         index[:, 1] = position
         return torch.from_numpy(index)
-
-    def _every_env(self, num_envs: int) -> tuple[torch.Tensor, np.ndarray]:
-        """``arange(num_envs)``, and the ``[num_envs, 2]`` coordinates of one step of every env at
-        position 0: kept, as building them per step costs about as much as the step's copies."""
-        cached = self.__dict__.get("_every_env_cache")
-        if cached is None or cached[0].numel() != num_envs:
-            every_env = torch.arange(num_envs)
-            template = np.zeros((num_envs, 2), dtype=np.int64)
-            template[:, 0] = every_env.numpy()
-            cached = self._every_env_cache = (every_env, template)
-        return cached
 
     def split_env_ids(self, data: TensorDictBase) -> tuple[torch.Tensor, TensorDictBase]:
         """Checked env ids ``[N]`` of a batch, and the batch without them."""
