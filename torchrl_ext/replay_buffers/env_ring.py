@@ -152,12 +152,11 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
 
     def _write(self, data: TensorDictBase, env_ids: Any, update_priority: bool | None) -> torch.Tensor:
         if not fastpath_enabled() or self._has_transform() or _compat.is_consuming(self):
-            if env_ids is not None:
-                data = data.copy()
+            if env_ids is not None:  # into a copy: the caller's batch keeps its keys
                 ids = torch.as_tensor(env_ids)
                 if data.batch_dims == 2 and ids.ndim == 1:
                     ids = ids.unsqueeze(1).expand(data.shape)
-                data.set(self.writer.env_id_key, ids)
+                data = data.copy().set(self.writer.env_id_key, ids)
             return super().extend(data, update_priority=update_priority)
         # TorchRL's extend without the transform, transpose and consumption
         # branches that cannot apply here; same locks, same calls, same result.
