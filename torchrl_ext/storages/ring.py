@@ -136,12 +136,11 @@ class EnvRingStorage(PinnedOutputs, Storage):
     ) -> None:
         for name, value in (("num_envs", num_envs), ("max_length", max_length)):
             check_int(name, value, minimum=1)
-        if time_major is not None:
-            if not isinstance(time_major, bool):
-                raise TypeError(
-                    f"time_major must be a bool (or None for the class default), got "
-                    f"time_major={time_major!r}."
-                )
+        if time_major is not None and not isinstance(time_major, bool):
+            raise TypeError(
+                f"time_major must be a bool (or None for the class default), got "
+                f"time_major={time_major!r}."
+            )
         super().__init__(num_envs * max_length, checkpointer=checkpointer)
         self._rings = RingData(
             num_envs, max_length, torch.device(device), self.default_time_major if time_major is None else time_major
