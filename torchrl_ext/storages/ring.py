@@ -327,10 +327,8 @@ class EnvRingStorage(PinnedOutputs, Storage):
         of every env and moves the counters, when every env stands at the same position;
         ``skip_key`` names an entry that is not stored (the writer's env ids).
 
-        The step lands in one slot: a single copy per leaf (one contiguous block time-major),
-        made on numpy views of the CPU leaves, as for the few dozen small steps of an ALF
-        ``add_batch`` the calls around the copies, not the bytes, are what costs. It is a fast
-        path (:mod:`torchrl_ext._fastpath`).
+        A fast path (:mod:`torchrl_ext._fastpath`): one copy per leaf into one slot, on numpy
+        views, as for an ALF ``add_batch`` of small steps the calls cost more than the bytes.
 
         Returns:
             The position written, or ``None``, with nothing written or moved, where this path
