@@ -43,7 +43,7 @@ from torchrl_ext.storages import DedupEnvRingStorage, FastTensorStorage
 FAST_PATHS = {
     "one-layer extend": ("torchrl_ext.replay_buffers._lean_extend",),
     "one-layer sample": ("torchrl_ext.replay_buffers.tensordict",),
-    "ring step write": ("torchrl_ext.storages._ring_steps",),
+    "ring step write": ("torchrl_ext.storages.ring",),
     "ring buffer write": ("torchrl_ext.replay_buffers.env_ring",),
 }
 
