@@ -220,7 +220,12 @@ class PrioritizedTrajectorySampler(StateFiles, TrajectorySampler):
             ValueError: on NaN, infinite or negative priorities, or env ids out
                 of range (nothing is written then).
         """
-        storage = self._require_storage()
+        storage = getattr(self, "_storage_ref", None)
+        if storage is None:
+            raise RuntimeError(
+                f"{type(self).__name__} is not attached to a buffer yet; build the buffer "
+                "with this sampler (or sample once) before updating priorities."
+            )
         env_ids = torch.as_tensor(env_ids, dtype=torch.long).reshape(-1).cpu()
         positions = torch.as_tensor(positions, dtype=torch.long).reshape(-1).cpu()
         priorities = torch.as_tensor(priorities, dtype=torch.float64).detach().cpu()
@@ -280,15 +285,6 @@ class PrioritizedTrajectorySampler(StateFiles, TrajectorySampler):
         state = super().__getstate__()
         state.pop("_storage_ref", None)  # the buffer holds the storage
         return state
-
-    def _require_storage(self) -> EnvRingStorage:
-        storage = getattr(self, "_storage_ref", None)
-        if storage is None:
-            raise RuntimeError(
-                f"{type(self).__name__} is not attached to a buffer yet; build the buffer "
-                "with this sampler (or sample once) before updating priorities."
-            )
-        return storage
 
     # ------------------------------------------------------------------
     def _empty(self) -> None:

@@ -144,13 +144,7 @@ def gather_rows(
         >>> out["a"].tolist(), out["b", "c"].tolist()
         ([4.0, 0.0], [40, 0])
     """
-    device = stored.device
-    if device is not None and index.device != device:
-        index = index.to(device)
-    if leaves is None:
-        leaves = stored.items(include_nested=True, leaves_only=True)
-    entries = {key: select_rows(tensor, index, pinned=pinned) for key, tensor in leaves}
-    return assemble(entries, index.shape, device, extra, item_shapes)
+    return gather_coordinates(stored, (index,), extra, leaves, pinned, item_shapes)
 
 
 def select_rows(tensor: torch.Tensor, index: torch.Tensor, *, pinned: bool = False) -> torch.Tensor:
@@ -224,11 +218,9 @@ def gather_coordinates(
     flat = flat.reshape(-1) if device is None else flat.reshape(-1).to(device)
     if leaves is None:
         leaves = stored.items(include_nested=True, leaves_only=True)
-    if len(shape) == 1:  # the usual sampler output: the gathered rows already have the batch shape
-        entries = {key: select_rows(leaf.flatten(0, ndim - 1), flat, pinned=pinned) for key, leaf in leaves}
-    else:
-        entries = {
-            key: select_rows(leaf.flatten(0, ndim - 1), flat, pinned=pinned).reshape(*shape, *leaf.shape[ndim:])
-            for key, leaf in leaves
-        }
+    entries = {}
+    for key, leaf in leaves:
+        rows = select_rows(leaf.flatten(0, ndim - 1), flat, pinned=pinned)
+        # A sampler's usual [B] index: the gathered rows already have the batch shape.
+        entries[key] = rows if len(shape) == 1 else rows.reshape(*shape, *leaf.shape[ndim:])
     return assemble(entries, shape, device, extra, item_shapes)

@@ -134,18 +134,6 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
             )
         return obs.select(dim, -1)
 
-    def _first_flags(self, data: TensorDictBase, env: torch.Tensor) -> torch.Tensor:
-        return self._first_after(self._done(data, env), env)
-
-    def _first_after(self, done: torch.Tensor, env: torch.Tensor) -> torch.Tensor:
-        # A step begins an episode when the previous step of its env was done.
-        if env.ndim == 1:
-            return self._last_done[env.cpu()]
-        return torch.cat([self._last_done[env[:, 0].cpu()].unsqueeze(1), done[:, :-1]], 1)
-
-    def _done(self, data: TensorDictBase, env: torch.Tensor) -> torch.Tensor:
-        return self._field(data, self.done_key).reshape(env.shape).cpu().bool()
-
     def write_at(
         self, env: torch.Tensor, position: torch.Tensor, data: TensorDictBase, *, set_cursor: bool
     ) -> None:
@@ -161,8 +149,12 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
             )
         frames = self._frames(obs, batch_dims)
         next_frames = self._frames(next_obs, batch_dims)
-        done = self._done(data, env)
-        first = self._first_after(done, env)
+        done = self._field(data, self.done_key).reshape(env.shape).cpu().bool()
+        # A step begins an episode when the previous step of its env was done.
+        if env.ndim == 1:
+            first = self._last_done[env.cpu()]
+        else:
+            first = torch.cat([self._last_done[env[:, 0].cpu()].unsqueeze(1), done[:, :-1]], 1)
         # One step of each env in env order (envs stepped together): its env rows are the
         # side tables' rows as they stand, so neither needs gathering or scattering.
         every_env = _is_every_env((env if env.ndim == 1 else env[:, 0]).cpu().numpy(), self.num_envs)

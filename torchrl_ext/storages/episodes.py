@@ -132,12 +132,9 @@ class EpisodicEnvRingStorage(EnvRingStorage):
                         f"[{low}, {high}]; nothing was written."
                     )
         super().write_at(env, position, data, set_cursor=set_cursor)
-        if env.ndim == 1:  # one step per env (envs stepped together): indexed as it is
-            self._index_step(env, position, first.reshape(-1).cpu())
-            if self.record_episodic_return:
-                size = self._rings.size[env.cpu()].clamp(max=self.max_length)  # stored before it
-                self._record_step(env, position, discount.reshape(-1).cpu(), size)
-            return
+        if env.ndim == 1:  # one step per env (envs stepped together): a block of one step
+            env, position, first = env.unsqueeze(1), position.unsqueeze(1), first.reshape(-1, 1)
+            discount = discount.reshape(-1, 1) if self.record_episodic_return else None
         size0 = self._rings.size[env[:, 0]]  # the cursors move after the write
         if env.shape[1] > 1 and self._continues_quietly(env, position, first, size0,
                                                         discount if self.record_episodic_return else None):
@@ -166,10 +163,7 @@ class EpisodicEnvRingStorage(EnvRingStorage):
             return None
         if skip_key is not None:
             data = data.exclude(skip_key)
-        every_env = self.__dict__.get("_every_env_ids")
-        if every_env is None:
-            every_env = self._every_env_ids = torch.arange(self.num_envs)
-        self.write_at(every_env, torch.full((self.num_envs,), position), data, set_cursor=True)
+        self.write_at(torch.arange(self.num_envs), torch.full((self.num_envs,), position), data, set_cursor=True)
         self.advance(None, 1)
         return position
 

@@ -142,12 +142,11 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
             # written, and its checkpointer then fails on the next dumps().
             return
         if has_lazy_stack(data) or self._torchrl_path():
-            super().set(cursor, data, set_cursor=set_cursor)
-            self._note_layout()
-            return
-        if not self.strict:
-            cursor, data = _newest_rows(cursor, data, self.max_size)
-        leaves = self._checked_leaves(cursor, data)
+            leaves = _TORCHRL_WRITE
+        else:
+            if not self.strict:
+                cursor, data = _newest_rows(cursor, data, self.max_size)
+            leaves = self._checked_leaves(cursor, data)
         if leaves is _TORCHRL_WRITE:
             super().set(cursor, data, set_cursor=set_cursor)
             self._note_layout()
@@ -232,13 +231,6 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
         return gather_rows(stored, rows, extra=extra, leaves=leaves, pinned=self._pin_outputs,
                            item_shapes=self._item_shapes)
 
-    def _numpy_pairs(self, data: Any) -> list | None:
-        """``(stored, new rows)`` numpy views for a ``[N]`` batch that matches the stored
-        leaves exactly (:func:`~torchrl_ext.storages._numpy_rows.matching_arrays`): the
-        layout check and the copies in a fraction of torch's calls. ``None`` otherwise."""
-        columns = self._columns_of(data)
-        return None if columns is None else matching_arrays(data, columns, data.shape[0])
-
     def _checked_leaves(self, cursor: Any, data: Any) -> Any:
         """:meth:`_check_matches_storage`; a refused write first moves back the writer that advanced for it."""
         try:
@@ -306,10 +298,14 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
         if not self.initialized:
             _refuse_non_tensors(data, type(self).__name__)
             return None
-        pairs = None if single else self._numpy_pairs(data)
+        # Numpy views of a [N] batch matching the stored leaves exactly: the layout check and
+        # the copies in a fraction of torch's calls.
+        columns = None if single else self._columns_of(data)
+        pairs = None if columns is None else matching_arrays(data, columns, data.shape[0])
         if pairs is not None:
             return pairs
-        expected = self._stored_layout()
+        # Read each time: a load_state_dict can add leaves to the same stored TensorDict.
+        expected = _layout(_compat.stored_data(self), item_dims=1)
         got = _layout(data, item_dims=0 if single else 1)
         if got is None:
             _refuse_non_tensors(data, type(self).__name__)
@@ -338,10 +334,6 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
             stored = _compat.stored_data(self)
             for key in keys:
                 stored.get(key)[rows.to(stored.device)] = 0
-
-    def _stored_layout(self) -> dict[Any, tuple[tuple[int, ...], torch.dtype]] | None:
-        # Read each time: a load_state_dict can add leaves to the same stored TensorDict.
-        return _layout(_compat.stored_data(self), item_dims=1)
 
     def _ring_ranges(self, cursor: Any, data: Any) -> list[tuple[int, int, int, int]] | None:
         """``(start, stop, data_first, data_last)`` slices equivalent to writing
