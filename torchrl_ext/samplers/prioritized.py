@@ -273,9 +273,12 @@ class PrioritizedSampler(StateFiles, _TorchRLPrioritizedSampler):
                 f"{EMPTY_STORAGE_ERROR} Extend the buffer before calling sample()."
             )
         check_batch_size(batch_size)
-        if self._written_below > stored:
-            self._drop_unstored(stored)
         tree = self._tree
+        if self._written_below > stored:
+            # Leaves of items >= stored hold no data: zeroed, so they are never drawn.
+            index = torch.arange(stored, min(self._written_below, self._capacity), device=tree.device)
+            tree._write(index, torch.zeros(index.numel(), dtype=self.dtype, device=tree.device))
+            self._written_below = stored
         drawn = None if self._stratified else tree.draw_by_rejection(batch_size, _compat.generator(self))
         if drawn is not None:
             index, value = drawn
@@ -301,14 +304,6 @@ class PrioritizedSampler(StateFiles, _TorchRLPrioritizedSampler):
         if storage.ndim > 1:
             index = torch.unravel_index(index, storage.shape)
         return index, {"priority_weight": weight}
-
-    def _drop_unstored(self, stored: int) -> None:
-        """Zeroes the leaves of items ``>= stored``: they hold no data, so they are never drawn."""
-        tree = self._tree
-        end = min(self._written_below, self._capacity)
-        index = torch.arange(stored, end, device=tree.device)
-        tree._write(index, torch.zeros(index.numel(), dtype=self.dtype, device=tree.device))
-        self._written_below = stored
 
     # ------------------------------------------------------------------
     # Priorities

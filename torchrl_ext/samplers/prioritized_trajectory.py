@@ -163,7 +163,10 @@ class PrioritizedTrajectorySampler(StateFiles, TrajectorySampler):
         if bool(known.any()):
             self._tree._write(leaves[known], stored[known].to(self._tree.dtype))
         if not bool(known.all()):
-            self._set_new(leaves[~known])
+            new = leaves[~known]
+            value = max(float(self._tree.max()), (self.initial_priority + self.eps) ** self.alpha)
+            self._tree._write(new, torch.full((new.numel(),), value, dtype=self._tree.dtype))
+            self._stored[new] = value
 
     def _rebuild(self, storage: EnvRingStorage) -> None:
         """All leaves from scratch (after a clear or a new batch_length)."""
@@ -175,12 +178,6 @@ class PrioritizedTrajectorySampler(StateFiles, TrajectorySampler):
         valid = ((latest >= a) & (latest <= b)).reshape(-1)
         self._tree.clear()
         self._enable(valid.nonzero().squeeze(1))
-
-    def _set_new(self, leaves: torch.Tensor) -> None:
-        value = max(float(self._tree.max()), (self.initial_priority + self.eps) ** self.alpha)
-        values = torch.full((leaves.numel(),), value, dtype=self._tree.dtype)
-        self._tree._write(leaves, values)
-        self._stored[leaves] = value
 
     # ------------------------------------------------------------------
     def _draw_windows(

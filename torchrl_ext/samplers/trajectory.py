@@ -189,7 +189,16 @@ class TrajectorySampler(StatelessSampler):
         latest: np.ndarray,
         cap: int | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``n`` (env, start) pairs, envs balanced over ``eligible`` (arrays of :meth:`_eligible`)."""
+        """``n`` (env, start) pairs, envs balanced over ``eligible`` (arrays of :meth:`_eligible`),
+        each start among its env's last ``starts`` valid ones.
+
+        With replacement: ``floor(r * starts)``. Without: env ``e``'s ``j``-th of
+        ``m`` windows lies in the integer stratum ``[j * starts // m, (j + 1) *
+        starts // m)``, so the starts of one env are distinct whenever
+        ``starts >= m`` (ALF cuts ``[0, 1)`` into real strata, and neighbouring
+        strata can then share a start). With fewer starts than windows the
+        strata are real-valued as in ALF.
+        """
         k = eligible.size
         rounds, extra = divmod(n, k)
         env = np.tile(eligible, rounds)
@@ -203,27 +212,7 @@ class TrajectorySampler(StatelessSampler):
         r = torch.rand(env.size, dtype=torch.float64, generator=_compat.generator(self)).numpy()
         per_env = np.zeros(count.size, dtype=np.int64)
         per_env[eligible] = strata
-        return self._starts(r, env, count, latest, cap, stratum, per_env[env])
-
-    def _starts(
-        self,
-        r: np.ndarray,
-        env: np.ndarray,
-        count: np.ndarray,
-        latest: np.ndarray,
-        cap: int | None,
-        stratum: np.ndarray,
-        windows: np.ndarray,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """A start among each env's last ``starts`` valid ones.
-
-        With replacement: ``floor(r * starts)``. Without: env ``e``'s ``j``-th of
-        ``m`` windows lies in the integer stratum ``[j * starts // m, (j + 1) *
-        starts // m)``, so the starts of one env are distinct whenever
-        ``starts >= m`` (ALF cuts ``[0, 1)`` into real strata, and neighbouring
-        strata can then share a start). With fewer starts than windows the
-        strata are real-valued as in ALF.
-        """
+        windows = per_env[env]
         starts = count[env] if cap is None else np.minimum(count[env], cap)
         if self.with_replacement:
             offset = np.minimum((r * starts).astype(np.int64), starts - 1)  # r >= 0: truncation floors

@@ -168,10 +168,7 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
             self._keep_pending_stacks(env, position, next_obs)
 
     def _check_continuity(self, env, obs, next_obs, frames, next_frames, done, first, every_env: bool) -> None:
-        """Refuses steps whose stacks reads would not give back. Only each stack's newest frame
-        is stored and reads rebuild the rest, so ``next`` must be ``obs`` shifted by one frame,
-        an episode's first stack must be padding, and ``obs`` of a continuing step must be
-        ``next`` of the step before it, frame for frame."""
+        """Refuses steps whose stacks reads would not give back (the rules of ``check_next``)."""
         rows = (env if env.ndim == 1 else env[:, 0]).cpu()
         head_first = first.reshape(env.shape[0], -1)[:, 0] | torch.from_numpy(self._rings.pos_np[rows.numpy()] == 0)
         # Whole stacks, unless the ring is too short to rebuild the newest one: newest frames then.
