@@ -103,9 +103,12 @@ def _gather_sample(storage: Any, index: Any, rows: Any, info: dict) -> Any:
             and isinstance(rows, torch.Tensor) and rows.ndim == 1:
         return storage.gather(rows, _info_entries(info, rows.numel()))  # cached numpy reads
     stored = _compat.stored_data(storage) if isinstance(storage, TensorStorage) else None
-    # Listed once per sample: TorchRL adds and replaces leaves of the stored TensorDict
-    # (a key that appears later, a load, memmap_()), which a kept list would miss.
-    leaves = leaf_items(stored) if _plain_layout(stored, storage) else None
+    # The layout the gathers here assemble: items without batch dims of their own, no lazy
+    # stacks. Listed once per sample: TorchRL adds and replaces leaves of the stored
+    # TensorDict (a key that appears later, a load, memmap_()), which a kept list would miss.
+    plain = isinstance(stored, TensorDictBase) and not has_lazy_stack(stored) \
+        and item_batch_shapes(stored, storage.ndim) is NO_ITEM_SHAPES
+    leaves = leaf_items(stored) if plain else None
     if leaves is not None and all(isinstance(t, torch.Tensor) for _, t in leaves):
         if isinstance(rows, torch.Tensor) and rows.ndim == 1 and storage.ndim == 1:
             return gather_rows(stored, rows, extra=_info_entries(info, rows.numel()), leaves=leaves)
@@ -114,17 +117,6 @@ def _gather_sample(storage: Any, index: Any, rows: Any, info: dict) -> Any:
             return gather_coordinates(stored, index, extra=_info_entries(info, batch), leaves=leaves)
     data = storage.get(_compat.storage_index(index, storage))  # non-tensor leaves, other layouts
     return set_info(data, _info_entries(info, data.shape[0]))
-
-
-def _plain_layout(stored: Any, storage: Any) -> bool:
-    """Whether ``stored`` (a TorchRL storage's data) is a TensorDict whose items have no batch
-    dims of their own and no lazy stacks: the layout the gathers here assemble. Other layouts
-    take the storage's own indexing."""
-    return (
-        isinstance(stored, TensorDictBase)
-        and not has_lazy_stack(stored)
-        and item_batch_shapes(stored, storage.ndim) is NO_ITEM_SHAPES
-    )
 
 
 def _coordinates(index: Any, storage: Any) -> bool:

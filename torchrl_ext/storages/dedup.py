@@ -150,26 +150,25 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
         frames = self._frames(obs, batch_dims)
         next_frames = self._frames(next_obs, batch_dims)
         done = self._field(data, self.done_key).reshape(env.shape).cpu().bool()
+        rows = (env if env.ndim == 1 else env[:, 0]).cpu()  # each written env once
         # A step begins an episode when the previous step of its env was done.
-        if env.ndim == 1:
-            first = self._last_done[env.cpu()]
-        else:
-            first = torch.cat([self._last_done[env[:, 0].cpu()].unsqueeze(1), done[:, :-1]], 1)
+        first = self._last_done[rows]
+        if env.ndim == 2:
+            first = torch.cat([first.unsqueeze(1), done[:, :-1]], 1)
         # One step of each env in env order (envs stepped together): its env rows are the
         # side tables' rows as they stand, so neither needs gathering or scattering.
-        every_env = _is_every_env((env if env.ndim == 1 else env[:, 0]).cpu().numpy(), self.num_envs)
+        every_env = _is_every_env(rows.numpy(), self.num_envs)
         if self.check_next:
-            self._check_continuity(env, obs, next_obs, frames, next_frames, done, first, every_env)
+            self._check_continuity(env, rows, obs, next_obs, frames, next_frames, done, first, every_env)
         stored = data.exclude(self.next_key).set(self.obs_key, frames)
         table_rows = self._table_rows(env, position).reshape(-1)
         super().write_at(env, position, stored, set_cursor=set_cursor, first=first)  # checks the layout first
-        self._store_next_frames(env, table_rows, next_frames, done, every_env)
+        self._store_next_frames(env, rows, table_rows, next_frames, done, every_env)
         if self.check_next and self.num_stack > 1:
-            self._keep_pending_stacks(env, position, next_obs)
+            self._keep_pending_stacks(env, rows, position, next_obs, every_env)
 
-    def _check_continuity(self, env, obs, next_obs, frames, next_frames, done, first, every_env: bool) -> None:
+    def _check_continuity(self, env, rows, obs, next_obs, frames, next_frames, done, first, every_env: bool) -> None:
         """Refuses steps whose stacks reads would not give back (the rules of ``check_next``)."""
-        rows = (env if env.ndim == 1 else env[:, 0]).cpu()
         head_first = first.reshape(env.shape[0], -1)[:, 0] | torch.from_numpy(self._rings.pos_np[rows.numpy()] == 0)
         # Whole stacks, unless the ring is too short to rebuild the newest one: newest frames then.
         whole = self.num_stack == 1 or self.max_length >= self.num_stack
@@ -235,8 +234,7 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
         pos = self._rings.pos[rows] - 1
         return self._stack(rows, pos, self._begin(rows, pos), shift=1)
 
-    def _keep_pending_stacks(self, env: torch.Tensor, position: torch.Tensor, next_obs: torch.Tensor) -> None:
-        rows = (env if env.ndim == 1 else env[:, 0]).cpu()
+    def _keep_pending_stacks(self, env, rows, position, next_obs, every_env: bool) -> None:
         newest_at = (position if env.ndim == 1 else position[:, -1]).cpu().numpy() + 1
         newest = next_obs if env.ndim == 1 else next_obs[:, -1]
         if self._pending_stack is None or self._pending_loads != self._rings.loads:
@@ -244,13 +242,13 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
                                               device=self.device)
             self._pending_at[:] = -1
             self._pending_loads = self._rings.loads
-        if _is_every_env(rows.numpy(), self.num_envs):
+        if every_env:
             self._pending_stack.copy_(newest)
         else:
             self._pending_stack[rows.to(self.device)] = newest.to(self.device)
         self._pending_at[rows.numpy()] = newest_at  # the env's position once this step is its newest
 
-    def _store_next_frames(self, env, table_rows, next_frames, done, every_env: bool) -> None:
+    def _store_next_frames(self, env, rows, table_rows, next_frames, done, every_env: bool) -> None:
         frame_shape = next_frames.shape[env.ndim:]
         if self._pending_next is None:
             self._pending_next = torch.zeros(self.num_envs, *frame_shape, dtype=next_frames.dtype,
@@ -266,17 +264,16 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
         done_flat = done.reshape(-1)
         if bool(done_flat.any()):
             picked = done_flat.nonzero().squeeze(1)
-            rows = torch.tensor(self._take_rows(picked.numel()), dtype=torch.long)
+            taken = torch.tensor(self._take_rows(picked.numel()), dtype=torch.long)
             values = next_frames.reshape(-1, *frame_shape)[picked.to(next_frames.device)]
-            self._terminal.index_copy_(0, rows.to(self.device), values.to(self.device))
-            self._terminal_row[table_rows[picked]] = rows
-        rows = env if env.ndim == 1 else env[:, 0]
+            self._terminal.index_copy_(0, taken.to(self.device), values.to(self.device))
+            self._terminal_row[table_rows[picked]] = taken
         newest = next_frames if env.ndim == 1 else next_frames[:, -1]
         if every_env:
             self._pending_next.copy_(newest)
         else:
             self._pending_next[rows.to(self.device)] = newest.to(self.device)
-        self._last_done[rows.cpu()] = done if env.ndim == 1 else done[:, -1]
+        self._last_done[rows] = done if env.ndim == 1 else done[:, -1]
 
     def _table_rows(self, env: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
         """Entry ``env * L + slot`` of ``(env, position)`` in the terminal-row table, env-major
