@@ -131,18 +131,14 @@ class TrajectorySampler(StatelessSampler):
         lookback = self._batch_length - 1 + self.ignored_frames(storage)
         return np.maximum(storage.size_array - lookback, 0), storage.position_array - self._batch_length
 
-    def _eligible(
-        self, storage: EnvRingStorage, batch_size: int
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Checked arguments, then each env's valid starts, latest start, and the envs with any
-        (numpy arrays)."""
+    def sample(self, storage: EnvRingStorage, batch_size: int) -> tuple[Any, dict[str, torch.Tensor]]:
         if not isinstance(storage, EnvRingStorage):
             raise TypeError(
                 f"{type(self).__name__} samples windows from an EnvRingStorage, got {type(storage).__name__}."
             )
         check_batch_size(batch_size)
-        count, latest = self._valid_starts_np(storage)
-        eligible = np.flatnonzero(count)
+        count, latest = self._valid_starts_np(storage)  # per env: valid starts, latest start
+        eligible = np.flatnonzero(count)  # the envs with any
         if eligible.size == 0:
             if len(storage) == 0:
                 raise RuntimeError("Cannot sample from an empty storage.")
@@ -151,10 +147,6 @@ class TrajectorySampler(StatelessSampler):
                 f"{self.ignored_frames(storage)} earliest steps (steps per env: "
                 f"{storage.sizes.tolist()}); sample shorter windows or add more data."
             )
-        return count, latest, eligible
-
-    def sample(self, storage: EnvRingStorage, batch_size: int) -> tuple[Any, dict[str, torch.Tensor]]:
-        count, latest, eligible = self._eligible(storage, batch_size)
         recent = self._recent_batch_size(storage, batch_size)
         env, start, info = self._draw_windows(storage, batch_size - recent, eligible, count, latest)
         if recent:
@@ -189,7 +181,7 @@ class TrajectorySampler(StatelessSampler):
         latest: np.ndarray,
         cap: int | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``n`` (env, start) pairs, envs balanced over ``eligible`` (arrays of :meth:`_eligible`),
+        """``n`` (env, start) pairs, envs balanced over ``eligible`` (the arrays :meth:`sample` computes),
         each start among its env's last ``starts`` valid ones.
 
         With replacement: ``floor(r * starts)``. Without: env ``e``'s ``j``-th of
