@@ -121,10 +121,7 @@ class GridStreams(_Streams):
         self.fingerprint = tuple((key, id(leaf), leaf.data_ptr()) for key, leaf in leaves)
 
     def stored(self) -> int:
-        return self.filled_rows() * self.num_envs
-
-    def filled_rows(self) -> int:
-        return _compat.filled_rows(self.storage)
+        return _compat.filled_rows(self.storage) * self.num_envs
 
     def draw(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         rng = _compat.generator(self.storage)
@@ -160,7 +157,7 @@ class GridStreams(_Streams):
 
     def reaching(self, env: np.ndarray, position: np.ndarray, n_step: int) -> tuple[torch.Tensor, torch.Tensor]:
         env, start = _back(env, position, n_step)
-        filled = self.filled_rows()
+        filled = _compat.filled_rows(self.storage)
         if filled == self.rows:  # time wraps: the step before row 0 is the last row
             start = start % self.rows
         else:
