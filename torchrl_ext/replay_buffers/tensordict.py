@@ -112,23 +112,14 @@ def _gather_sample(storage: Any, index: Any, rows: Any, info: dict) -> Any:
     if leaves is not None and all(isinstance(t, torch.Tensor) for _, t in leaves):
         if isinstance(rows, torch.Tensor) and rows.ndim == 1 and storage.ndim == 1:
             return gather_rows(stored, rows, extra=_info_entries(info, rows.numel()), leaves=leaves)
-        if _coordinates(index, storage):
+        # One integer tensor per dim of an ndim >= 2 storage (a TensorStorage: leaves were listed).
+        if isinstance(index, tuple) and len(index) == storage.ndim >= 2 and all(
+            isinstance(i, torch.Tensor) and not i.dtype.is_floating_point and i.dtype is not torch.bool for i in index
+        ):
             batch = torch.broadcast_shapes(*(i.shape for i in index))[0]
             return gather_coordinates(stored, index, extra=_info_entries(info, batch), leaves=leaves)
     data = storage.get(_compat.storage_index(index, storage))  # non-tensor leaves, other layouts
     return set_info(data, _info_entries(info, data.shape[0]))
-
-
-def _coordinates(index: Any, storage: Any) -> bool:
-    """Whether ``index`` is one integer tensor per dim of an ``ndim >= 2`` tensor storage."""
-    return (
-        isinstance(storage, TensorStorage)
-        and storage.ndim >= 2
-        and isinstance(index, tuple)
-        and len(index) == storage.ndim
-        and all(isinstance(i, torch.Tensor) and not i.dtype.is_floating_point and i.dtype is not torch.bool
-                for i in index)
-    )
 
 
 class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):

@@ -157,7 +157,7 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
             first = torch.cat([first.unsqueeze(1), done[:, :-1]], 1)
         # One step of each env in env order (envs stepped together): its env rows are the
         # side tables' rows as they stand, so neither needs gathering or scattering.
-        every_env = _is_every_env(rows.numpy(), self.num_envs)
+        every_env = rows.numel() == self.num_envs and bool((rows.numpy() == np.arange(self.num_envs)).all())
         if self.check_next:
             self._check_continuity(env, rows, obs, next_obs, frames, next_frames, done, first, every_env)
         stored = data.exclude(self.next_key).set(self.obs_key, frames)
@@ -404,11 +404,6 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
         self._terminal_row.copy_(row)
         self._last_done.copy_(last_done)
         self._free_rows = free.tolist()
-
-
-def _is_every_env(rows: np.ndarray, num_envs: int) -> bool:
-    """Whether ``rows`` is ``0, 1, ..., num_envs - 1`` in order (envs stepped together)."""
-    return rows.size == num_envs and bool((rows == np.arange(num_envs)).all())
 
 
 def _equal(expected: torch.Tensor, got: torch.Tensor) -> bool:

@@ -324,7 +324,7 @@ class EpisodicEnvRingStorage(EnvRingStorage):
     def steps_to_episode_end(self, positions: Any, env_ids: Any) -> torch.Tensor:
         """Steps from each position to the newest stored step of its episode."""
         env, pos = self._stored_coordinates(env_ids, positions)
-        begin = self.get_episode_begin_position(pos, env)
+        begin = self._begin(env, pos)
         headless = self._rings.pos[env] > begin + self.max_length
         end = torch.where(headless, self._headless[env], self._indexed[env, begin % self.max_length])
         return end - pos
