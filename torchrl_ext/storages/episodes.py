@@ -122,27 +122,25 @@ class EpisodicEnvRingStorage(EnvRingStorage):
         steps begin an episode) is read from ``data`` unless a subclass already has it."""
         if first is None:
             first = self._first_flags(data, env)
-        if self.record_episodic_return:
-            discount = self._field(data, self.discount_key)
-            if discount.numel():
-                low, high = bounds(discount)
-                if not (0 <= low and high <= 1):  # NaN fails both
-                    raise ValueError(
-                        f"{self.discount_key!r} must hold discounts in [0, 1], got values in "
-                        f"[{low}, {high}]; nothing was written."
-                    )
+        discount = self._field(data, self.discount_key) if self.record_episodic_return else None
+        if discount is not None and discount.numel():
+            low, high = bounds(discount)
+            if not (0 <= low and high <= 1):  # NaN fails both
+                raise ValueError(
+                    f"{self.discount_key!r} must hold discounts in [0, 1], got values in "
+                    f"[{low}, {high}]; nothing was written."
+                )
         super().write_at(env, position, data, set_cursor=set_cursor)
         if env.ndim == 1:  # one step per env (envs stepped together): a block of one step
             env, position, first = env.unsqueeze(1), position.unsqueeze(1), first.reshape(-1, 1)
-            discount = discount.reshape(-1, 1) if self.record_episodic_return else None
+            discount = None if discount is None else discount.reshape(-1, 1)
         size0 = self._rings.size[env[:, 0]]  # the cursors move after the write
-        if env.shape[1] > 1 and self._continues_quietly(env, position, first, size0,
-                                                        discount if self.record_episodic_return else None):
+        if env.shape[1] > 1 and self._continues_quietly(env, position, first, size0, discount):
             self._continue_block(env, position)
             return
         for t in range(env.shape[1]):  # steps of one env must be indexed in order
             self._index_step(env[:, t], position[:, t], first[:, t].reshape(-1).cpu())
-            if self.record_episodic_return:
+            if discount is not None:
                 size = (size0 + t).clamp_(max=self.max_length)  # stored before step t
                 self._record_step(env[:, t], position[:, t], discount[:, t].reshape(-1).cpu(), size)
 
