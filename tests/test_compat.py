@@ -373,9 +373,15 @@ def test_no_module_but_compat_touches_the_wrapped_private_names():
     assert not offenders, "use torchrl_ext._compat instead:\n" + "\n".join(offenders)
 
 
+_HYDRA_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
+
+
 def _upstream_private_names(cls: type) -> set[str]:
-    """Private names a TorchRL / TensorDict class defines or sets on ``self`` in its methods."""
-    names = {a for a in vars(cls) if a.startswith("_") and not a.startswith("__")}
+    """Private names a TorchRL / TensorDict class defines or sets on ``self`` in its methods.
+
+    Hydra's reserved config keys (``_target_``, ``_partial_``, ...) are its public
+    instantiation protocol, not private state, so they are left out."""
+    names = {a for a in vars(cls) if a.startswith("_") and not a.startswith("__") and a not in _HYDRA_KEYS}
     for member in vars(cls).values():
         member = getattr(member, "fget", member)
         member = inspect.unwrap(member) if callable(member) else member

@@ -265,8 +265,6 @@ def checkpointer_hooks(checkpointer: Any) -> tuple[list[Callable], list[Callable
     return checkpointer._save_hooks, checkpointer._load_hooks
 
 
-
-
 _NEW_UNSAFE = getattr(TensorDict, "_new_unsafe", None)
 
 

@@ -550,7 +550,6 @@ class SumSegmentTree(SegmentTree):
         self._nnz.copy_(torch.count_nonzero(self.leaves))
 
 
-
 class MinSegmentTree(SegmentTree):
     """Segment tree of minima; unwritten leaves hold ``+inf``.
 

@@ -316,7 +316,6 @@ class PrioritizedTrajectorySampler(StateFiles, TrajectorySampler):
         self._seen_source = None  # restored with its storage: the next sync takes it as seen
 
 
-
 def _leaves_of(env: torch.Tensor, low: torch.Tensor, high: torch.Tensor, length: int) -> torch.Tensor:
     """Leaves of positions ``low[i] ... high[i]`` of ``env[i]`` (empty where ``high < low``)."""
     env, position = expand_ranges(env.numpy(), low.numpy(), high.numpy())

@@ -96,7 +96,6 @@ def assemble(entries: dict[Any, torch.Tensor], batch_size: torch.Size, device: A
     return data
 
 
-
 def set_info(data: TensorDictBase, entries: dict[Any, torch.Tensor]) -> TensorDictBase:
     """Sets sampler info ``entries`` in a sample ``data`` (in place) as TorchRL's buffer does:
     an entry with fewer dims than the batch is broadcast over the rest (per-item info over

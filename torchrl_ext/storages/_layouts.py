@@ -25,8 +25,6 @@ class StorageLayoutError(ValueError, RuntimeError):
     """
 
 
-
-
 def _layout(data: Any, item_dims: int) -> dict[Any, tuple[tuple[int, ...], torch.dtype]] | None:
     """Per-leaf item shape (without the first ``item_dims`` dims) and dtype."""
     if isinstance(data, torch.Tensor):
