@@ -460,6 +460,12 @@ def ext_pieces(src: dict[str, torch.Tensor], rb: OnPolicyReplayBuffer,
                                        batch_size=1)
     index, _ = sampler.sample(storage, 1)
     flat = index[0] * N + index[1]
+
+    def store_advantage(advantage: torch.Tensor) -> None:  # what compute_returns does per derived entry
+        advantage = (advantage - advantage.mean()) / (advantage.std(correction=1) + rb.advantage_eps)
+        padded = advantage.new_zeros((T + 1, *advantage.shape[1:]))
+        padded[:T] = advantage
+        storage.set_derived("advantage", padded)
     leaves = [leaf.flatten(0, 1) for leaf in data.values(True, True)]  # [(T + 1) * N, ...] views
 
     bare_sampler = FeedForwardMinibatchSampler(NUM_MINI_BATCH)
@@ -487,7 +493,7 @@ def ext_pieces(src: dict[str, torch.Tensor], rb: OnPolicyReplayBuffer,
         ("    generalized_advantage_estimate, intrinsic (no dones)",
          lambda: generalized_advantage_estimate(GAMMA_INT, LMBDA, ivalue[:T], ivalue[1:], irew, no_done,
                                                 time_dim=0)),
-        ("    one _store (normalise, pad to [T + 1, N, 1], set_derived)", lambda: rb._store("advantage", adv, T)),
+        ("    one stored advantage (normalise, pad to [T + 1, N, 1], set_derived)", lambda: store_advantage(adv)),
         ("  epoch: for batch in rb.generate_batches(num_mini_batch=32), one .item() per leaf",
          lambda: torchrl_ext_epoch(rb)),
         ("    rb.sample() (one minibatch of 256, end to end, TensorDictReplayBuffer on the same storage)",
