@@ -18,11 +18,11 @@ whose fields are the target's parameters with their defaults:
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import inspect
 from typing import Any, Callable, Optional
 
 import torch
+from hydra.utils import get_object
 
 _PLAIN = {"bool": bool, "int": int, "float": float, "str": str, "torch.device": str}
 _LOOSE = ("Any", "Key", "tuple", "list", "Sequence", "Mapping", "dict")
@@ -36,15 +36,10 @@ class Validated:
         return
 
 
-def _resolve(path: str) -> Any:
-    module, _, name = path.rpartition(".")
-    return getattr(importlib.import_module(module), name)
-
-
 def _parameters(target: Any, kwargs_to: str | None, read_torchrl: bool) -> dict[str, inspect.Parameter]:
     """``target``'s parameters, ``**kwargs`` followed to those it forwards."""
     chain = list(inspect.getmro(target)) if inspect.isclass(target) else [target]
-    chain += list(inspect.getmro(_resolve(kwargs_to))) if kwargs_to else []
+    chain += list(inspect.getmro(get_object(kwargs_to))) if kwargs_to else []
     found: dict[str, inspect.Parameter] = {}
     for owner in chain:
         if owner is object or not read_torchrl and owner.__module__.startswith("torchrl."):
@@ -79,7 +74,7 @@ def from_signature(target: str, *, kwargs_to: str | None = None, exclude: tuple[
         torchrl = {f.name for base in cls.__mro__ if base.__module__.startswith("torchrl.")
                    and dataclasses.is_dataclass(base) for f in dataclasses.fields(base)} - {"_target_", "_partial_"}
         annotations = cls.__dict__.get("__annotations__", {})
-        params = _parameters(_resolve(target), kwargs_to, read_torchrl=not torchrl)
+        params = _parameters(get_object(target), kwargs_to, read_torchrl=not torchrl)
         if set(defaults) - set(params):
             raise TypeError(f"{cls.__name__}: {target} takes no {sorted(set(defaults) - set(params))}")
         for name, p in params.items():
