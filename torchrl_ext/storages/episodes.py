@@ -134,7 +134,7 @@ class EpisodicEnvRingStorage(EnvRingStorage):
         if env.ndim == 1:  # one step per env (envs stepped together): a block of one step
             env, position, first = env.unsqueeze(1), position.unsqueeze(1), first.reshape(-1, 1)
             discount = None if discount is None else discount.reshape(-1, 1)
-        size0 = self._rings.size[env[:, 0]]  # the cursors move after the write
+        size0 = self._rings.size[env[:, 0].cpu()]  # the cursors move after the write
         if env.shape[1] > 1 and self._continues_quietly(env, position, first, size0, discount):
             self._continue_block(env, position)
             return
