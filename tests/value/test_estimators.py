@@ -16,6 +16,7 @@ from torchrl.objectives.value import GAE as TorchRLGAE
 from torchrl.objectives.value import MultiAgentGAE as TorchRLMultiAgentGAE
 
 from torchrl_ext.value import GAE, ExtValueEstimators, ValueNorm, VTrace
+from torchrl_ext.value import _scan
 from torchrl_ext.value import functional as F
 
 OBS_DIM = 3
@@ -265,3 +266,46 @@ def test_registered_in_torchrl_registry_and_usable_by_losses():
         td.update(actor(td.clone()))
     loss.value_estimator(td)
     assert td["advantage"].shape == (4, 25, 1)
+
+
+def _agent_batch(agents=4):
+    """A rollout with per-agent observations [B, T, A, OBS_DIM] and team-level signals."""
+    td = rollout(agents=agents)
+    td["next", "done"] = td["next", "done"] | torch.arange(25).view(1, 25, 1).eq(12)  # episodes end inside
+    td["next", "terminated"] = td["next", "done"]
+    return td
+
+
+@pytest.mark.parametrize("kwargs", [{"shifted": True}, {"shifted": False}, {"shifted": True, "time_dim": 1},
+                                    {"shifted": True, "group_key": "group"},
+                                    {"shifted": False, "group_key": "group"}])
+def test_multi_agent_average_gae_uses_torchrl_multiagent_std(kwargs):
+    """MultiAgentGAE standardizes with the population std under the shifted_valid mask (no
+    group_key), with the unbiased std otherwise: same advantages on identical TensorDicts."""
+    td = _agent_batch()
+    td["group"] = torch.arange(4).view(4, 1).expand(4, 25) % 2
+    args = dict(gamma=0.9, lmbda=0.8, value_network=value_net(), agent_dim=-2, average_gae=True, **kwargs)
+    ours, theirs = GAE(**args)(td.clone()), TorchRLMultiAgentGAE(**args)(td.clone())
+    if kwargs["shifted"] and "group_key" not in kwargs:
+        assert "shifted_valid" in ours.keys()  # the masked path is the one exercised
+    for key in ("advantage", "value_target"):
+        torch.testing.assert_close(ours[key], theirs[key], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("first_inside", [True, False])
+def test_modules_inside_and_outside_inference_mode(first_inside, monkeypatch):
+    """GAE / VTrace reuse the scan workspaces of calls made under inference_mode (and the reverse)."""
+    monkeypatch.delattr(_scan._WORKSPACES, "cache", raising=False)  # the first call makes them
+    td, actor, net = behaviour_batch(), actor_net(), value_net()
+    vtrace = VTrace(gamma=0.97, actor_network=actor, value_network=net)
+    vtrace.set_keys(sample_log_prob="action_log_prob")
+    estimators = {"gae": (GAE(gamma=0.97, lmbda=0.9, value_network=net),
+                          TorchRLGAE(gamma=0.97, lmbda=0.9, value_network=net)), "vtrace": (vtrace, None)}
+    for name, (ours, theirs) in estimators.items():
+        results = []
+        for inside in (first_inside, not first_inside):
+            with torch.inference_mode(inside):
+                results.append(ours(td.clone())["value_target"].clone())
+        torch.testing.assert_close(results[0], results[1], rtol=0, atol=0)
+        if theirs is not None:
+            torch.testing.assert_close(results[0], theirs(td.clone())["value_target"], rtol=1e-5, atol=1e-5)

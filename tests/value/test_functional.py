@@ -7,6 +7,7 @@ import torchrl.objectives.value.functional as trl
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from torchrl_ext.value import _scan
 from torchrl_ext.value import functional as F
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -423,3 +424,74 @@ def test_concurrent_threads_get_their_own_workspace():
     for thread in threads:
         thread.join()
     assert not failures
+
+
+def _four_estimates(data, gamma=0.9, lmbda=0.8):
+    """The fast-path result of every function on ``data`` (a :func:`make_rollout` dict)."""
+    v, nv, r, d, term = (data[k] for k in ("value", "next_value", "reward", "done", "terminated"))
+    return {
+        "gae": F.generalized_advantage_estimate(gamma, lmbda, v, nv, r, d, term)[0],
+        "td_lambda": F.td_lambda_return_estimate(gamma, lmbda, nv, r, d, term),
+        "cumsum": F.discounted_cumsum(r, gamma, d),
+        "vtrace": F.vtrace_advantage_estimate(gamma, data["log_pi"], data["log_mu"], v, nv, r, d, term)[0],
+    }
+
+
+@pytest.mark.parametrize("length", [1, 2, 9, 16])
+@pytest.mark.parametrize("first_inside", [True, False])
+def test_calls_inside_and_outside_inference_mode_share_workspaces(length, first_inside, monkeypatch):
+    """A workspace made under inference_mode is written (out=) by later calls outside it,
+    and the reverse: both must work and give the float64 loop's results."""
+    monkeypatch.delattr(_scan._WORKSPACES, "cache", raising=False)  # the first call makes them
+    data = make_rollout((3, length, 1), seed=length)
+    v, nv, r, d, term = (data[k] for k in ("value", "next_value", "reward", "done", "terminated"))
+    reference = {
+        "gae": gae_loop(0.9, 0.8, v, nv, r, d, term)[0],
+        "td_lambda": td_lambda_loop(0.9, 0.8, nv, r, d, term),
+        "cumsum": cumsum_loop(r, 0.9, d),
+        "vtrace": vtrace_loop(0.9, data["log_pi"], data["log_mu"], v, nv, r, d, term, 1.0, 1.0)[0],
+    }
+    for inside in (first_inside, not first_inside, first_inside):
+        with torch.inference_mode(inside):
+            results = _four_estimates(data)
+        for name, result in results.items():
+            assert_close_to_reference(result, reference[name])
+
+
+@pytest.mark.parametrize("shape", [(3, 0, 1), (0, 1), (0, 0, 2)])
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_empty_time_dim_gives_empty_results(shape, requires_grad):
+    """T = 0: every estimator returns empty results of the input's shape (no IndexError)."""
+    x = torch.zeros(shape, requires_grad=requires_grad)
+    done = torch.zeros(shape, dtype=torch.bool)
+    outputs = [
+        *F.generalized_advantage_estimate(0.9, 0.8, x, x, x, done),
+        F.td_lambda_return_estimate(0.9, 0.8, x, x, done),
+        F.discounted_cumsum(x, 0.9, done),
+        *F.vtrace_advantage_estimate(0.9, x, x, x, x, x, done),
+    ]
+    assert [tuple(out.shape) for out in outputs] == [shape] * 6
+
+
+@pytest.mark.parametrize("name", ["rho_thresh", "c_thresh"])
+@pytest.mark.parametrize("bad_shape", [(7,), (2, 5, 3)])
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_vtrace_threshold_tensors_must_broadcast_to_the_data(name, bad_shape, requires_grad):
+    x = torch.zeros(2, 5, 1)
+    value = x.clone().requires_grad_(requires_grad)
+    done = torch.zeros(2, 5, 1, dtype=torch.bool)
+    with pytest.raises(ValueError, match=rf"{name} of shape \({', '.join(map(str, bad_shape))},?\) "
+                                         r"does not broadcast to the data shape \(2, 5, 1\)"):
+        F.vtrace_advantage_estimate(0.9, x, x, value, x, x, done, **{name: torch.full(bad_shape, 2.0)})
+
+
+def test_vtrace_threshold_tensors_that_broadcast_match_the_loop():
+    data = make_rollout((2, 6, 1), seed=3)
+    v, nv, r, d, term = (data[k] for k in ("value", "next_value", "reward", "done", "terminated"))
+    rho = torch.tensor([0.5, 2.0]).view(2, 1, 1)  # per env
+    adv, vs = F.vtrace_advantage_estimate(0.9, data["log_pi"], data["log_mu"], v, nv, r, d, term, rho_thresh=rho)
+    for k in range(2):
+        ref_adv, ref_vs = vtrace_loop(0.9, *(data[n][k] for n in ("log_pi", "log_mu", "value", "next_value",
+                                      "reward", "done", "terminated")), float(rho[k]), 1.0)
+        assert_close_to_reference(adv[k], ref_adv)
+        assert_close_to_reference(vs[k], ref_vs)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import torchrl_ext.value.normalizers as normalizers_module
+from torchrl_ext.value import _scan
 from torchrl_ext.value.normalizers import IntrinsicRewardNormalizer, RunningMeanStd, ValueNorm
 
 
@@ -319,13 +320,13 @@ def test_intrinsic_backward_matches_pytorchrl_sequence(vectors_dir: Path, layout
     gamma, gae_lambda, gamma_int, num_steps, num_envs, num_iters = data["params"]
     norm = IntrinsicRewardNormalizer(float(gamma_int), mode="backward")
     fed: list[torch.Tensor] = []
-    original_update = norm.rms.update
+    original_merge = norm.rms._merged_samples  # what the normaliser feeds its statistics
 
-    def spy(x):
-        fed.append(torch.as_tensor(x).clone())
-        original_update(x)
+    def spy(x, name):
+        fed.append(x.clone())
+        return original_merge(x, name)
 
-    norm.rms.update = spy
+    norm.rms._merged_samples = spy
     for it in range(int(num_iters)):
         irew = data[f"it{it}__in_irew"]
         assert irew.shape == (num_steps, num_envs)  # time-major rows, env columns
@@ -508,3 +509,92 @@ def test_intrinsic_normalizer_refuses_non_finite_rewards_before_moving_its_filte
     with pytest.raises(ValueError, match="`intrinsic_reward` holds 1 NaN or infinite"):
         normalizer(rewards)
     _assert_state(normalizer, state)
+
+
+def _harl_reference(batches: list[list[float]], beta: float) -> tuple[float, float]:
+    """HARL's debiased EMA (``mean``, floored ``var``) of scalar batches, in Python floats."""
+    mean = mean_sq = debias = 0.0
+    for b in batches:
+        mean = beta * mean + (1 - beta) * sum(b) / len(b)
+        mean_sq = beta * mean_sq + (1 - beta) * sum(x * x for x in b) / len(b)
+        debias = beta * debias + (1 - beta)
+    m = mean / max(debias, 1e-5)
+    return m, max(mean_sq / max(debias, 1e-5) - m * m, 1e-2)
+
+
+@pytest.mark.parametrize("dtype, big", [(torch.float16, 300.0), (torch.float32, 2e19)])
+def test_valuenorm_moments_do_not_overflow_the_state_dtype(dtype, big):
+    """x * x overflows the state dtype while x does not: the moments are taken in float64."""
+    vn = ValueNorm(1, beta=0.9, dtype=dtype)
+    batches = [[1.0, 3.0], [big, 1.0], [1.0, 3.0]]
+    if dtype == torch.float16:  # the mean square of [300, 310] exceeds float16's 65504: refused
+        vn.update(torch.tensor([[1.0], [3.0]]))
+        state = _state(vn)
+        with pytest.raises(ValueError, match=r"`x` \(largest \|x\| = 310\) has a mean square that "
+                                             r"overflows the state dtype torch.float16.*dtype=torch.float32"):
+            vn.update(torch.tensor([[big], [310.0]]))
+        _assert_state(vn, state)
+        return
+    for b in batches:
+        vn.update(torch.tensor(b).view(-1, 1))
+    mean, var = vn.running_mean_var()
+    ref_mean, ref_var = _harl_reference(batches, 0.9)
+    assert torch.isfinite(var).all()
+    _close(mean, [ref_mean], rtol=1e-5, atol=0)
+    _close(var, [ref_var], rtol=1e-4, atol=0)
+
+
+def test_running_mean_std_refuses_a_variance_overflow_and_keeps_its_state():
+    rms = RunningMeanStd(shape=(2,))
+    rms.update(torch.randn(4, 2, dtype=torch.float64))
+    state = _state(rms)
+    huge = torch.tensor([[1e200, 1.0], [-1e200, 2.0]], dtype=torch.float64)  # finite, var overflows
+    with pytest.raises(ValueError, match=r"`x` makes the running variance overflow float64.*Scale `x` down"):
+        rms.update(huge)
+    with pytest.raises(ValueError, match=r"`batch_mean` / `batch_var` makes the running variance overflow"):
+        rms.update_from_moments(torch.tensor([1e200, 0.0], dtype=torch.float64), torch.ones(2), 3)  # delta**2
+    _assert_state(rms, state)
+    rms.update(huge / 1e190)  # the fix the message gives
+    assert all(torch.isfinite(v).all() for v in rms.state_dict().values())
+
+
+def test_intrinsic_forward_refused_call_leaves_filter_and_statistics():
+    norm = IntrinsicRewardNormalizer(0.99, mode="forward")
+    norm(torch.ones(4, 2, dtype=torch.float64))
+    state = _state(norm)
+    with pytest.raises(ValueError, match=r"`intrinsic_reward` makes the running variance overflow"):
+        norm(torch.tensor([[1e300, 1.0], [-1e300, 1.0]], dtype=torch.float64))
+    _assert_state(norm, state)
+    # Unchanged filter: the next call gives the uninterrupted sequence's result.
+    rollouts = [np.ones((4, 2)), np.full((3, 2), 0.5)]
+    expected, final_filter = _forward_reference(rollouts, 0.99)
+    _close(norm(torch.from_numpy(rollouts[1])), expected[1], rtol=1e-12, atol=1e-14)
+    _close(norm.forward_filter, final_filter, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("mode", ["backward", "forward"])
+def test_intrinsic_empty_rollout_returns_empty_and_changes_nothing(mode):
+    norm = IntrinsicRewardNormalizer(0.9, mode=mode)
+    assert norm(torch.zeros(0, 3)).shape == (0, 3)  # before any call too
+    norm(torch.rand(5, 3))
+    state = _state(norm)
+    assert norm(torch.zeros(0, 3, 1)).shape == (0, 3, 1)
+    _assert_state(norm, state)
+
+
+@pytest.mark.parametrize("mode", ["backward", "forward"])
+@pytest.mark.parametrize("first_inside", [True, False])
+def test_intrinsic_inside_and_outside_inference_mode(mode, first_inside, monkeypatch):
+    monkeypatch.delattr(_scan._WORKSPACES, "cache", raising=False)  # the first call makes them
+    rollouts = [np.random.default_rng(s).uniform(0, 1, size=(6, 3)) for s in range(3)]
+    plain, switching = IntrinsicRewardNormalizer(0.9, mode=mode), IntrinsicRewardNormalizer(0.9, mode=mode)
+    for k, r in enumerate(rollouts):
+        with torch.inference_mode(first_inside if k % 2 == 0 else not first_inside):
+            out = switching(torch.from_numpy(r))
+        expected = plain(torch.from_numpy(r))
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    switching.load_state_dict(plain.state_dict())  # its buffers stay writable
+    _assert_state(switching, _state(plain))
+    if mode == "forward":
+        expected, final_filter = _forward_reference(rollouts, 0.9)
+        _close(plain.forward_filter, final_filter, rtol=1e-12, atol=0)

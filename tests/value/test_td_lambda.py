@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tensordict import TensorDict
 from torchrl.objectives.value import TDLambdaEstimator as TorchRLTDLambda
 
 from tests.value.test_estimators import rollout, value_net
 from tests.value.test_functional import td_lambda_loop
-from torchrl_ext.value import TDLambda
+from torchrl_ext.value import TDLambda, _scan
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"average_rewards": True}, {"shifted": True}])
@@ -53,3 +54,26 @@ def test_out_of_range_hyperparameters_are_refused(name, value):
     kwargs = {"gamma": 0.9, "lmbda": 0.9, name: value}
     with pytest.raises(ValueError, match=name):
         TDLambda(value_network=None, **kwargs)
+
+
+def test_empty_time_dim_gives_empty_outputs():
+    """T = 0 (TorchRL's TDLambdaEstimator raises IndexError here): empty value_target and advantage."""
+    empty, never = torch.zeros(2, 0, 1), torch.zeros(2, 0, 1, dtype=torch.bool)
+    td = TensorDict({"state_value": empty, "next": {"state_value": empty, "reward": empty,
+                                                      "done": never, "terminated": never}}, [2, 0])
+    out = TDLambda(gamma=0.9, lmbda=0.8, value_network=None)(td)
+    assert out["value_target"].shape == out["advantage"].shape == (2, 0, 1)
+
+
+@pytest.mark.parametrize("first_inside", [True, False])
+def test_inside_and_outside_inference_mode_match_a_float64_loop(first_inside, monkeypatch):
+    monkeypatch.delattr(_scan._WORKSPACES, "cache", raising=False)  # the first call makes them
+    td, net = rollout(batch=(3, 20), seed=2), value_net()
+    with torch.no_grad():
+        next_value = net(td["next"].clone())["state_value"]
+    expected = td_lambda_loop(0.9, 0.6, next_value.double(), td["next", "reward"].double(),
+                              td["next", "done"], td["next", "terminated"])
+    for inside in (first_inside, not first_inside):
+        with torch.inference_mode(inside):
+            out = TDLambda(gamma=0.9, lmbda=0.6, value_network=net)(td.clone())
+        torch.testing.assert_close(out["value_target"].double(), expected, rtol=1e-5, atol=1e-5)

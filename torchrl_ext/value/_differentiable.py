@@ -14,7 +14,8 @@ from torchrl_ext.value._scan import _ahead, _as_discount, _differentiable_scan, 
 def _last_step(like: torch.Tensor, dim: int) -> torch.Tensor:
     """1 at the last step along ``dim``, 0 elsewhere, shaped like ``like`` (no grad)."""
     mask = torch.zeros_like(like, dtype=torch.bool)
-    mask.narrow(dim, like.shape[dim] - 1, 1).fill_(True)
+    if like.shape[dim]:  # an empty time dim (T = 0) has no last step
+        mask.narrow(dim, like.shape[dim] - 1, 1).fill_(True)
     return mask
 
 

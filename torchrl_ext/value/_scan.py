@@ -49,7 +49,8 @@ def _differentiable_scan(x: torch.Tensor, coef: torch.Tensor, dim: int) -> torch
 
 
 def _ahead(x: torch.Tensor, dim: int, offset: int) -> torch.Tensor:
-    """``x[t + offset]`` along ``dim`` (``offset <= T``), zeros past the last step (out of place)."""
+    """``x[t + offset]`` along ``dim``, zeros past the last step (out of place)."""
+    offset = min(offset, x.shape[dim])  # all zeros when offset >= T (e.g. T = 0)
     pad = [0, 0] * (x.ndim - 1 - dim) + [0, offset]
     return torch.nn.functional.pad(x.narrow(dim, offset, x.shape[dim] - offset), pad)
 
@@ -122,7 +123,10 @@ def _scan_workspace(
     if workspace is not None:
         cache.move_to_end(key)
         return workspace
-    workspace = _Workspace(torch.Size(shape), dim, dtype, device)
+    # Reused across calls, so its buffer and views must be normal tensors: ones made
+    # under inference_mode could not be written (out=) by a later call outside it.
+    with torch.inference_mode(False):
+        workspace = _Workspace(torch.Size(shape), dim, dtype, device)
     if workspace.numel <= _MAX_CACHED_NUMEL:
         cache[key] = workspace
         if len(cache) > _MAX_WORKSPACES:

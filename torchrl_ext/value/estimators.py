@@ -265,15 +265,22 @@ class GAE(_SignalsMixin, _TargetEstimate, _TorchRLGAE):
     def _normalize_advantage(self, adv, valid=None, groups=None):
         if self.agent_dim is None:
             return super()._normalize_advantage(adv, valid, groups)
-        # Each agent apart (within each group when group_key is set): unbiased std, as TorchRL's.
+        # Each agent apart (within each group when group_key is set), as TorchRL's MultiAgentGAE:
+        # the unbiased std, except under a shifted_valid mask without groups (population std).
         agent_dim = self.agent_dim % adv.ndim
+        mask = None if valid is None else _compat.expand_to_match(valid, adv)
+        if groups is None and mask is not None:
+            dims = [d for d in range(adv.ndim) if d != agent_dim]
+            weight = mask.to(adv.dtype)
+            count = weight.sum(dims, keepdim=True).clamp_min(1)
+            centered = adv - (adv * weight).sum(dims, keepdim=True) / count
+            return centered / ((centered.square() * weight).sum(dims, keepdim=True) / count).sqrt().clamp_min(1e-4)
         n_agents = adv.shape[agent_dim]
         ids = torch.arange(n_agents, device=adv.device).reshape([-1 if d == agent_dim else 1 for d in range(adv.ndim)])
         if groups is not None:
             while groups.ndim < adv.ndim:
                 groups = groups.unsqueeze(-1)
             ids = groups.expand(adv.shape) * n_agents + ids
-        mask = None if valid is None else _compat.expand_to_match(valid, adv)
         return _compat.standardize_by_group(adv, ids.expand(adv.shape), mask)
 
     def _advantage(self, tensordict, params, target_params, time_dim):

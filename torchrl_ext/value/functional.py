@@ -10,7 +10,8 @@ Shape contract: ``state_value``, ``next_state_value``, ``reward``, ``done``,
 ``[*B, T, *F]`` where ``T`` sits at ``time_dim`` (default ``-2``). Any number
 of leading batch dims works, e.g. ``[N, A, T, 1]`` for per-agent values with
 ``time_dim=-2``. ``gamma`` and ``lmbda`` are Python floats or tensors
-broadcastable to that shape (per-step or per-env discounts).
+broadcastable to that shape (per-step or per-env discounts), as are V-trace's
+``rho_thresh`` and ``c_thresh``. An empty time dim (``T = 0``) gives empty results.
 
 Flag semantics (exactly TorchRL 0.14.1's):
 
@@ -233,7 +234,8 @@ def td_lambda_return_estimate(
     gamma, lmbda = _as_discount(gamma, next_value), _as_discount(lmbda, next_value)
     workspace = _scan_workspace(reward.shape, dim, work, next_value.device)
     ends = _flag_as_float(done, work)
-    ends.narrow(dim, reward.shape[dim] - 1, 1).fill_(1)
+    if reward.shape[dim]:  # an empty time dim (T = 0) has no last step
+        ends.narrow(dim, reward.shape[dim] - 1, 1).fill_(1)
     # Weight of the bootstrap in G_t: gamma at an end, gamma * (1 - lmbda) elsewhere.
     bootstrap_weight = (ends * lmbda).add_(1 - lmbda).mul_(_flag_as_float(~terminated, work).mul_(gamma))
     torch.addcmul(reward, bootstrap_weight, next_value, out=workspace.x)
@@ -343,8 +345,10 @@ def vtrace_advantage_estimate(
         reward: ``r_t``, same shape.
         done: boolean, same shape.
         terminated: boolean, same shape. Defaults to ``done``.
-        rho_thresh: clip of the importance weight in the TD error (> 0; ``math.inf`` clips nothing).
-        c_thresh: clip of the trace coefficients (> 0; ``math.inf`` clips nothing).
+        rho_thresh: clip of the importance weight in the TD error (> 0; ``math.inf`` clips
+            nothing), float or broadcastable tensor.
+        c_thresh: clip of the trace coefficients (> 0; ``math.inf`` clips nothing), float or
+            broadcastable tensor.
 
     Keyword Args:
         time_dim: the time dimension. Defaults to ``-2``.
@@ -376,7 +380,7 @@ def vtrace_advantage_estimate(
         log_mu=log_mu,
     )
     check_reals("gamma", gamma, low=0.0, high=1.0, shape=state_value.shape)
-    _check_thresholds(rho_thresh, c_thresh)
+    _check_thresholds(rho_thresh, c_thresh, state_value.shape)
     dim = resolve_time_dim(time_dim, state_value.ndim)
     if _needs_autograd(gamma, log_pi, log_mu, state_value, next_state_value, reward, rho_thresh, c_thresh):
         return _differentiable.vtrace(gamma, log_pi, log_mu, state_value, next_state_value, reward, done,
@@ -405,7 +409,8 @@ def vtrace_advantage_estimate(
     return _to_dtype(advantage.mul_(clipped_rho), dtype), _to_dtype(vs, dtype)
 
 
-def _check_thresholds(rho_thresh: float | torch.Tensor, c_thresh: float | torch.Tensor) -> None:
+def _check_thresholds(rho_thresh: float | torch.Tensor, c_thresh: float | torch.Tensor,
+                      shape: torch.Size | None = None) -> None:
     for name, thresh in (("rho_thresh", rho_thresh), ("c_thresh", c_thresh)):
-        check_reals(name, thresh, low=0.0, open_low=True, finite=False,
+        check_reals(name, thresh, low=0.0, open_low=True, finite=False, shape=shape,
                     hint="e.g. 1.0, the IMPALA default (+inf: no clipping)")

@@ -79,7 +79,9 @@ class ValueNorm(nn.Module):
           turned them into plain tensors, so ``state_dict()`` was silently empty).
         * ``denormalize`` returns a torch tensor (HARL returns a numpy array).
         * Inputs keep their floating dtype in ``normalize``/``denormalize`` (float64 stays float64);
-          HARL casts everything to float32. ``update`` still casts to the buffer dtype.
+          HARL casts everything to float32. ``update`` still casts to the buffer dtype, then
+          takes the batch moments in float64 and refuses a mean square the state dtype cannot
+          hold (float16: values near 256 or beyond) instead of storing inf.
         * Invalid arguments / inputs raise ``ValueError``/``TypeError`` up front; a failing
           ``update`` leaves the state untouched.
 
@@ -147,7 +149,7 @@ class ValueNorm(nn.Module):
     @torch.no_grad()
     def update(self, x: Tensor | Any) -> None:
         """Folds the batch ``x`` of shape ``(*B, *input_shape)``, ``len(B) == norm_axes``, in."""
-        x = _as_float_tensor(x, "x", self.running_mean.device).to(self.running_mean.dtype)
+        x = _as_float_tensor(x, "x", self.running_mean.device)
         _check_trailing(x, self.input_shape, "x", self.norm_axes)
         batch_size = math.prod(x.shape[: self.norm_axes])
         if batch_size == 0:
@@ -155,9 +157,18 @@ class ValueNorm(nn.Module):
                 f"`x` has shape {tuple(x.shape)}: an empty batch cannot update the statistics."
             )
         _check_finite(x, "x")
-        dims = tuple(range(self.norm_axes))
-        batch_mean = x.mean(dim=dims)
-        batch_mean_sq = (x * x).mean(dim=dims)
+        # HARL rounds x to the state dtype; the moments are then taken in float64, since
+        # x * x overflows a narrow dtype long before x does (float16: |x| > 255).
+        dtype, dims = self.running_mean.dtype, tuple(range(self.norm_axes))
+        wide = x.to(dtype).double()
+        batch_mean = wide.mean(dim=dims).to(dtype)
+        batch_mean_sq = (wide * wide).mean(dim=dims).to(dtype)
+        if not bool(torch.isfinite(batch_mean_sq).all()):
+            raise ValueError(
+                f"`x` (largest |x| = {float(x.abs().max()):g}) has a mean square that overflows "
+                f"the state dtype {dtype}; the running statistics were left unchanged. Build "
+                "ValueNorm with a wider dtype (e.g. dtype=torch.float32) or scale the values down."
+            )
         w = self.beta**batch_size if self.per_element_update else self.beta
         self.running_mean.mul_(w).add_(batch_mean * (1.0 - w))
         self.running_mean_sq.mul_(w).add_(batch_mean_sq * (1.0 - w))
@@ -207,6 +218,8 @@ class RunningMeanStd(nn.Module):
           undefined; pytorchrl would turn the running variance into NaN). An empty batch is a
           no-op.
         * Batch moments are computed in float64 (pytorchrl reduces float32 inputs in float32).
+        * An update whose merged statistics overflow float64 is refused (``ValueError``) and
+          stores nothing.
         * The state is in buffers, so it is saved by ``state_dict()``.
 
     Args:
@@ -253,12 +266,39 @@ class RunningMeanStd(nn.Module):
         """Folds the samples ``x`` of shape ``(n, *shape)`` into the statistics."""
         x = _as_float_tensor(x, "x", self.mean.device).to(self.mean.dtype)
         _check_trailing(x, self.shape, "x", 1)
+        if x.shape[0]:
+            _check_finite(x, "x")
+            self._set(*self._merged_samples(x, "x"))
+
+    def _merged_samples(self, x: Tensor, name: str) -> tuple[Tensor, Tensor, Tensor]:
+        """:meth:`_merged` with the moments of the finite samples ``x`` (``n >= 1``, state dtype)."""
         n = x.shape[0]
-        if n == 0:
-            return
-        _check_finite(x, "x")
         batch_var = x.var(dim=0, correction=1) if n > 1 else torch.zeros_like(self.var)
-        self.update_from_moments(x.mean(dim=0), batch_var, n)
+        return self._merged(x.mean(dim=0), batch_var, n, name)
+
+    def _merged(self, bm: Tensor, bv: Tensor, batch_count: float, name: str) -> tuple[Tensor, Tensor, Tensor]:
+        """The ``(mean, var, count)`` after merging the batch moments, without storing them.
+
+        Raises:
+            ValueError: naming ``name`` when they overflow float64 (values near 1e154 or
+                beyond); nothing is stored then.
+        """
+        total = self.count + batch_count
+        delta = bm - self.mean
+        m2 = self.var * self.count + bv * batch_count + delta * delta * self.count * batch_count / total
+        mean, var = self.mean + delta * batch_count / total, m2 / total
+        if not bool(torch.isfinite(mean).all() and torch.isfinite(var).all()):
+            raise ValueError(
+                f"`{name}` makes the running variance overflow float64 (batch mean up to "
+                f"{float(bm.abs().max()):g}, batch variance up to {float(bv.max()):g}); the running "
+                f"statistics were left unchanged. Scale `{name}` down or drop its outliers."
+            )
+        return mean, var, total
+
+    def _set(self, mean: Tensor, var: Tensor, count: Tensor) -> None:
+        self.mean.copy_(mean)
+        self.var.copy_(var)
+        self.count.copy_(count)
 
     @torch.no_grad()
     def update_from_moments(
@@ -279,13 +319,7 @@ class RunningMeanStd(nn.Module):
                 f"`batch_var` must be >= 0, got a minimum of {float(bv.min())}; pass the "
                 "batch's variance, not a difference of moments that rounding made negative."
             )
-        count = self.count
-        total = count + batch_count
-        delta = bm - self.mean
-        m2 = self.var * count + bv * batch_count + delta * delta * count * batch_count / total
-        self.mean.add_(delta * batch_count / total)
-        self.var.copy_(m2 / total)
-        self.count.copy_(total)
+        self._set(*self._merged(bm, bv, batch_count, "batch_mean` / `batch_var"))
 
 
 class IntrinsicRewardNormalizer(nn.Module):
@@ -304,6 +338,8 @@ class IntrinsicRewardNormalizer(nn.Module):
 
     Differences from pytorchrl:
         * Returns exactly ``T`` rows; pytorchrl keeps a ``T+1``-row buffer whose last row stays 0.
+          ``T = 0`` returns an empty result and changes nothing.
+        * A refused call (``ValueError``) moves neither the forward filter nor the statistics.
         * The statistics use :class:`RunningMeanStd` (float64 batch moments; see its notes).
 
     Args:
@@ -386,6 +422,11 @@ class IntrinsicRewardNormalizer(nn.Module):
             sums = discounted_cumsum(reversed_r, self.gamma, never, time_dim=0).flip(0)
             decay = self.gamma ** torch.arange(1, num_steps + 1, dtype=acc.dtype, device=acc.device)
             sums = sums + decay.unsqueeze(1) * acc
-            self.forward_filter = sums[-1].clone()
-        self.rms.update(sums.reshape(-1, 1))
+        if num_steps:  # T = 0 changes nothing
+            # Everything is computed and checked before the filter or the statistics move.
+            stats = self.rms._merged_samples(sums.reshape(-1, 1).to(self.rms.mean.dtype), "intrinsic_reward")
+            if self.mode == "forward":
+                with torch.inference_mode(False):  # a normal tensor, which load_state_dict can write
+                    self.forward_filter = sums[-1].clone()
+            self.rms._set(*stats)
         return r / self.rms.var.to(r.dtype).sqrt()
