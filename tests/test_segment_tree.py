@@ -517,3 +517,25 @@ def test_a_priority_tree_rebuilds_its_minimum_and_maximum_from_the_leaves():
     assert tree.min_nonzero() == 1.0 and float(tree.max()) == 5.0
     with pytest.raises(ValueError, match="built with track_max=False"):
         PrioritySegmentTree(50, fanout=4, top_size=4).load_state_dict(state)
+
+
+@pytest.mark.parametrize("cls", [SumSegmentTree, MinSegmentTree, MaxSegmentTree, PrioritySegmentTree])
+@pytest.mark.parametrize("inside_first", [True, False])
+def test_reused_buffers_work_inside_and_outside_inference_mode(cls, inside_first):
+    # _last_write's tickets and the walks' scratch buffers are made on the first call:
+    # made inside inference_mode() they must still be writable outside it, and vice versa.
+    tree = cls(1000, fanout=4)
+    reference = tree.leaves.numpy().copy()  # the neutral element
+    for step, inside in enumerate([inside_first, not inside_first]):
+        index = torch.arange(step, 1000, 7)
+        values = torch.full((index.numel(),), 1.0 + step)
+        with torch.inference_mode(inside):
+            tree[index] = values
+            tree._write(index, values)  # the torch path (PrioritySegmentTree writes small batches with numpy)
+            if isinstance(tree, SumSegmentTree):
+                found = tree.find_sum_bound(torch.tensor([0.5, 3.5]))
+        reference[index.numpy()] = 1.0 + step
+        if isinstance(tree, SumSegmentTree):  # first leaf whose inclusive prefix sum exceeds each bound
+            expected = [int(np.argmax(np.cumsum(reference) > b)) for b in (0.5, 3.5)]
+            assert found.tolist() == expected
+    assert tree.leaves.tolist() == reference.tolist()

@@ -201,7 +201,8 @@ class SegmentTree:
         and nothing has to be sorted or compacted.
         """
         if self._tickets is None:
-            self._tickets = torch.empty(self._capacity, dtype=torch.int32, device=self._device)
+            with torch.inference_mode(False):  # see _scratch
+                self._tickets = torch.empty(self._capacity, dtype=torch.int32, device=self._device)
         positions = torch.arange(index.numel(), dtype=torch.int32, device=self._device)
         self._tickets.scatter_reduce_(0, index, positions, "amax", include_self=False)
         return self._tickets.index_select(0, index)
@@ -228,10 +229,15 @@ class SegmentTree:
             level.fill_(self._neutral)
 
     def _scratch(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        """Reused temporary: fresh large CPU tensors pay page faults on every call."""
+        """Reused temporary: fresh large CPU tensors pay page faults on every call.
+
+        Created outside inference mode: a normal tensor can be written in place both inside
+        and outside ``torch.inference_mode()``, an inference tensor only inside it.
+        """
         buffer = self._scratch_buffers.get((name, dtype))
         if buffer is None or buffer.shape != shape:
-            buffer = torch.empty(shape, dtype=dtype, device=self._device)
+            with torch.inference_mode(False):
+                buffer = torch.empty(shape, dtype=dtype, device=self._device)
             self._scratch_buffers[(name, dtype)] = buffer
         return buffer
 

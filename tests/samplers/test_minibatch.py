@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 from tensordict import TensorDict
-from torchrl.data import LazyTensorStorage, TensorDictReplayBuffer
+from torchrl.data import LazyTensorStorage, SamplerWithoutReplacement, TensorDictReplayBuffer
 
 from tests._vectors import vectors_path
 from torchrl_ext.samplers import (
@@ -186,3 +186,88 @@ def test_bad_input():
     flat.extend(TensorDict({"x": torch.zeros(4)}, [4]))
     with pytest.raises(ValueError, match=r"need a storage of shape \[T, \*threads\]"):
         flat.sample()
+
+
+# --------------------------------------------------------------------------- settings, epochs, errors
+def _ff_buffer(sampler, steps=5, threads=2):
+    data = TensorDict({"u": torch.arange(steps * threads).view(steps, threads)}, [steps, threads])
+    return make_buffer(data, sampler)
+
+
+@pytest.mark.parametrize(
+    "cls,kwargs", [(FeedForwardMinibatchSampler, {}), (NaiveRecurrentMinibatchSampler, {}),
+                   (ChunkedRecurrentMinibatchSampler, {"data_chunk_length": 1})],
+)
+@pytest.mark.parametrize(
+    "name,value,match",
+    [
+        ("num_mini_batch", 0, "num_mini_batch must be an int >= 1, got num_mini_batch=0"),
+        ("mini_batch_size", -3, "mini_batch_size must be an int >= 1, got mini_batch_size=-3"),
+        ("num_mini_batch", None, "num_mini_batch=None leaves neither"),
+        ("mini_batch_size", 2.5, "mini_batch_size must be an int >= 1"),
+    ],
+)
+def test_split_settings_are_checked_as_the_constructor_checks_them(cls, kwargs, name, value, match):
+    sampler = cls(2, **kwargs)
+    with pytest.raises(ValueError, match=match):
+        setattr(sampler, name, value)
+    assert (sampler.num_mini_batch, sampler.mini_batch_size) == (2, None)
+    if value is not None:
+        with pytest.raises(ValueError, match=match):
+            cls(**{name: value}, **kwargs)
+
+
+def test_data_chunk_length_is_checked_when_set():
+    sampler = ChunkedRecurrentMinibatchSampler(2, data_chunk_length=2)
+    with pytest.raises(ValueError, match="data_chunk_length must be an int >= 1, got data_chunk_length=0"):
+        sampler.data_chunk_length = 0
+    assert sampler.data_chunk_length == 2
+
+
+def test_setting_one_split_clears_the_other():
+    sampler = FeedForwardMinibatchSampler(2)
+    rb = _ff_buffer(sampler)
+    sampler.mini_batch_size = 3
+    assert sampler.num_mini_batch is None
+    assert [len(b) for b in rb] == [3, 3, 3, 1]  # 10 steps in minibatches of 3
+    sampler.num_mini_batch = 5
+    assert sampler.mini_batch_size is None
+    assert [len(b) for b in rb] == [2] * 5
+
+
+def test_ran_out_is_cleared_each_epoch_as_torchrl_does():
+    counts = {}
+    for sampler in (SamplerWithoutReplacement(), FeedForwardMinibatchSampler(mini_batch_size=5)):
+        rb = TensorDictReplayBuffer(storage=LazyTensorStorage(10, ndim=2), dim_extend=0,
+                                    sampler=sampler, batch_size=5)
+        rb.extend(TensorDict({"x": torch.arange(10).view(5, 2)}, [5, 2]))
+        per_epoch = []
+        for _ in range(3):
+            n, flags = 0, []
+            while True:
+                rb.sample()
+                n += 1
+                flags.append(rb.sampler.ran_out)
+                if rb.sampler.ran_out:
+                    break
+            per_epoch.append((n, flags))
+        counts[type(sampler).__name__] = per_epoch
+    assert counts["FeedForwardMinibatchSampler"] == counts["SamplerWithoutReplacement"] == [(2, [False, True])] * 3
+
+
+def test_load_state_dict_with_missing_keys_names_them():
+    sampler = FeedForwardMinibatchSampler(2)
+    rb = _ff_buffer(sampler)
+    rb.sample()
+    before = sampler.state_dict()
+    with pytest.raises(ValueError, match="state_dict lacks \\['next', 'ran_out', 'splits', 'units'\\]"):
+        sampler.load_state_dict({"x": 1})
+    after = sampler.state_dict()
+    assert after["next"] == before["next"] and all(torch.equal(a, b) for a, b in zip(after["splits"], before["splits"]))
+
+
+def test_empty_multi_dimensional_storage_says_it_is_empty():
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(4, ndim=2), dim_extend=0,
+                                sampler=FeedForwardMinibatchSampler(2), batch_size=1)
+    with pytest.raises(RuntimeError, match="Cannot sample from an empty storage."):
+        rb.sample()

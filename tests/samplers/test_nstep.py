@@ -227,3 +227,56 @@ def test_writes_while_the_settings_differ_never_reach_the_table_built_for_others
     sampler.reward_key = ("next", "reward")
     for _ in range(10):
         assert rb.sample(3)["next", "reward"].flatten().tolist() == [1.0] * 3
+
+
+# --------------------------------------------------------------------------- settings after construction
+@pytest.mark.parametrize(
+    "name,value,exc,match",
+    [
+        ("gamma", float("nan"), ValueError, "gamma must be a number in \\[0, 1\\], got gamma=nan"),
+        ("gamma", 1.5, ValueError, "gamma must be a number in \\[0, 1\\], got gamma=1.5"),
+        ("gamma", "0.9", TypeError, "gamma must be a real number"),
+        ("n_step", 0, ValueError, "n_step must be an int >= 1, got n_step=0"),
+        ("n_step", 2.0, ValueError, "n_step must be an int >= 1, got n_step=2.0"),
+    ],
+)
+def test_settings_are_checked_as_the_constructor_checks_them(name, value, exc, match):
+    sampler = NStepSampler(3, gamma=0.5)
+    with pytest.raises(exc, match=match):
+        setattr(sampler, name, value)
+    assert (sampler.n_step, sampler.gamma) == (3, 0.5)
+    with pytest.raises(exc, match=match):
+        NStepSampler(**{"n_step": 3, "gamma": 0.5, name: value})
+
+
+def test_settings_changed_after_construction_are_used_and_pickled():
+    import pickle
+
+    rb = EnvRingReplayBuffer(num_envs=1, max_length=8, sampler=NStepSampler(3, gamma=0.9))
+    for t in range(6):
+        rb.extend(transition([float(t)], [t + 1.0], [1.0], [False]))
+    rb.sampler.gamma, rb.sampler.n_step = 0.5, 2
+    batch = rb.sample(6)
+    # Two steps (start <= 3 of 0..5 has two stored steps ahead): 1 + 0.5 = 1.5, or one step at the newest.
+    steps = batch["steps_to_next_obs"].flatten()
+    expected = torch.where(steps == 2, 1.5, 1.0)
+    assert torch.equal(batch["next", "reward"].flatten(), expected)
+    assert torch.equal(batch["next", "observation"].flatten(), batch["observation"].flatten() + steps)
+    clone = pickle.loads(pickle.dumps(rb.sampler))
+    assert (clone.n_step, clone.gamma) == (2, 0.5)
+
+
+def test_chain_table_made_inside_inference_mode_takes_writes_outside():
+    rb = EnvRingReplayBuffer(num_envs=1, max_length=8, sampler=NStepSampler(2, gamma=0.5))
+    for t in range(3):
+        rb.extend(transition([float(t)], [t + 1.0], [1.0], [False]))
+    with torch.inference_mode():
+        rb.sample(3)  # builds the chain table
+    for t in range(3, 6):
+        rb.extend(transition([float(t)], [t + 1.0], [2.0], [False]))
+    batch = rb.sample(6)
+    obs, reward = batch["observation"].flatten(), batch["next", "reward"].flatten()
+    # Rewards r_t = 1 for t < 3, else 2; two-step sums up to the newest step 5.
+    r = lambda t: 1.0 if t < 3 else 2.0  # noqa: E731
+    expected = [r(int(o)) + (0.5 * r(int(o) + 1) if o < 5 else 0.0) for o in obs.tolist()]
+    assert reward.tolist() == expected

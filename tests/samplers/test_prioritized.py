@@ -580,3 +580,110 @@ def test_trees_follow_a_cuda_storage_unless_a_device_was_given():
         index, _ = sampler.sample(storage, 64)
         assert set(index.tolist()) <= {0, 1, 2} and sampler.tree.leaves[:3].tolist() == [1.0, 2.0, 3.0]
     assert follows.device.type == "cuda" and pinned.device == torch.device("cpu")
+
+
+# --------------------------------------------------------------------------- overflowing priorities
+def _tree_state(sampler):
+    return [level.clone() for level in sampler.tree.state_dict()["levels"]], sampler.default_priority
+
+
+def _same_tree_state(sampler, before):
+    levels, default = before
+    assert all(torch.equal(a, b) for a, b in zip(levels, sampler.tree.state_dict()["levels"]))
+    assert sampler.default_priority == default
+
+
+@pytest.mark.parametrize(
+    "alpha,priority,shown",
+    [
+        (2.0, torch.tensor([1e20]), "priority=1e\\+20"),  # finite, but 1e40 overflows float32
+        (1.0, torch.tensor([1e39], dtype=torch.float64), "priority=1e\\+39"),  # the value given
+        (1.0, 1e39, "priority=1e\\+39"),  # a Python float, not its float32 cast (inf)
+    ],
+)
+def test_priority_overflowing_the_tree_dtype_is_refused(alpha, priority, shown):
+    sampler = filled_sampler([1.0, 2.0, 3.0], alpha=alpha)
+    before = _tree_state(sampler)
+    with pytest.raises(ValueError, match=f"{shown} with alpha={alpha:g} .* 3.403e\\+38, the largest torch.float32"):
+        sampler.update_priority(torch.tensor([0]), priority)
+    with pytest.raises(ValueError, match=shown):
+        sampler.check_priority(priority, 1)
+    _same_tree_state(sampler, before)
+    assert sampler.default_priority == 3.0  # the refused priority is not the max seen
+
+
+def test_overflowing_priority_through_the_buffer_leaves_sampling_intact():
+    from torchrl_ext.replay_buffers import PrioritizedReplayBuffer
+
+    rb = PrioritizedReplayBuffer(alpha=2.0, beta=0.4, storage=LazyTensorStorage(8), batch_size=4)
+    rb.extend(TensorDict({"x": torch.arange(4.0)}, [4]))
+    with pytest.raises(ValueError, match="priority=1e\\+20"):
+        rb.update_priority(torch.tensor([0]), torch.tensor([1e20]))
+    rb.extend(TensorDict({"x": torch.arange(2.0)}, [2]))
+    assert rb.sampler.tree.leaves[:6].tolist() == [1.0] * 6
+    assert torch.isfinite(rb.sample()["priority_weight"]).all()
+
+
+def test_float64_trees_hold_what_float32_trees_refuse():
+    sampler = PrioritizedSampler(2, 2.0, 0.5, 0.0, dtype=torch.float64)
+    sampler.update_priority(torch.tensor([0, 1]), torch.tensor([1e20, 1.0], dtype=torch.float64))
+    assert sampler.tree.leaves.tolist() == [1e40, 1.0]
+
+
+def test_alpha_overflowing_stored_priorities_is_refused_and_kept():
+    sampler = filled_sampler([1.0, 1e19, 3.0], alpha=1.0)
+    before = _tree_state(sampler)
+    with pytest.raises(ValueError, match="stored priority 1e\\+19 with alpha=3 .*alpha and the priorities were kept"):
+        sampler.alpha = 3.0
+    assert sampler.alpha == 1.0
+    _same_tree_state(sampler, before)
+    sampler.alpha = 2.0  # 1e38 fits float32
+    assert sampler.tree.leaves.tolist() == pytest.approx([1.0, 1e38, 9.0], rel=1e-5)
+
+
+@pytest.mark.parametrize("priority", ["a", object(), [None]])
+def test_priority_that_holds_no_numbers_is_a_type_error_naming_it(priority):
+    sampler = filled_sampler([1.0, 2.0])
+    before = _tree_state(sampler)
+    with pytest.raises(TypeError, match="priority must be a real number or a tensor of them, got priority="):
+        sampler.update_priority(torch.tensor([0]), priority)
+    _same_tree_state(sampler, before)
+
+
+def test_buffer_update_priority_with_a_string_is_a_type_error_naming_priority():
+    from torchrl_ext.replay_buffers import PrioritizedReplayBuffer
+
+    rb = PrioritizedReplayBuffer(alpha=0.6, beta=0.4, storage=LazyTensorStorage(8), batch_size=4)
+    rb.extend(TensorDict({"x": torch.arange(4.0)}, [4]))
+    with pytest.raises(TypeError, match="priority must be a real number .* got priority='a'"):
+        rb.update_priority(torch.tensor([0]), "a")
+    assert rb.sampler.tree.leaves[:4].tolist() == [1.0] * 4
+
+
+@pytest.mark.parametrize("ndim", [1, 2])
+def test_update_tensordict_priority_without_index_names_the_missing_key(ndim):
+    # tests/replay_buffers belongs to another change; replay_buffers/prioritized.py's check is tested here.
+    from torchrl_ext.replay_buffers import PrioritizedReplayBuffer
+
+    rb = PrioritizedReplayBuffer(alpha=1.0, beta=0.4, storage=LazyTensorStorage(8, ndim=ndim), batch_size=4)
+    shape = [2, 2] if ndim == 2 else [4]
+    rb.extend(TensorDict({"x": torch.arange(4.0).view(shape)}, shape))
+    with pytest.raises(ValueError, match="needs the \"index\" entry .* keys \\['td_error'\\]"):
+        rb.update_tensordict_priority(TensorDict({"td_error": torch.full((4,), 5.0)}, [4]))
+    assert rb.sampler.tree.leaves[:4].tolist() == [1.0] * 4
+    assert rb.sampler.default_priority == 1.0
+
+
+@pytest.mark.parametrize("inside_first", [True, False])
+def test_sampler_used_inside_then_outside_inference_mode(inside_first):
+    # Large writes and stratified walks use the trees' lazily made scratch buffers.
+    sampler = PrioritizedSamplerWithoutReplacement(20000, 1.0, 0.5, 0.0)
+    storage = FullStorage(20000)
+    reference = torch.zeros(20000)
+    for step, inside in enumerate([inside_first, not inside_first]):
+        index = torch.arange(step * 10000, step * 10000 + 10000)
+        with torch.inference_mode(inside):
+            sampler.update_priority(index, torch.full((10000,), 2.0 + step), storage=storage)
+            sampler.sample(storage, 64)
+        reference[index] = 2.0 + step
+    assert torch.equal(sampler.tree.leaves[:20000], reference)

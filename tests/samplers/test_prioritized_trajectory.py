@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import pickle
 import random
 
 import pytest
@@ -270,3 +271,111 @@ def test_a_storage_loaded_back_to_an_earlier_state_is_synced_afresh():
     batch = rb.sample()
     assert set(batch["positions"][:, 0].tolist()) <= {0, 1}
     assert set(batch["t"].flatten().tolist()) <= {0.0, 1.0, 2.0}
+
+
+# --------------------------------------------------------------------------- refused priorities and settings
+def _filled(**kwargs):
+    rb, sampler = make(num_envs=1, max_length=6, batch_length=2, **kwargs)
+    for t in range(5):
+        write(rb, [0], t)
+    rb.sample(2)  # syncs the leaves
+    return rb, sampler
+
+
+def _snapshot(sampler):
+    return sampler._tree.leaves.clone(), sampler._stored.clone()
+
+
+def _unchanged(sampler, before):
+    assert torch.equal(sampler._tree.leaves, before[0]) and torch.equal(sampler._stored, before[1])
+
+
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda s: s.update_window_priority([0], [1], [1e39]), "priorities=1e\\+39 with alpha=1 .* 3.403e\\+38"),
+        (lambda s: s.update_window_priority([0, 0], [0, 1], [1.0, 2.0, 3.0]),
+         "one length N .*'env_ids': 2, 'positions': 2, 'priorities': 3"),
+        (lambda s: s.update_window_priority([0, 0, 0], [0, 1], [1.0]), "'env_ids': 3, 'positions': 2"),
+        (lambda s: s.check_priority(torch.tensor([1e39], dtype=torch.float64), 1), "priorities=1e\\+39"),
+        (lambda s: s.update_priority(torch.tensor([[0, 1]]), torch.tensor([1e39], dtype=torch.float64)),
+         "priorities=1e\\+39"),
+    ],
+)
+def test_overflowing_or_mismatched_priorities_are_refused(call, match):
+    rb, sampler = _filled()
+    before = _snapshot(sampler)
+    with pytest.raises(ValueError, match=match):
+        call(sampler)
+    _unchanged(sampler, before)
+    assert torch.isfinite(rb.sample(4)["priority_weight"]).all()
+
+
+def test_overflow_after_alpha_is_refused_and_length_one_still_broadcasts():
+    rb, sampler = _filled(alpha=2.0)
+    before = _snapshot(sampler)
+    with pytest.raises(ValueError, match="priorities=1e\\+20 with alpha=2"):
+        sampler.update_window_priority([0], [1], 1e20)
+    _unchanged(sampler, before)
+    sampler.update_window_priority(0, [0, 1, 2], 3.0)  # one env id and one priority for all
+    assert sampler._tree.leaves[:4].tolist() == [9.0, 9.0, 9.0, 1.0]  # start 3 kept its priority
+
+
+def test_string_priorities_are_a_type_error_naming_them():
+    _, sampler = _filled()
+    before = _snapshot(sampler)
+    with pytest.raises(TypeError, match="priorities must be a real number .* got priorities='a'"):
+        sampler.update_window_priority([0], [1], "a")
+    _unchanged(sampler, before)
+
+
+@pytest.mark.parametrize(
+    "name,value,exc,match",
+    [
+        ("alpha", -1.0, ValueError, "alpha must be >= 0.0, got alpha=-1.0"),
+        ("alpha", math.nan, ValueError, "alpha must be"),
+        ("eps", -5.0, ValueError, "eps must be >= 0.0, got eps=-5.0"),
+        ("beta", 1.5, ValueError, "beta must be a number in \\[0, 1\\], got beta=1.5"),
+        ("initial_priority", -1.0, ValueError, "initial_priority must be >= 0.0"),
+        ("initial_priority", 1e39, ValueError, "initial_priority=1e\\+39 with alpha=1"),
+        ("alpha", 40.0, ValueError, "initial_priority=10 with alpha=40"),  # (10 + 0) ** 40 overflows
+        ("weights", "max", ValueError, "weights must be 'alf' or 'per'"),
+        ("alpha", "1", TypeError, "alpha must be a real number"),
+    ],
+)
+def test_settings_are_checked_as_the_constructor_checks_them(name, value, exc, match):
+    rb, sampler = _filled(initial_priority=10.0)
+    old, before = getattr(sampler, name), _snapshot(sampler)
+    with pytest.raises(exc, match=match):
+        setattr(sampler, name, value)
+    assert getattr(sampler, name) == old
+    rb.sample(2)
+    _unchanged(sampler, before)
+    if name != "weights" and not isinstance(value, str) and not math.isnan(value):
+        with pytest.raises(exc, match=match.split(",")[0]):  # the constructor raises the same
+            PrioritizedTrajectorySampler(2, **{"initial_priority": 10.0, name: value})
+
+
+def test_settings_set_to_valid_values_are_used():
+    rb, sampler = _filled()
+    sampler.alpha, sampler.eps = 2.0, 1.0
+    sampler.update_window_priority([0], [1], [2.0])
+    assert float(sampler._tree.leaves[1]) == 9.0  # (2 + 1) ** 2
+    sampler.initial_priority = 3.0
+    write(rb, [0], 5)
+    rb.sample(2)
+    assert float(sampler._tree.leaves[4]) == 16.0  # new window: (3 + 1) ** 2 > largest leaf 9
+    clone = pickle.loads(pickle.dumps(sampler))
+    assert (clone.alpha, clone.eps, clone.initial_priority) == (2.0, 1.0, 3.0)
+
+
+@pytest.mark.parametrize("inside_first", [True, False])
+def test_first_sync_inside_inference_mode_then_outside(inside_first):
+    rb, sampler = make(num_envs=1, max_length=6, batch_length=2)
+    for step, inside in enumerate([inside_first, not inside_first]):
+        write(rb, [0], 2 * step)  # the storage is made on its first write: outside, as usual
+        write(rb, [0], 2 * step + 1)
+        with torch.inference_mode(inside):  # the first sync makes the tree
+            rb.sample(2)
+            sampler.update_window_priority([0], [2 * step], [5.0])
+    assert sampler._tree.leaves.tolist() == [5.0, 5.0, 5.0, 0.0, 0.0, 0.0]  # new windows: the max leaf

@@ -155,3 +155,33 @@ def test_bad_batch_size_and_storage_raise():
         sampler.sample(rb.storage, 0)
     with pytest.raises(TypeError, match="samples windows from an EnvRingStorage, got LazyTensorStorage"):
         sampler.sample(LazyTensorStorage(4), 2)
+
+
+# --------------------------------------------------------------------------- settings after construction
+@pytest.mark.parametrize(
+    "name,value,exc,match",
+    [
+        ("recent_data_ratio", 5.0, ValueError, "recent_data_ratio must be a number in \\[0, 1\\], got recent_data_ratio=5.0"),
+        ("recent_data_ratio", math.nan, ValueError, "recent_data_ratio must be a number in \\[0, 1\\]"),
+        ("recent_data_steps", 0, ValueError, "recent_data_steps must be an int >= 1, got recent_data_steps=0"),
+        ("num_earliest_frames_ignored", -1, ValueError, "num_earliest_frames_ignored must be an int >= 0"),
+        ("batch_length", 0, ValueError, "batch_length must be an int >= 1"),
+    ],
+)
+def test_settings_are_checked_as_the_constructor_checks_them(name, value, exc, match):
+    sampler = TrajectorySampler(2, recent_data_steps=3, recent_data_ratio=0.5)
+    old = getattr(sampler, name)
+    with pytest.raises(exc, match=match):
+        setattr(sampler, name, value)
+    assert getattr(sampler, name) == old
+    kwargs = {"recent_data_steps": 3, "recent_data_ratio": 0.5}
+    with pytest.raises(exc, match=match):
+        TrajectorySampler(**{"batch_length": 2, **kwargs, name: value})
+
+
+def test_recent_data_ratio_set_later_is_used():
+    sampler = TrajectorySampler(1)
+    rb = ring_buffer([50], 100, sampler)
+    sampler.recent_data_ratio, sampler.recent_data_steps = 1.0, 2
+    starts = rb.sample(8)["positions"][:, 0]
+    assert set(starts.tolist()) <= {48, 49}  # every window from the two newest starts

@@ -12,6 +12,7 @@ from torchrl_ext.replay_buffers.tensordict import TensorDictReplayBuffer
 from torchrl_ext.samplers.prioritized import (
     PrioritizedSampler,
     PrioritizedSamplerWithoutReplacement,
+    priority_tensor,
 )
 
 __all__ = ["PrioritizedReplayBuffer"]
@@ -122,13 +123,30 @@ class PrioritizedReplayBuffer(TensorDictReplayBuffer):
         return self.sampler
 
     # ------------------------------------------------------------------
+    def update_priority(self, index: Any, priority: Any = None) -> None:
+        """TorchRL's ``update_priority(index, priority)`` (or ``update_priority(batch)``);
+        ``TypeError`` naming ``priority`` when it holds no numbers."""
+        if priority is not None:
+            priority = priority_tensor(priority)  # TorchRL's torch.as_tensor would name new()
+        return super().update_priority(index, priority)
+
     def update_tensordict_priority(self, data: TensorDictBase) -> None:
         """Writes ``data[priority_key]`` back as the priority of ``data["index"]``.
 
         A missing priority gives the items the sampler's default priority. A
         priority with extra dims (per agent, per step) is reduced with the
         sampler's ``reduction``.
+
+        Raises:
+            ValueError: when ``data`` has no ``"index"`` entry (only a sampled batch
+                says which items its priorities belong to); nothing is written then.
         """
+        if data.get("index", None) is None:
+            raise ValueError(
+                "update_tensordict_priority(data) needs the \"index\" entry that rb.sample() adds, "
+                f"but data has keys {sorted(map(str, data.keys()))}; pass the sampled batch (or "
+                "call rb.update_priority(index, priority))."
+            )
         if not (self._lean_path() and data.ndim == 1 and getattr(self.storage, "ndim", 1) == 1):
             return super().update_tensordict_priority(data)
         priority = data.get(self.priority_key, None)

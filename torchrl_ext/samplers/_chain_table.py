@@ -109,8 +109,10 @@ class ChainTable:
             # int8 holds every stop of chains up to 128 steps, the usual case, in a byte
             # (a 1M-step table fits in cache far better than int64's 8 MiB).
             dtype = torch.int8 if self.settings[0] <= 128 else torch.int64
-            self.stop = torch.zeros(rows, dtype=dtype, device=reward.device)
-            self.reward = torch.zeros(rows, *reward.shape[1:], dtype=reward.dtype, device=reward.device)
+            # Filled in place by later writes, maybe outside an inference_mode() this runs in.
+            with torch.inference_mode(False):
+                self.stop = torch.zeros(rows, dtype=dtype, device=reward.device)
+                self.reward = torch.zeros(rows, *reward.shape[1:], dtype=reward.dtype, device=reward.device)
             # Row m: what a chain stopping at m gives, shaped like one reward.
             n_step, gamma = self.settings[:2]
             shape = (n_step, *reward.shape[1:])

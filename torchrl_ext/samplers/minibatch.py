@@ -60,15 +60,50 @@ class _EpochMinibatchSampler(StateFiles, Sampler):
                 "give exactly one of num_mini_batch and mini_batch_size, got "
                 f"num_mini_batch={num_mini_batch!r}, mini_batch_size={mini_batch_size!r}."
             )
-        for name, value in (("num_mini_batch", num_mini_batch), ("mini_batch_size", mini_batch_size)):
-            if value is not None:
-                check_int(name, value, minimum=1)
-        self.num_mini_batch, self.mini_batch_size = num_mini_batch, mini_batch_size
+        self._num_mini_batch, self._mini_batch_size = None, None
+        if num_mini_batch is not None:
+            self.num_mini_batch = num_mini_batch
+        else:
+            self.mini_batch_size = mini_batch_size
         self.shuffle, self.drop_last = bool(shuffle), bool(drop_last)
         self._empty()
         self._injected: torch.Tensor | None = None
 
     # ------------------------------------------------------------------
+    # The split: exactly one of num_mini_batch and mini_batch_size is set (from the next epoch on).
+    @property
+    def num_mini_batch(self) -> int | None:
+        """Minibatches per epoch, or ``None`` when ``mini_batch_size`` decides; setting an int
+        clears ``mini_batch_size``."""
+        return self._num_mini_batch
+
+    @num_mini_batch.setter
+    def num_mini_batch(self, value: int | None) -> None:
+        self._num_mini_batch, self._mini_batch_size = self._split_setting("num_mini_batch", value)
+
+    @property
+    def mini_batch_size(self) -> int | None:
+        """Units per minibatch, or ``None`` when ``num_mini_batch`` decides; setting an int
+        clears ``num_mini_batch``."""
+        return self._mini_batch_size
+
+    @mini_batch_size.setter
+    def mini_batch_size(self, value: int | None) -> None:
+        self._mini_batch_size, self._num_mini_batch = self._split_setting("mini_batch_size", value)
+
+    def _split_setting(self, name: str, value: int | None) -> tuple[int | None, int | None]:
+        """``(value, other)`` for setting ``name`` (the other split setting): an int >= 1 clears
+        the other, ``None`` keeps it but only if it is set."""
+        other = self._mini_batch_size if name == "num_mini_batch" else self._num_mini_batch
+        if value is None:
+            if other is None:
+                raise ValueError(
+                    f"{name}=None leaves neither num_mini_batch nor mini_batch_size set; "
+                    "set the other one to an int >= 1 instead."
+                )
+            return None, other
+        return check_int(name, value, minimum=1), None
+
     @property
     def ran_out(self) -> bool:
         return self._ran_out
@@ -89,6 +124,8 @@ class _EpochMinibatchSampler(StateFiles, Sampler):
 
     @staticmethod
     def _layout(storage: Any) -> tuple[int, torch.Size]:
+        if len(storage) == 0 and getattr(storage, "ndim", 1) >= 2:  # its shape is unknown until written
+            raise RuntimeError("Cannot sample from an empty storage.")
         shape = getattr(storage, "shape", None)
         if shape is None or len(shape) < 2:
             raise ValueError(
@@ -149,8 +186,8 @@ class _EpochMinibatchSampler(StateFiles, Sampler):
         units = self._splits[self._next]
         self._next += 1
         _compat.set_remaining_batches(self, len(self._splits) - self._next)
-        if self._next == len(self._splits):
-            self.ran_out = True  # TorchRL: set with the last batch of the epoch
+        # TorchRL: set with the last batch of the epoch, cleared by the other batches.
+        self.ran_out = self._next == len(self._splits)
         return self._index(units, steps, threads), {}
 
     @staticmethod
@@ -171,6 +208,12 @@ class _EpochMinibatchSampler(StateFiles, Sampler):
         }
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        missing = sorted({"next", "ran_out", "units", "splits"} - set(state_dict))
+        if missing:
+            raise ValueError(
+                f"state_dict lacks {missing}: it is damaged or of another sampler; pass a "
+                f"{type(self).__name__}'s own state_dict()."
+            )
         splits = state_dict["splits"]
         self._splits = [s.clone() for s in splits] if splits else None
         self._next, self._ran_out = int(state_dict["next"]), bool(state_dict["ran_out"])
@@ -254,8 +297,16 @@ class ChunkedRecurrentMinibatchSampler(_EpochMinibatchSampler):
 
     def __init__(self, num_mini_batch: int | None = None, *, data_chunk_length: int, **kwargs: Any) -> None:
         super().__init__(num_mini_batch, **kwargs)
-        check_int("data_chunk_length", data_chunk_length, minimum=1)
         self.data_chunk_length = data_chunk_length
+
+    @property
+    def data_chunk_length(self) -> int:
+        """Steps per chunk ``L``, an int ``>= 1`` that divides the rollout length."""
+        return self._data_chunk_length
+
+    @data_chunk_length.setter
+    def data_chunk_length(self, value: int) -> None:
+        self._data_chunk_length = check_int("data_chunk_length", value, minimum=1)
 
     def _units(self, steps: int, threads: int) -> int:
         length = self.data_chunk_length

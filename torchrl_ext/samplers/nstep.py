@@ -110,17 +110,33 @@ class NStepSampler(StatelessSampler):
         agent_group: str | None = None,
     ) -> None:
         super().__init__()
-        check_int("n_step", n_step, minimum=1)
-        gamma = check_real("gamma", gamma, low=0.0, high=1.0)
+        self.n_step, self.gamma = n_step, gamma  # checked by the setters
         if agent_group is not None and (not isinstance(agent_group, str) or not agent_group):
             raise TypeError(
                 f"agent_group must be the name of the agents' group key (e.g. 'agents') or None, "
                 f"got agent_group={agent_group!r}."
             )
-        self.n_step, self.gamma = n_step, float(gamma)
         self.reward_key = nested_key(reward_key, "reward_key")
         self.done_key = nested_key(done_key, "done_key")
         self.agent_group = agent_group
+
+    @property
+    def n_step(self) -> int:
+        """Maximum steps per transition, an int ``>= 1``; settable (takes effect at the next sample)."""
+        return self._n_step
+
+    @n_step.setter
+    def n_step(self, value: int) -> None:
+        self._n_step = check_int("n_step", value, minimum=1)
+
+    @property
+    def gamma(self) -> float:
+        """Discount in ``[0, 1]``; settable (takes effect at the next sample)."""
+        return self._gamma
+
+    @gamma.setter
+    def gamma(self, value: float) -> None:
+        self._gamma = check_real("gamma", value, low=0.0, high=1.0)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

@@ -48,6 +48,18 @@ def _checked_exponents(state: dict[str, Any]) -> tuple[float, float, float]:
             check_real("eps", state.get("_eps"), low=0.0))
 
 
+def priority_tensor(priority: Any) -> torch.Tensor:
+    """``priority`` as a tensor (float64 unless it is one: a float32 cast turns 1e39 into inf);
+    ``TypeError`` naming ``priority`` when it holds no numbers (``torch.as_tensor`` would
+    raise about ``new()``)."""
+    if isinstance(priority, torch.Tensor):
+        return priority
+    try:
+        return torch.as_tensor(priority, dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"priority must be a real number or a tensor of them, got priority={priority!r}.") from None
+
+
 class PrioritizedSampler(StateFiles, _TorchRLPrioritizedSampler):
     r"""Prioritized experience replay (Schaul et al., 2015) on pure-torch trees.
 
@@ -162,13 +174,15 @@ class PrioritizedSampler(StateFiles, _TorchRLPrioritizedSampler):
         device = self._tree_device or torch.device("cpu")
         options = {"fanout": self._fanout, "dtype": self.dtype, "device": device}
         # One tree holds the sums, the minimum over the sampleable (non-zero)
-        # priorities for the weights, and the maximum for new data.
-        self._tree = PrioritySegmentTree(
-            self._capacity,
-            track_nnz=self._weights == "alf",
-            track_max=self._max_in_buffer,
-            **options,
-        )
+        # priorities for the weights, and the maximum for new data. Built outside inference
+        # mode (sample() may rebuild it inside one): its tensors are written in place later.
+        with torch.inference_mode(False):
+            self._tree = PrioritySegmentTree(
+                self._capacity,
+                track_nnz=self._weights == "alf",
+                track_max=self._max_in_buffer,
+                **options,
+            )
         self._max_seen = -math.inf
         # Every leaf at or above this index is zero. A leaf can be written for an item
         # that is not stored (a standalone update_priority, a write-back of a batch sampled
@@ -259,9 +273,10 @@ class PrioritizedSampler(StateFiles, _TorchRLPrioritizedSampler):
     def alpha(self, value: float) -> None:
         value = check_real("alpha", value, low=0.0)
         old = self._priority_exponent
-        self._priority_exponent = value
         if value != old:
+            # Re-transforms (or refuses, keeping the old alpha and trees) before alpha changes.
             self._retransform_priority_trees(old, value)
+        self._priority_exponent = value
 
     # ------------------------------------------------------------------
     # Sampling
@@ -369,7 +384,7 @@ class PrioritizedSampler(StateFiles, _TorchRLPrioritizedSampler):
                 "batch sampled before rb.empty() (or a load) cannot write its priorities back."
             )
         pmax = check_priorities("priority", priority)
-        self._write_priorities(index, priority, pmax, high)
+        self._write_priorities(index, self._transformed(priority, pmax), pmax, high)
 
     def check_priority(self, priority: Any, num_items: int) -> None:
         """Raises the ``TypeError`` / ``ValueError`` that :meth:`update_priority` would raise
@@ -378,15 +393,35 @@ class PrioritizedSampler(StateFiles, _TorchRLPrioritizedSampler):
         leaves the rows stored without one."""
         vector = self._priority_vector(priority, num_items, self._tree.device)
         if vector.numel():
-            check_priorities("priority", vector)
+            self._transformed(vector, check_priorities("priority", vector))
 
-    def _write_priorities(
-        self, index: torch.Tensor, priority: torch.Tensor, pmax: float, high: int
-    ) -> None:
+    def _transformed(self, priority: torch.Tensor, pmax: float) -> torch.Tensor:
+        """``(priority + eps) ** alpha`` in the trees' dtype, for checked raw priorities
+        whose largest is ``pmax``; ``ValueError`` when a value overflows that dtype."""
+        priority = priority.to(self.dtype)
         if priority.is_cpu:  # two numpy calls cost a fraction of two torch kernels here
-            value = torch.from_numpy(np.power(priority.numpy() + self._priority_offset, self._priority_exponent))
+            with np.errstate(over="ignore"):  # an overflow is refused below
+                value = torch.from_numpy(np.power(priority.numpy() + self._priority_offset, self._priority_exponent))
         else:
             value = priority.add(self._priority_offset).pow_(self._priority_exponent)
+        if not bool(torch.isfinite(value).all()):
+            # A finite priority stored as inf would make every draw NaN, and the max seen
+            # would give all new data that inf.
+            raise ValueError(self._overflow_message(f"priority={pmax:g}", self._priority_exponent))
+        return value
+
+    def _overflow_message(self, what: str, alpha: float) -> str:
+        return (
+            f"{what} with alpha={alpha:g} and eps={self._priority_offset:g} gives "
+            f"(priority + eps) ** alpha above {torch.finfo(self.dtype).max:.4g}, the largest "
+            f"{self.dtype} value the trees hold; nothing was written. Scale the priorities down, "
+            "lower alpha or build the sampler with dtype=torch.float64."
+        )
+
+    def _write_priorities(
+        self, index: torch.Tensor, value: torch.Tensor, pmax: float, high: int
+    ) -> None:
+        """Writes the :meth:`_transformed` ``value`` of raw priorities whose largest is ``pmax``."""
         self._tree._write(index, value)
         if pmax > self._max_seen:
             self._max_seen = pmax
@@ -414,10 +449,13 @@ class PrioritizedSampler(StateFiles, _TorchRLPrioritizedSampler):
         return (index * strides).sum(-1)
 
     def _priority_vector(self, priority: Any, n: int, device: torch.device) -> torch.Tensor:
-        priority = torch.as_tensor(priority, device=device).detach()
+        """``priority`` as ``[n]`` raw values, float64 unless given as a float32 tensor, so that
+        checks report the values given (a float32 cast turns 1e39 into inf)."""
+        priority = priority_tensor(priority).to(device).detach()
         if not (priority.is_floating_point() or priority.dtype in INT_DTYPES):
             raise TypeError(f"priority must hold real numbers, got dtype={priority.dtype}.")
-        priority = priority.to(torch.float64 if self.dtype == torch.float64 else torch.float32)
+        if priority.dtype != torch.float32:
+            priority = priority.to(torch.float64)
         if priority.numel() == 1:
             return priority.reshape(()).expand(n)
         if priority.ndim >= 1 and priority.shape[0] == n:
@@ -438,6 +476,9 @@ class PrioritizedSampler(StateFiles, _TorchRLPrioritizedSampler):
             return
         raw = (stored[written].double().pow(1.0 / old_alpha) - self._priority_offset).clamp_min(0)
         new = (raw + self._priority_offset).pow(new_alpha).to(self.dtype)
+        if not bool(torch.isfinite(new).all()):
+            raise ValueError(self._overflow_message(f"the stored priority {raw.max().item():g}", new_alpha)
+                             .replace("nothing was written", "alpha and the priorities were kept"))
         self._tree._write(written, new)
 
     def _empty(self) -> None:

@@ -38,6 +38,7 @@ from torchrl_ext.storages.ring import EnvRingStorage
 
 __all__ = ["PrioritizedTrajectorySampler"]
 
+_DTYPE = torch.float32  # of the priority tree
 _UNSET = -1.0  # stored priority of a slot whose current step was never prioritized
 
 
@@ -96,23 +97,96 @@ class PrioritizedTrajectorySampler(StateFiles, TrajectorySampler):
         **kwargs: Any,
     ) -> None:
         super().__init__(batch_length, **kwargs)
-        alpha, eps = check_real("alpha", alpha, low=0.0), check_real("eps", eps, low=0.0)
-        initial_priority = check_real("initial_priority", initial_priority, low=0.0)
-        beta = check_real("beta", beta, low=0.0, high=1.0)
-        if weights not in ("alf", "per"):
-            raise ValueError(f"weights must be 'alf' or 'per', got weights={weights!r}.")
-        self.alpha, self.beta, self.eps = alpha, beta, eps
-        self.initial_priority, self.weights = initial_priority, weights
+        self._alpha, self._eps, self._initial_priority = 1.0, 0.0, 1.0  # then each setter checks
+        self.alpha, self.eps, self.initial_priority = alpha, eps, initial_priority
+        self.beta, self.weights = beta, weights
         self._empty()
         self._ignored = self.num_earliest_frames_ignored  # the storage may need more
+
+    # ------------------------------------------------------------------
+    # Settings: each setter runs the constructor's check (new windows use them at the next sync)
+    @property
+    def alpha(self) -> float:
+        """Priority exponent ``>= 0`` for priorities written from now on."""
+        return self._alpha
+
+    @alpha.setter
+    def alpha(self, value: float) -> None:
+        value = check_real("alpha", value, low=0.0)
+        self._new_window_priority(alpha=value)
+        self._alpha = value
+
+    @property
+    def eps(self) -> float:
+        """Added to priorities before the exponent, ``>= 0``."""
+        return self._eps
+
+    @eps.setter
+    def eps(self, value: float) -> None:
+        value = check_real("eps", value, low=0.0)
+        self._new_window_priority(eps=value)
+        self._eps = value
+
+    @property
+    def initial_priority(self) -> float:
+        """Priority of new windows (at least), ``>= 0``."""
+        return self._initial_priority
+
+    @initial_priority.setter
+    def initial_priority(self, value: float) -> None:
+        value = check_real("initial_priority", value, low=0.0)
+        self._new_window_priority(initial_priority=value)
+        self._initial_priority = value
+
+    @property
+    def beta(self) -> float:
+        """Importance-weight exponent in ``[0, 1]`` for ``weights="per"``."""
+        return self._beta
+
+    @beta.setter
+    def beta(self, value: float) -> None:
+        self._beta = check_real("beta", value, low=0.0, high=1.0)
+
+    @property
+    def weights(self) -> str:
+        """Importance-weight convention, ``"alf"`` or ``"per"``."""
+        return self._weights
+
+    @weights.setter
+    def weights(self, value: str) -> None:
+        if value not in ("alf", "per"):
+            raise ValueError(f"weights must be 'alf' or 'per', got weights={value!r}.")
+        self._weights = value
+
+    def _transformed(self, priorities: torch.Tensor, what: str, **changes: float) -> torch.Tensor:
+        """``(priorities + eps) ** alpha`` (float64 ``priorities``, with ``changes`` to the
+        settings) in the tree dtype; ``ValueError`` when one overflows it (stored as inf,
+        it would make every weight NaN)."""
+        alpha, eps = changes.get("alpha", self._alpha), changes.get("eps", self._eps)
+        values = (priorities + eps).pow_(alpha).to(_DTYPE)
+        if not bool(torch.isfinite(values).all()):
+            raise ValueError(
+                f"{what} with alpha={alpha:g} and eps={eps:g} gives (priority + eps) ** alpha "
+                f"above {torch.finfo(_DTYPE).max:.4g}, the largest {_DTYPE} value of the priority "
+                "tree; nothing was changed. Use smaller priorities or a smaller alpha."
+            )
+        return values
+
+    def _new_window_priority(self, **changes: float) -> float:
+        """``(initial_priority + eps) ** alpha`` with ``changes``, checked as priorities are."""
+        initial = changes.pop("initial_priority", self._initial_priority)
+        value = torch.tensor([initial], dtype=torch.float64)
+        return float(self._transformed(value, f"initial_priority={initial:g}", **changes))
 
     # ------------------------------------------------------------------
     # Keeping the leaves in step with the storage
     def _sync(self, storage: EnvRingStorage) -> None:
         num_leaves = storage.num_envs * storage.max_length
         if self._tree is None or self._tree.capacity != num_leaves:
-            self._tree = PrioritySegmentTree(num_leaves, track_max=True)
-            self._stored = torch.full((num_leaves,), _UNSET)
+            # Written in place later, maybe outside an inference_mode() the first sync ran in.
+            with torch.inference_mode(False):
+                self._tree = PrioritySegmentTree(num_leaves, track_max=True, dtype=_DTYPE)
+                self._stored = torch.full((num_leaves,), _UNSET)
             self._seen = torch.zeros(3, storage.num_envs, dtype=torch.long)
             self._seen_geometry = None
         now = torch.stack([storage.positions, storage.sizes, storage.resets])
@@ -164,7 +238,7 @@ class PrioritizedTrajectorySampler(StateFiles, TrajectorySampler):
             self._tree._write(leaves[known], stored[known].to(self._tree.dtype))
         if not bool(known.all()):
             new = leaves[~known]
-            value = max(float(self._tree.max()), (self.initial_priority + self.eps) ** self.alpha)
+            value = max(float(self._tree.max()), self._new_window_priority())
             self._tree._write(new, torch.full((new.numel(),), value, dtype=self._tree.dtype))
             self._stored[new] = value
 
@@ -213,9 +287,16 @@ class PrioritizedTrajectorySampler(StateFiles, TrajectorySampler):
 
         Entries whose position is no longer a valid start are skipped.
 
+        Args:
+            env_ids: ``[N]`` env ids (or one for all).
+            positions: ``[N]`` window start positions (or one for all).
+            priorities: ``[N]`` raw priorities (or one for all).
+
         Raises:
-            ValueError: on NaN, infinite or negative priorities, or env ids out
-                of range (nothing is written then).
+            ValueError: on NaN, infinite or negative priorities, priorities whose
+                ``(priority + eps) ** alpha`` overflows float32, lengths that differ
+                (other than 1), or env ids out of range (nothing is written then).
+            TypeError: on priorities that are not real numbers.
         """
         storage = getattr(self, "_storage_ref", None)
         if storage is None:
@@ -225,30 +306,34 @@ class PrioritizedTrajectorySampler(StateFiles, TrajectorySampler):
             )
         env_ids = torch.as_tensor(env_ids, dtype=torch.long).reshape(-1).cpu()
         positions = torch.as_tensor(positions, dtype=torch.long).reshape(-1).cpu()
-        priorities = torch.as_tensor(priorities, dtype=torch.float64).detach().cpu()
-        env_ids, positions, priorities = torch.broadcast_tensors(
-            env_ids, positions, priorities.reshape(-1)
-        )
+        priorities = _as_float64("priorities", priorities).reshape(-1)
+        lengths = {"env_ids": env_ids.numel(), "positions": positions.numel(), "priorities": priorities.numel()}
+        if len(set(lengths.values()) - {1}) > 1:
+            raise ValueError(
+                f"env_ids, positions and priorities must have one length N (or length 1, used for "
+                f"all), got lengths {lengths}; nothing was written."
+            )
+        env_ids, positions, priorities = torch.broadcast_tensors(env_ids, positions, priorities)
         if env_ids.numel() == 0:
             return
         storage.check_env_ids(env_ids)
-        check_priorities("priorities", priorities)
+        transformed = self._transformed(priorities, f"priorities={check_priorities('priorities', priorities):g}")
         self._sync(storage)
         a, b = self._valid_bounds(storage.positions[env_ids], storage.sizes[env_ids])
         keep = (positions >= a) & (positions <= b)
         if not bool(keep.any()):
             return
         leaves = env_ids[keep] * storage.max_length + positions[keep] % storage.max_length
-        values = (priorities[keep] + self.eps).pow_(self.alpha).to(self._tree.dtype)
+        values = transformed[keep]
         self._tree._write(leaves, values)
         self._stored[leaves] = values.to(self._stored.dtype)
 
     def check_priority(self, priority: Any, num_items: int) -> None:
         """Raises the ``ValueError`` :meth:`update_window_priority` would raise for these
         priority values, writing nothing (buffers call it before storing a batch)."""
-        values = torch.as_tensor(priority, dtype=torch.float64).detach().reshape(-1)
+        values = _as_float64("priorities", priority).reshape(-1)
         if values.numel():
-            check_priorities("priorities", values)
+            self._transformed(values, f"priorities={check_priorities('priorities', values):g}")
 
     def update_priority(
         self, index: Any, priority: Any, *, storage: EnvRingStorage | None = None
@@ -263,7 +348,7 @@ class PrioritizedTrajectorySampler(StateFiles, TrajectorySampler):
         index = torch.as_tensor(index)
         if index.ndim == 3:
             index = index[:, 0]
-        priority = torch.as_tensor(priority)
+        priority = _as_float64("priority", priority)
         if priority.ndim > 1:
             priority = priority.reshape(priority.shape[0], -1).amax(1)
         self.update_window_priority(index[:, 0], index[:, 1], priority)
@@ -307,13 +392,21 @@ class PrioritizedTrajectorySampler(StateFiles, TrajectorySampler):
             self._empty()
             return
         tree_state = state_dict["tree"]
-        self._tree = PrioritySegmentTree(tree_state["capacity"], track_max=True)
+        self._tree = PrioritySegmentTree(tree_state["capacity"], track_max=True, dtype=_DTYPE)
         self._tree.load_state_dict(tree_state)
         self._stored = state_dict["stored"][0].clone()
         self._seen = state_dict["seen"][0].clone()
         geometry = state_dict["seen_geometry"]
         self._seen_geometry = tuple(geometry) if geometry else None
         self._seen_source = None  # restored with its storage: the next sync takes it as seen
+
+
+def _as_float64(name: str, value: Any) -> torch.Tensor:
+    """``value`` as a float64 CPU tensor; ``TypeError`` naming ``name`` when it holds no numbers."""
+    try:
+        return torch.as_tensor(value, dtype=torch.float64).detach().cpu()
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"{name} must be a real number or a tensor of them, got {name}={value!r}.") from None
 
 
 def _leaves_of(env: torch.Tensor, low: torch.Tensor, high: torch.Tensor, length: int) -> torch.Tensor:

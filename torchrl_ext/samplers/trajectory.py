@@ -89,14 +89,12 @@ class TrajectorySampler(StatelessSampler):
         recent_data_ratio: float = 0.0,
     ) -> None:
         super().__init__()
+        # Each setter runs the check of its argument.
         self.batch_length = batch_length
-        check_int("num_earliest_frames_ignored", num_earliest_frames_ignored, minimum=0)
-        check_int("recent_data_steps", recent_data_steps, minimum=1)
-        ratio = check_real("recent_data_ratio", recent_data_ratio, low=0.0, high=1.0)
         self.num_earliest_frames_ignored = num_earliest_frames_ignored
         self.with_replacement = bool(with_replacement)
         self.recent_data_steps = recent_data_steps
-        self.recent_data_ratio = float(ratio)
+        self.recent_data_ratio = recent_data_ratio
 
     @property
     def batch_length(self) -> int:
@@ -106,6 +104,33 @@ class TrajectorySampler(StatelessSampler):
     def batch_length(self, value: int) -> None:
         check_int("batch_length", value, minimum=1)
         self._batch_length = value
+
+    @property
+    def num_earliest_frames_ignored(self) -> int:
+        """Oldest stored steps of each env that never start a window, an int ``>= 0``."""
+        return self._num_earliest_frames_ignored
+
+    @num_earliest_frames_ignored.setter
+    def num_earliest_frames_ignored(self, value: int) -> None:
+        self._num_earliest_frames_ignored = check_int("num_earliest_frames_ignored", value, minimum=0)
+
+    @property
+    def recent_data_steps(self) -> int:
+        """How many of the newest valid starts count as recent, an int ``>= 1``."""
+        return self._recent_data_steps
+
+    @recent_data_steps.setter
+    def recent_data_steps(self, value: int) -> None:
+        self._recent_data_steps = check_int("recent_data_steps", value, minimum=1)
+
+    @property
+    def recent_data_ratio(self) -> float:
+        """Share of the batch drawn from the recent starts, in ``[0, 1]``."""
+        return self._recent_data_ratio
+
+    @recent_data_ratio.setter
+    def recent_data_ratio(self, value: float) -> None:
+        self._recent_data_ratio = check_real("recent_data_ratio", value, low=0.0, high=1.0)
 
     def __repr__(self) -> str:
         return (
