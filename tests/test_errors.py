@@ -772,6 +772,24 @@ def _(tmp: Path) -> Built:
     return buffer_state(rb), lambda: setattr(rb.sampler, "beta", -1.0)
 
 
+@row("prio-overflow", "`PrioritizedReplayBuffer.update_priority`", "`priority=[1e20]` with `alpha=2`",
+     ValueError, r"priority=1e\+20 with alpha=2 and eps=1e-08 gives \(priority \+ eps\) \*\* alpha above "
+     r"3\.403e\+38, the largest torch\.float32 value the trees hold; nothing was written",
+     "scale the priorities down, lower alpha or use `dtype=torch.float64`", PRIO)
+def _(tmp: Path) -> Built:
+    rb = prioritized_buffer()
+    rb.sampler.alpha = 2.0
+    return buffer_state(rb), lambda: rb.update_priority(torch.tensor([0]), torch.tensor([1e20]))
+
+
+@row("prio-alpha-overflow", "`PrioritizedSampler`", "`rb.sampler.alpha = 70.0` over priorities up to 4",
+     ValueError, r"the stored priority 4 with alpha=70 .* alpha and the priorities were kept",
+     "lower alpha, or use `dtype=torch.float64`", PRIO)
+def _(tmp: Path) -> Built:
+    rb = prioritized_buffer()
+    return buffer_state(rb), lambda: setattr(rb.sampler, "alpha", 70.0)
+
+
 @row("prio-alpha", "`PrioritizedSampler`", "`rb.sampler.alpha = -1.0`", ValueError,
      r"alpha must be >= 0\.0, got alpha=-1\.0", "use alpha >= 0", PRIO)
 def _(tmp: Path) -> Built:
@@ -1171,6 +1189,16 @@ def _(tmp: Path) -> Built:
     bad = torch.zeros(2, 3)
     bad[1, 2] = math.nan
     return (lambda: freeze(norm.state_dict())), lambda: norm.update(bad)
+
+
+@row("value-norm-overflow", "`ValueNorm.update`", "`ValueNorm(1, dtype=torch.float16).update(x)`, x near 300",
+     ValueError, r".x. \(largest .x. = 310\) has a mean square that overflows the state dtype torch\.float16; "
+     r"the running statistics were left unchanged",
+     "build it with a wider dtype, or scale the values down", "normaliser `state_dict()`")
+def _(tmp: Path) -> Built:
+    norm = ValueNorm(1, dtype=torch.float16)
+    norm.update(torch.tensor([[1.0], [3.0]]))
+    return (lambda: freeze(norm.state_dict())), lambda: norm.update(torch.tensor([[300.0], [310.0]]))
 
 
 @row("l2r-last-val", "`l2r_ppo_buffer.finish_path`", "`finish_path(float('nan'))`", ValueError,
