@@ -28,6 +28,7 @@ __all__ = [
     "check_finite",
     "check_flag",
     "check_floating",
+    "check_indices",
     "check_int",
     "check_priorities",
     "check_real",
@@ -173,6 +174,30 @@ def bounds(values: torch.Tensor) -> tuple[Any, Any]:
     """
     low, high = torch.aminmax(values.detach())
     return low.item(), high.item()
+
+
+def check_indices(name: str, value: Any, what: str = "indices") -> torch.Tensor:
+    """``value`` (an int, a sequence, an array or a tensor of ints) as an int64 tensor on its
+    device; ``TypeError`` for floats, bools, complex numbers or anything else, which a cast
+    would silently truncate (``1.9`` -> env 1) or read as a mask (``[True, False]`` -> ids 1, 0).
+    ``what`` names the entries in the message (``"env ids"``, ``"positions"``)."""
+    try:
+        tensor = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"{name} must hold integer {what}, got {value!r}; pass integer {what}.") from None
+    if tensor.numel() == 0 and not isinstance(value, torch.Tensor):
+        return tensor.long()  # ``[]`` becomes a float tensor, but holds no float
+    if tensor.dtype is torch.bool:
+        raise TypeError(
+            f"{name} must hold integer {what}, got dtype=torch.bool; pass integer {what}, "
+            f"e.g. mask.nonzero().squeeze(1) for a boolean mask."
+        )
+    if tensor.dtype.is_floating_point or tensor.is_complex():
+        raise TypeError(
+            f"{name} must hold integer {what}, got dtype={tensor.dtype}; pass integer {what} "
+            f"(e.g. {name}.long() if they are whole numbers)."
+        )
+    return tensor.long()
 
 
 def check_priorities(name: str, values: torch.Tensor) -> float:

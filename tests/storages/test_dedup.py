@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tensordict import TensorDict
 
+import torchrl_ext
 from torchrl_ext.replay_buffers import EnvRingReplayBuffer
 from torchrl_ext.samplers import TrajectorySampler
 from torchrl_ext.storages import DedupEnvRingStorage, EnvRingStorage, EpisodicEnvRingStorage
@@ -378,3 +379,33 @@ def test_stacks_inside_a_block_must_follow_each_other_frame_for_frame():
     with pytest.raises(ValueError, match=r"\('next', 'observation'\) of a step differs from 'observation'"):
         rb.extend(block, env_ids=ids)
     assert len(rb) == 0
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_first_writes_inside_inference_mode_then_outside(fast):
+    # The lazily allocated frames (rings, pending stacks, terminal frames) must be normal
+    # tensors: the writes after the inference_mode block update them in place.
+    buffers = [EnvRingReplayBuffer(storage=DedupEnvRingStorage(1, 12, num_stack=4)) for _ in range(2)]
+    for inside, rb in zip((True, False), buffers):
+        streams = Streams(1, 4, 0, "reset", random.Random(5))
+        with torchrl_ext.fastpath(fast):
+            for k in range(10):
+                td, ids = to_td([0], [[streams.step(0, p_done=0.5)]], blocks=False)
+                with torch.inference_mode(inside and k < 3):
+                    rb.extend(td, env_ids=ids)
+    index = (torch.zeros(10, dtype=torch.long), torch.arange(10))
+    inside, outside = (rb.storage.get(index) for rb in buffers)
+    assert (inside == outside).all()
+
+
+def test_reset_refuses_a_boolean_mask_before_any_change():
+    rb = EnvRingReplayBuffer(storage=DedupEnvRingStorage(2, 6, num_stack=2))
+    streams = Streams(2, 2, 0, "reset", random.Random(0))
+    for _ in range(3):
+        td, ids = to_td([0, 1], [[streams.step(0, p_done=0.0)], [streams.step(1, p_done=0.0)]], blocks=False)
+        rb.extend(td, env_ids=ids)
+    before = (rb.storage.current_size.clone(), rb.storage._terminal_row.clone(), rb.storage._last_done.clone())
+    with pytest.raises(TypeError, match=r"got dtype=torch\.bool; .*mask\.nonzero\(\)\.squeeze\(1\)"):
+        rb.storage.reset(torch.tensor([True, False]))
+    after = (rb.storage.current_size, rb.storage._terminal_row, rb.storage._last_done)
+    assert all(torch.equal(a, b) for a, b in zip(after, before))

@@ -8,6 +8,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+import torchrl_ext
 from torchrl_ext.replay_buffers import EnvRingReplayBuffer
 from torchrl_ext.storages import EpisodicEnvRingStorage
 
@@ -272,3 +273,56 @@ def test_step_types_and_discounts_outside_their_range_are_refused_before_writing
     for name in ("counters", "episodes"):
         assert all(torch.equal(a, b) for a, b in zip(after[name], before[name])), name
     assert len(rb) == 2
+
+
+def _episode_state(storage):
+    return [t.clone() for t in (storage.current_pos, storage.current_size, storage._is_first,
+                                storage._indexed, storage._headless, storage._disc0, storage._returns)]
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_write_without_reward_is_refused_before_anything_changes(fast):
+    storage = EpisodicEnvRingStorage(1, 4, record_episodic_return=True, gamma=0.5)
+    rb = EnvRingReplayBuffer(storage=storage)
+    rb.extend(batch([0], [0], [1.0], [0.0]))
+    rb.extend(batch([0], [1], [1.0], [1.0]))
+    before = _episode_state(storage)
+    for data in (batch([0], [2], [0.0], [2.0]).exclude("reward"),
+                 batch([0], [2], [0.0], [2.0]).exclude("discount")):
+        with torchrl_ext.fastpath(fast), pytest.raises(ValueError, match="needs '(reward|discount)' in every"):
+            rb.extend(data)
+        for got, expected in zip(_episode_state(storage), before):
+            assert torch.equal(got, expected)
+    assert storage.steps_to_episode_end(torch.tensor([0]), torch.tensor([0])).tolist() == [1]
+    rb.extend(batch([0], [2], [0.0], [2.0]))  # the same step with its reward: G_0 = 1 + 0.5 * 2
+    assert storage.get((torch.tensor([0, 0]), torch.arange(2)))["discounted_return"].tolist() == [2.0, 2.0]
+
+
+def test_queries_refuse_float_positions_env_ids_and_unequal_lengths():
+    storage = EpisodicEnvRingStorage(2, 8)
+    rb = EnvRingReplayBuffer(storage=storage)
+    for t in range(4):
+        rb.extend(batch([0, 1], [0 if t == 0 else 1] * 2, [1.0, 1.0], [0.0, 0.0]))
+    for query in (storage.get_episode_begin_position, storage.steps_to_episode_end):
+        with pytest.raises(TypeError, match=r"positions must hold integer positions, got dtype=torch\.float32"):
+            query(torch.tensor([3.5]), torch.tensor([0]))
+        with pytest.raises(TypeError, match=r"env_ids must hold integer env ids, got dtype=torch\.float32"):
+            query(torch.tensor([3]), torch.tensor([0.9]))
+        with pytest.raises(ValueError, match=r"env_ids of shape \(2,\) and positions of shape \(3,\)"):
+            query(torch.tensor([1, 2, 3]), torch.tensor([0, 1]))
+    assert storage.get_episode_begin_position(torch.tensor([3, 2]), torch.tensor([0, 1])).tolist() == [0, 0]
+    assert storage.steps_to_episode_end(torch.tensor([1, 3]), torch.tensor([1, 0])).tolist() == [2, 0]
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_first_write_inside_inference_mode(fast):
+    storage = EpisodicEnvRingStorage(2, 4, record_episodic_return=True, gamma=0.5)
+    rb = EnvRingReplayBuffer(storage=storage, batch_size=2)
+    with torchrl_ext.fastpath(fast):
+        with torch.inference_mode():
+            rb.extend(batch([0, 1], [0, 0], [1.0, 1.0], [0.0, 0.0]))
+            rb.sample()
+        rb.extend(batch([0, 1], [1, 2], [1.0, 0.0], [1.0, 2.0]))
+        rb.sample()
+    assert storage.get((torch.tensor([1]), torch.tensor([0])))["discounted_return"].tolist() == [2.0]
+    assert storage.steps_to_episode_end(torch.tensor([0, 0]), torch.tensor([0, 1])).tolist() == [1, 1]

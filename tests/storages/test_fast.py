@@ -15,7 +15,7 @@ from torchrl.data import (
 )
 
 from torchrl_ext.replay_buffers import TensorDictReplayBuffer as ExtTensorDictReplayBuffer
-from torchrl_ext.storages import FastMemmapStorage, FastTensorStorage
+from torchrl_ext.storages import FastMemmapStorage, FastTensorStorage, StorageLayoutError
 from torchrl_ext.storages._gathers import select_rows
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -435,3 +435,19 @@ def test_the_initialisation_log_names_the_storage(cls, base, tmp_path):
     lines = [line for line in seen.lines if line.startswith("Initialized")]
     assert lines[0].startswith(f"Initialized {cls.__name__} with ") and "shape" in lines[0], lines
     assert lines[1:] == [f"Initialized {base} elsewhere"], lines
+
+
+@pytest.mark.parametrize("storage_cls", [FastTensorStorage, FastMemmapStorage])
+@pytest.mark.parametrize("buffer_cls", [ReplayBuffer, TensorDictReplayBuffer])
+def test_refused_oversized_write_rewinds_torchrl_writer_over_every_row(storage_cls, buffer_cls, tmp_path):
+    # 7 rows into capacity 5: the storage keeps the newest 5, but TorchRL's writer advanced
+    # over all 7; a refusal must rewind all 7 (not the 5 kept), else row 0 is overwritten
+    # next and never-written row 3 counts as stored.
+    kwargs = {"scratch_dir": tmp_path} if storage_cls is FastMemmapStorage else {}
+    rb = buffer_cls(storage=storage_cls(5, **kwargs), batch_size=2)
+    rb.extend(TensorDict({"x": torch.arange(3.0)}, [3]))
+    with pytest.raises(StorageLayoutError, match="dtype"):
+        rb.extend(TensorDict({"x": torch.arange(7)}, [7]))  # int64 into float32
+    assert (rb.writer._cursor, rb.writer._write_count, len(rb)) == (3, 3, 3)
+    rb.extend(TensorDict({"x": torch.tensor([9.0])}, [1]))
+    assert rb[:]["x"].tolist() == [0.0, 1.0, 2.0, 9.0] and len(rb) == 4

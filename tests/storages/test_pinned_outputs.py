@@ -120,7 +120,7 @@ def rollout_case(storage_type, pin_memory, tmp_path):
     TensorDictReplayBuffer(storage=rollout, pin_memory=pin_memory)
     for t in range(4):
         rollout.insert(transitions(3, 20 + t))
-    index = (torch.tensor([0, 4, 2, 2]), torch.tensor([1, 0, 2, 2]))
+    index = (torch.tensor([0, 3, 2, 2]), torch.tensor([1, 0, 2, 2]))  # steps of [T=4, N=3]
     return rollout, lambda storage: storage.get(index)
 
 

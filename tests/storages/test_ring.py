@@ -418,3 +418,30 @@ def test_gather_all_before_any_write_is_empty_even_with_moved_counters():
     storage.advance(None, 2)  # counters moved, nothing allocated
     data, positions = storage.gather_all()
     assert data.batch_size == (2, 0) and positions.tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_first_write_inside_inference_mode(fast):
+    rb = EnvRingReplayBuffer(num_envs=2, max_length=4, batch_size=2)
+    with torchrl_ext.fastpath(fast):
+        with torch.inference_mode():
+            rb.extend(steps([0, 1], [1.0, 2.0]))
+            rb.sample()
+        rb.extend(steps([1, 0], [3.0, 4.0]))
+        rb.sample()
+    assert rb.read(torch.tensor([0, 0, 1, 1]), torch.tensor([0, 1, 0, 1]))["obs"][:, 0].tolist() == [1.0, 4.0, 2.0, 3.0]
+
+
+def test_storage_methods_refuse_non_integer_env_ids_and_positions():
+    rb = filled_buffer()
+    storage = rb.storage
+    before = (storage.current_pos.tolist(), storage.current_size.tolist())
+    for call in (lambda: storage.shrink(torch.tensor([0.5]), 1), lambda: storage.reset([1.5]),
+                 lambda: storage.reset(torch.tensor([True, False, True]))):
+        with pytest.raises(TypeError, match=r"env_ids must hold integer env ids, got dtype=torch\.(float32|bool)"):
+            call()
+    with pytest.raises(ValueError, match=r"env_ids must lie in \[0, 2\]"):
+        storage.reset(torch.tensor([3]))
+    with pytest.raises(TypeError, match=r"index\[1\] must hold integer positions, got dtype=torch\.float32"):
+        storage.get((torch.tensor([0]), torch.tensor([1.0])))
+    assert (storage.current_pos.tolist(), storage.current_size.tolist()) == before

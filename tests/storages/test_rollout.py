@@ -5,9 +5,12 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from torchrl.data import TensorStorage
+
+import torchrl_ext
 from torchrl_ext.replay_buffers import TensorDictReplayBuffer
 from torchrl_ext.samplers import ChunkedRecurrentMinibatchSampler, FeedForwardMinibatchSampler
-from torchrl_ext.storages import RolloutStorage
+from torchrl_ext.storages import RolloutStorage, StorageLayoutError
 
 T, N, A = 4, 3, 2
 
@@ -224,3 +227,85 @@ def test_rollout_writer_needs_a_rollout_storage():
 
     with pytest.raises(TypeError, match="RolloutWriter writes into a RolloutStorage, got storage=FastTensorStorage"):
         TensorDictReplayBuffer(storage=FastTensorStorage(4), writer=RolloutWriter())
+
+
+def _uncarried_step(value):
+    return TensorDict({"x": torch.full((2,), value), "next": {"reward": torch.ones(2)}}, [2])
+
+
+def test_state_dict_round_trip_without_carried_keys(tmp_path):
+    # Nothing to carry: the loaded rollout must keep carrying nothing (not re-infer, not fail).
+    rollout = RolloutStorage(3)
+    rollout.insert(_uncarried_step(0.0))
+    assert rollout.carry_keys == []
+    for load in ("state_dict", "dumps"):
+        loaded = RolloutStorage(3)
+        if load == "state_dict":
+            loaded.load_state_dict(rollout.state_dict())
+        else:
+            rollout.dumps(tmp_path / "ckpt")
+            loaded.loads(tmp_path / "ckpt")
+        assert loaded.carry_keys == []
+        loaded.insert(_uncarried_step(1.0))
+        loaded.insert(_uncarried_step(2.0))
+        loaded.after_update()
+        assert loaded.data["x"][:3, 0].tolist() == [0.0, 1.0, 2.0] and loaded.step == 0
+    empty = RolloutStorage(3)  # carry keys not chosen yet: still inferred after a load
+    fresh = RolloutStorage(3)
+    fresh.load_state_dict(empty.state_dict())
+    fresh.insert(TensorDict({"x": torch.zeros(2), "next": {"x": torch.ones(2)}}, [2]))
+    assert fresh.carry_keys == ["x"]
+
+
+def test_get_coordinates_are_bounds_checked():
+    rollout = RolloutStorage(3)
+    for t in range(2):
+        rollout.insert(TensorDict({"obs": torch.tensor([10.0 * t, 10.0 * t + 1])}, [2]))
+    T = torch.tensor
+    with pytest.raises(IndexError, match=r"index\[1\] holds 3, out of range for dim 1 of the rollout's \[3, 2\]"):
+        rollout.get((T([0]), T([3])))  # env 3 of 2
+    with pytest.raises(IndexError, match=r"index\[0\] holds 3, out of range .* use values in \[-3, 2\]"):
+        rollout.get((T([3]), T([0])))  # slot T: the bootstrap slot
+    with pytest.raises(IndexError, match=r"index\[1\] holds -3"):
+        rollout.get((T([0]), T([-3])))
+    # Negative coordinates count from the end, as in TorchRL's ndim=2 storage.
+    reference = TensorStorage(rollout.data[:3].clone(), ndim=2)
+    for index in [(T([0, 1]), T([-1, -2])), (T([-3, -2]), T([1, 0]))]:
+        assert rollout.get(index)["obs"].tolist() == reference.get(index)["obs"].tolist()
+    assert rollout.get((T([1, -2]), T([-1, 1])))["obs"].tolist() == [11.0, 11.0]
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_first_insert_inside_inference_mode(fast):
+    step = lambda v: TensorDict({"x": torch.full((2,), v), "next": {"x": torch.full((2,), v + 1)}}, [2])
+    rollout = RolloutStorage(2)
+    with torchrl_ext.fastpath(fast):
+        with torch.inference_mode():
+            rollout.insert(step(0.0))
+        rollout.insert(step(1.0))
+        rollout.after_update()
+        rollout.insert(step(5.0))
+    assert rollout.data["x"][:, 0].tolist() == [5.0, 6.0, 2.0]  # slots 1, 2: carried next x
+    assert not rollout.data["x"].is_inference()
+
+
+@pytest.mark.parametrize("entry, value", [
+    ("action", torch.tensor([0.7, 2.9])),  # float into the int64 slot: would truncate to 0, 2
+    ("done", torch.tensor([0.0, 1.0])),  # float into the bool slot
+    ("done", torch.tensor([0, 2])),  # int into the bool slot
+])
+def test_insert_refuses_lossy_dtype_casts_before_any_write(entry, value):
+    rollout = RolloutStorage(2)
+    first = TensorDict({"action": torch.tensor([1, 2]), "done": torch.tensor([False, True]),
+                        "obs": torch.zeros(2)}, [2])
+    rollout.insert(first)
+    before = rollout.data.clone()
+    bad = first.clone().set(entry, value)
+    for write in (lambda: rollout.insert(bad), lambda: rollout.insert_steps(bad.unsqueeze(1)),
+                  lambda: rollout.write_rollout(torch.stack([bad, bad]))):
+        with pytest.raises(StorageLayoutError, match=rf"key '{entry}': the rollout stores dtype .* without loss"):
+            write()
+        assert (rollout.data == before).all() and rollout.step == 1
+    # Widening casts are exact and pass: float64 observations into the float32 slot.
+    rollout.insert(first.clone().set("obs", torch.tensor([0.5, 1.5], dtype=torch.float64)))
+    assert rollout.data["obs"][1].tolist() == [0.5, 1.5] and rollout.data["obs"].dtype is torch.float32

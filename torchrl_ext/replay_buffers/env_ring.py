@@ -113,7 +113,8 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
                 is not given; without either, ``N`` must be ``num_envs``.
 
         Keyword Args:
-            env_ids: int ``[N]``, distinct.
+            env_ids: ``N`` distinct int env ids (an int for one row); floats and
+                bools are refused (``TypeError``).
             blocking: wait until every env has room instead of overwriting its
                 oldest steps. The wait happens outside the buffer lock.
             timeout: seconds to wait at most (``TimeoutError`` after that).
@@ -131,11 +132,14 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
         self._check_priority_entry(data, update_priority)  # before any step is stored
         if not blocking:
             return self._write(data, env_ids, update_priority)
-        if data.batch_dims not in (1, 2):
-            raise ValueError(
-                f"data must have batch size [N] or [N, T], got {list(data.batch_size)}."
-            )
-        ids = writer.split_env_ids(data)[0] if env_ids is None else writer.check_env_ids(env_ids)
+        if env_ids is None:
+            if data.batch_dims not in (1, 2):
+                raise ValueError(
+                    f"data must have batch size [N] or [N, T], got {list(data.batch_size)}."
+                )
+            ids = writer.split_env_ids(data)[0]
+        else:
+            ids = writer.check_row_env_ids(env_ids, data)
         steps = 1 if data.batch_dims == 1 else data.shape[1]
         while True:
             if not writer.wait_for_room(ids, steps, timeout):
@@ -151,10 +155,15 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
                     return self._write(data, env_ids, update_priority)
 
     def _write(self, data: TensorDictBase, env_ids: Any, update_priority: bool | None) -> torch.Tensor:
+        if env_ids is not None:
+            # Checked here for both paths below: the TorchRL one stores them into the batch,
+            # where a bad shape would fail inside TensorDict with another error.
+            ids = self.writer.check_row_env_ids(env_ids, data)
+            if data.batch_size.numel() == 0:  # a [0] or [N, 0] batch: no step to write
+                return torch.empty(0, 2, dtype=torch.long)
         if not fastpath_enabled() or self._has_transform() or _compat.is_consuming(self):
             if env_ids is not None:  # into a copy: the caller's batch keeps its keys
-                ids = torch.as_tensor(env_ids)
-                if data.batch_dims == 2 and ids.ndim == 1:
+                if data.batch_dims == 2:
                     ids = ids.unsqueeze(1).expand(data.shape)
                 data = data.copy().set(self.writer.env_id_key, ids)
             return super().extend(data, update_priority=update_priority)

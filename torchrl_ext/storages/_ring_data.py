@@ -55,6 +55,13 @@ class RingData:
         """Zeroed leaves for steps laid out like ``data``'s (batch ``[N]`` or ``[N, T]``)."""
         shape = (self.num_envs, self.max_length)
         memory_shape = shape[::-1] if self.time_major else shape
+        # Normal tensors even at a first write inside torch.inference_mode(): inference
+        # tensors refuse the in-place writes made outside it later.
+        with torch.inference_mode(False):
+            self._allocate(data, batch_dims, shape, memory_shape)
+
+    def _allocate(self, data: TensorDictBase, batch_dims: int, shape: tuple[int, int],
+                  memory_shape: tuple[int, int]) -> None:
         self.data = TensorDict(
             {
                 key: self.as_leaf(torch.zeros(

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
-from torchrl_ext._checks import check_int
+from torchrl_ext._checks import check_indices, check_int
 from torchrl_ext.storages._numpy_rows import NUMPY_DTYPES
 from torchrl_ext._keys import nested_key, next_key
 from torchrl_ext.storages.episodes import EpisodicEnvRingStorage
@@ -238,8 +238,9 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
         newest_at = (position if env.ndim == 1 else position[:, -1]).cpu().numpy() + 1
         newest = next_obs if env.ndim == 1 else next_obs[:, -1]
         if self._pending_stack is None or self._pending_loads != self._rings.loads:
-            self._pending_stack = torch.zeros(self.num_envs, *newest.shape[1:], dtype=newest.dtype,
-                                              device=self.device)
+            with torch.inference_mode(False):  # updated in place later, maybe outside inference_mode
+                self._pending_stack = torch.zeros(self.num_envs, *newest.shape[1:], dtype=newest.dtype,
+                                                  device=self.device)
             self._pending_at[:] = -1
             self._pending_loads = self._rings.loads
         if every_env:
@@ -251,9 +252,10 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
     def _store_next_frames(self, env, rows, table_rows, next_frames, done, every_env: bool) -> None:
         frame_shape = next_frames.shape[env.ndim:]
         if self._pending_next is None:
-            self._pending_next = torch.zeros(self.num_envs, *frame_shape, dtype=next_frames.dtype,
-                                             device=self.device)
-            self._terminal = torch.zeros(0, *frame_shape, dtype=next_frames.dtype, device=self.device)
+            with torch.inference_mode(False):  # updated in place later, maybe outside inference_mode
+                self._pending_next = torch.zeros(self.num_envs, *frame_shape, dtype=next_frames.dtype,
+                                                 device=self.device)
+                self._terminal = torch.zeros(0, *frame_shape, dtype=next_frames.dtype, device=self.device)
         # Overwritten slots give their terminal rows back.
         terminal_row, table = self._terminal_row.numpy(), table_rows.numpy()
         old = terminal_row[table]
@@ -285,9 +287,10 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
         if len(self._free_rows) < n:
             have = self._terminal.shape[0]
             grow = max(n - len(self._free_rows), have, 16)
-            extra = torch.zeros(grow, *self._terminal.shape[1:], dtype=self._terminal.dtype,
-                                device=self.device)
-            self._terminal = torch.cat([self._terminal, extra])
+            with torch.inference_mode(False):  # updated in place later, maybe outside inference_mode
+                extra = torch.zeros(grow, *self._terminal.shape[1:], dtype=self._terminal.dtype,
+                                    device=self.device)
+                self._terminal = torch.cat([self._terminal, extra])
             self._free_rows.extend(range(have, have + grow))
         taken, self._free_rows = self._free_rows[-n:], self._free_rows[:-n]
         return taken
@@ -373,7 +376,11 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
         )
 
     def reset(self, env_ids: torch.Tensor | None = None) -> None:
-        rows = torch.arange(self.num_envs) if env_ids is None else torch.as_tensor(env_ids).cpu().reshape(-1)
+        if env_ids is None:
+            rows = torch.arange(self.num_envs)
+        else:  # checked before the tables below change
+            rows = check_indices("env_ids", env_ids, "env ids").cpu().reshape(-1)
+            self.check_env_ids(rows)
         slots = self._table_rows(rows.unsqueeze(1), torch.arange(self.max_length)).reshape(-1)
         old = self._terminal_row[slots]
         self._free_rows.extend(old[old >= 0].tolist())

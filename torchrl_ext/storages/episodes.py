@@ -123,6 +123,8 @@ class EpisodicEnvRingStorage(EnvRingStorage):
         if first is None:
             first = self._first_flags(data, env)
         discount = self._field(data, self.discount_key) if self.record_episodic_return else None
+        if discount is not None:
+            self._field(data, self.reward_key)  # the returns read it: refused before any write
         if discount is not None and discount.numel():
             low, high = bounds(discount)
             if not (0 <= low and high <= 1):  # NaN fails both

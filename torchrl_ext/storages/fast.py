@@ -144,9 +144,10 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
         if has_lazy_stack(data) or self._torchrl_path():
             leaves = _TORCHRL_WRITE
         else:
+            written = cursor  # what the writer advanced for: a refused write rewinds all of it
             if not self.strict:
                 cursor, data = _newest_rows(cursor, data, self.max_size)
-            leaves = self._checked_leaves(cursor, data)
+            leaves = self._checked_leaves(cursor, data, written)
         if leaves is _TORCHRL_WRITE:
             super().set(cursor, data, set_cursor=set_cursor)
             self._note_layout()
@@ -231,12 +232,14 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
         return gather_rows(stored, rows, extra=extra, leaves=leaves, pinned=self._pin_outputs,
                            item_shapes=self._item_shapes)
 
-    def _checked_leaves(self, cursor: Any, data: Any) -> Any:
-        """:meth:`_check_matches_storage`; a refused write first moves back the writer that advanced for it."""
+    def _checked_leaves(self, cursor: Any, data: Any, written: Any = None) -> Any:
+        """:meth:`_check_matches_storage`; a refused write first moves back the writer that
+        advanced for it. ``written``: the cursor the writer produced, when ``cursor`` is only
+        its newest ``max_size`` rows (the writer advanced over all of them)."""
         try:
             return self._check_matches_storage(cursor, data)
         except (TypeError, ValueError):
-            self._rewind_writers(cursor, data)
+            self._rewind_writers(cursor if written is None else written, data)
             raise
 
     def _copy_ranges(self, leaves: list[tuple[torch.Tensor, torch.Tensor]], ranges: list[tuple[int, int, int, int]],

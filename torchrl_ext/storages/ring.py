@@ -29,7 +29,7 @@ from torchrl.data.replay_buffers.checkpointers import StorageCheckpointerBase
 from torchrl.data.replay_buffers.storages import Storage
 
 from torchrl_ext import _compat
-from torchrl_ext._checks import check_int
+from torchrl_ext._checks import check_indices, check_int
 from torchrl_ext._fastpath import fastpath_enabled
 from torchrl_ext.io.state_files import (
     load_component,
@@ -372,14 +372,19 @@ class EnvRingStorage(PinnedOutputs, Storage):
 
     def shrink(self, env_ids: torch.Tensor, n: torch.Tensor | int) -> None:
         """Forgets the ``n`` oldest steps of each env in ``env_ids`` (at most what it holds)."""
-        env_ids = torch.as_tensor(env_ids, dtype=torch.long).cpu()
+        env_ids = check_indices("env_ids", env_ids, "env ids").cpu()
+        self.check_env_ids(env_ids)
         size = self._rings.size[env_ids]
         self._rings.size[env_ids] = size - torch.minimum(torch.as_tensor(n), size)
         _compat.bump_mutation_revision(self)
 
     def reset(self, env_ids: torch.Tensor | None = None) -> None:
         """Sets the position and size of ``env_ids`` (all envs by default) to 0."""
-        env_ids = slice(None) if env_ids is None else torch.as_tensor(env_ids).cpu()
+        if env_ids is None:
+            env_ids = slice(None)
+        else:
+            env_ids = check_indices("env_ids", env_ids, "env ids").cpu()
+            self.check_env_ids(env_ids)
         self._rings.pos[env_ids] = 0
         self._rings.size[env_ids] = 0
         self._rings.resets[env_ids] += 1
@@ -400,9 +405,8 @@ class EnvRingStorage(PinnedOutputs, Storage):
         """
         if self._rings.data is None:
             raise RuntimeError(f"{type(self).__name__} is empty: write data before reading it.")
-        if isinstance(index, tuple) and len(index) in (2, 3) and all(
-            isinstance(i, torch.Tensor) and not i.dtype.is_floating_point for i in index
-        ):
+        if isinstance(index, tuple) and len(index) in (2, 3) and all(isinstance(i, torch.Tensor) for i in index):
+            # Float or bool coordinates are refused there (TypeError), not cast.
             env, start = self._as_coordinates(index[:2])
             self._check_readable(env, start)
             if len(index) == 2:
@@ -450,9 +454,16 @@ class EnvRingStorage(PinnedOutputs, Storage):
 
     def _stored_coordinates(self, env_ids: Any, positions: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """``env_ids`` and ``positions`` as broadcast CPU int64 tensors; ``ValueError`` unless
-        every ``(env, position)`` is stored."""
-        env, position = torch.broadcast_tensors(torch.as_tensor(env_ids, dtype=torch.long).cpu(),
-                                                torch.as_tensor(positions, dtype=torch.long).cpu())
+        every ``(env, position)`` is stored; ``TypeError`` for non-integer ones."""
+        env = check_indices("env_ids", env_ids, "env ids").cpu()
+        position = check_indices("positions", positions, "positions").cpu()
+        try:
+            env, position = torch.broadcast_tensors(env, position)
+        except RuntimeError:
+            raise ValueError(
+                f"env_ids of shape {tuple(env.shape)} and positions of shape {tuple(position.shape)} "
+                "do not broadcast together; pass one position per env id (or a single one)."
+            ) from None
         self.check_env_ids(env)
         self._rings.check_stored(env, position)
         return env, position
@@ -566,10 +577,9 @@ class EnvRingStorage(PinnedOutputs, Storage):
                 f"{type(self).__name__} is addressed by (env, position) pairs of integer "
                 f"tensors, got {type(cursor).__name__}."
             )
-        env, position = (torch.as_tensor(c) for c in cursor)
-        if env.dtype.is_floating_point or position.dtype.is_floating_point:
-            raise TypeError("env and position indices must be integers.")
-        env, position = torch.broadcast_tensors(env.long(), position.long())
+        env = check_indices("index[0]", cursor[0], "env ids")
+        position = check_indices("index[1]", cursor[1], "positions")
+        env, position = torch.broadcast_tensors(env, position)
         if env.numel():
             self.check_env_ids(env)
             if int(position.min()) < 0:

@@ -29,7 +29,7 @@ from torchrl.data.replay_buffers.checkpointers import StorageCheckpointerBase
 from torchrl.data.replay_buffers.storages import Storage
 
 from torchrl_ext import _compat
-from torchrl_ext._checks import check_int, resolve_time_dim
+from torchrl_ext._checks import bounds, check_int, resolve_time_dim
 from torchrl_ext._keys import next_key
 from torchrl_ext.io.state_files import (
     load_component,
@@ -38,6 +38,7 @@ from torchrl_ext.io.state_files import (
     tensordict_state,
 )
 from torchrl_ext.storages._gathers import gather_coordinates, item_batch_shapes
+from torchrl_ext.storages._layouts import StorageLayoutError
 from torchrl_ext.storages._numpy_rows import leaf_items
 from torchrl_ext.storages._output_memory import PinnedOutputs
 
@@ -154,7 +155,8 @@ class RolloutStorage(PinnedOutputs, Storage):
 
         Raises:
             RuntimeError: when ``T`` steps were inserted since :meth:`after_update`.
-            ValueError: when the step's keys or shapes differ from the first step's.
+            ValueError: when the step's keys or shapes differ from the first step's, or
+                (:class:`StorageLayoutError`) a dtype the stored one cannot hold without loss.
         """
         if not isinstance(step, TensorDictBase):
             raise TypeError(f"step must be a TensorDict, got {type(step).__name__}.")
@@ -173,7 +175,8 @@ class RolloutStorage(PinnedOutputs, Storage):
 
         Raises:
             RuntimeError: when the ``L`` steps do not fit in the rollout's free slots.
-            ValueError: when keys or shapes differ from the rollout's steps.
+            ValueError: when keys or shapes differ from the rollout's steps, or
+                (:class:`StorageLayoutError`) a dtype the stored one cannot hold without loss.
 
         Examples:
             >>> import torch
@@ -218,14 +221,7 @@ class RolloutStorage(PinnedOutputs, Storage):
                 f"step has batch size {list(steps.batch_size[1:])} but the rollout holds "
                 f"{list(self._storage.batch_size[1:])} envs per step."
             )
-        stored = self._storage
-        for key, leaf in steps.items(include_nested=True, leaves_only=True):
-            expected = stored.get(key).shape[2:]
-            if isinstance(leaf, torch.Tensor) and leaf.shape[2:] != expected:
-                raise ValueError(
-                    f"key {key!r}: the rollout's steps have item shape {list(expected)}, got "
-                    f"{list(leaf.shape[2:])}; insert the same per-env shapes at every step."
-                )
+        self._check_items(steps)
         first = self._step
         self._storage[first:first + length] = steps.to(self._device)
         # Only the slot after the block gets carried "next" entries: inside the
@@ -239,6 +235,28 @@ class RolloutStorage(PinnedOutputs, Storage):
         self._step += length
         _compat.bump_mutation_revision(self)
 
+    def _check_items(self, steps: TensorDictBase) -> None:
+        """``ValueError`` unless each leaf of ``steps`` (``[L, N, ...]``) has the stored per-env
+        shape, and :class:`StorageLayoutError` for a dtype the stored one cannot take without
+        loss (a float into an int or bool slot, an int into a bool one): the copy would
+        truncate it silently. Widening casts (float64 into float32, int into float) pass."""
+        stored = self._storage
+        for key, leaf in steps.items(include_nested=True, leaves_only=True):
+            if not isinstance(leaf, torch.Tensor):
+                continue
+            slot = stored.get(key)
+            if leaf.shape[2:] != slot.shape[2:]:
+                raise ValueError(
+                    f"key {key!r}: the rollout's steps have item shape {list(slot.shape[2:])}, got "
+                    f"{list(leaf.shape[2:])}; insert the same per-env shapes at every step."
+                )
+            if not torch.can_cast(leaf.dtype, slot.dtype):
+                raise StorageLayoutError(
+                    f"key {key!r}: the rollout stores dtype {slot.dtype}, got {leaf.dtype}, which "
+                    f"it cannot hold without loss; convert the data, e.g. tensor.to({slot.dtype}) "
+                    "(rounding first if needed)."
+                )
+
     def _allocate(self, step: TensorDictBase) -> None:
         if self._carry_keys is None:
             nested_next = step.get("next", None)
@@ -250,7 +268,10 @@ class RolloutStorage(PinnedOutputs, Storage):
             if step.get(next_key(key), None) is None:
                 raise ValueError(f"carry key {key!r} is missing under 'next' of the step.")
         batch = (self._num_steps + 1, *step.batch_size)
-        self._storage = step.to(self._device).unsqueeze(0).expand(batch).clone().zero_()
+        # Normal tensors even at a first step inserted inside torch.inference_mode(): inference
+        # tensors refuse the in-place writes made outside it later.
+        with torch.inference_mode(False):
+            self._storage = step.to(self._device).unsqueeze(0).expand(batch).clone().zero_()
         self._step_keys = _entry_keys(step)
 
     def write_rollout(self, data: TensorDictBase) -> None:
@@ -280,6 +301,7 @@ class RolloutStorage(PinnedOutputs, Storage):
                 f"rollout's steps have {sorted(map(str, self._step_keys))} and "
                 f"{list(self._storage.batch_size[1:])}."
             )
+        self._check_items(data)
         self._storage[: filled + 1] = data.to(self._device)
         self._step = filled
         _compat.bump_mutation_revision(self)
@@ -328,13 +350,34 @@ class RolloutStorage(PinnedOutputs, Storage):
         batch = stored.batch_size
         if (
             isinstance(index, tuple) and len(index) == len(batch)
-            and all(isinstance(i, torch.Tensor) and not i.dtype.is_floating_point for i in index)
+            and all(isinstance(i, torch.Tensor) and not i.dtype.is_floating_point
+                    and i.dtype is not torch.bool for i in index)
         ):
             # Coordinates from a sampler: flat rows gathered with index_select, which
             # beats TensorDict's advanced indexing (benchmarks/bench_storage.py).
+            index = self._checked_coordinates(index, (self._num_steps, *batch[1:]))
             return gather_coordinates(stored, index, pinned=self._pin_outputs,
                                       item_shapes=item_batch_shapes(stored, stored.batch_dims))
         return stored[: self._num_steps][index]
+
+    @staticmethod
+    def _checked_coordinates(index: tuple[torch.Tensor, ...], shape: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
+        """``index`` with negative coordinates counted from the end of their dim, as TorchRL's
+        ``ndim=2`` storage reads them; ``IndexError`` for one out of ``shape`` (``[T, N, ...]``),
+        which the flat-row gather would read as another step or env, or as the bootstrap slot."""
+        checked = []
+        for dim, (coordinate, size) in enumerate(zip(index, shape)):
+            if coordinate.numel():
+                low, high = bounds(coordinate)
+                if low < -size or high >= size:
+                    raise IndexError(
+                        f"index[{dim}] holds {high if high >= size else low}, out of range for dim "
+                        f"{dim} of the rollout's {list(shape)} steps; use values in [{-size}, {size - 1}]."
+                    )
+                if low < 0:
+                    coordinate = coordinate.remainder(size)
+            checked.append(coordinate)
+        return tuple(checked)
 
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
         raise RuntimeError(
@@ -351,7 +394,9 @@ class RolloutStorage(PinnedOutputs, Storage):
         return {
             "num_steps": self._num_steps,
             "step": self._step,
-            "carry_keys": [list(k) if isinstance(k, tuple) else [k] for k in self.carry_keys],
+            # None: not chosen yet (inferred from the first step), unlike [] (carry nothing).
+            "carry_keys": None if self._carry_keys is None
+            else [list(k) if isinstance(k, tuple) else [k] for k in self._carry_keys],
             "step_keys": [list(k) if isinstance(k, tuple) else [k] for k in self._step_keys],
             "data": tensordict_state(self._storage),
         }
@@ -363,8 +408,13 @@ class RolloutStorage(PinnedOutputs, Storage):
                 f"num_steps={self._num_steps}."
             )
         self._storage = tensordict_from_state(state_dict["data"], self._device)
-        carry = [tuple(k) if len(k) > 1 else k[0] for k in state_dict["carry_keys"]]
-        self._carry_keys = carry or None
+        saved = state_dict["carry_keys"]
+        # [] from an empty rollout (or an older checkpoint of one) may mean "not chosen yet";
+        # once steps are stored, [] means that nothing is carried.
+        if saved is None or (not saved and self._storage is None):
+            self._carry_keys = None
+        else:
+            self._carry_keys = [tuple(k) if len(k) > 1 else k[0] for k in saved]
         self._step_keys = {tuple(k) if len(k) > 1 else k[0] for k in state_dict["step_keys"]}
         self._step = int(state_dict["step"])
 

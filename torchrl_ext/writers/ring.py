@@ -23,7 +23,7 @@ from tensordict import TensorDictBase
 from torchrl.data.replay_buffers.writers import Writer
 
 from torchrl_ext import _compat
-from torchrl_ext._checks import check_int
+from torchrl_ext._checks import check_indices, check_int
 from torchrl_ext._keys import nested_key
 from torchrl_ext.io.state_files import apply_state, atomic_write, load_json
 from torchrl_ext.storages.ring import EnvRingStorage
@@ -98,21 +98,11 @@ class EnvRingWriter(Writer):
 
     def _write_rows(self, storage: EnvRingStorage, data: TensorDictBase, env_ids: Any) -> torch.Tensor:
         """The general write: ``[N]`` or ``[N, T]`` steps of any distinct envs, checked."""
-        if data.batch_dims not in (1, 2):
-            raise ValueError(
-                f"data must have batch size [N] (one step per env) or [N, T] (T steps per "
-                f"env), got {list(data.batch_size)}. With a TorchRL ReplayBuffer pass "
-                "dim_extend=0, or use torchrl_ext.replay_buffers.EnvRingReplayBuffer."
-            )
         if env_ids is None:
+            _check_batch_dims(data)
             env_ids, data = self.split_env_ids(data)
         else:
-            env_ids = self.check_env_ids(env_ids)
-            if env_ids.numel() != data.shape[0]:
-                raise ValueError(
-                    f"env_ids has {env_ids.numel()} entries but data has {data.shape[0]} rows; "
-                    "give one env id per row."
-                )
+            env_ids = self.check_row_env_ids(env_ids, data)
             if self.env_id_key in data.keys(include_nested=isinstance(self.env_id_key, tuple)):
                 data = data.exclude(self.env_id_key)
         steps = 1 if data.batch_dims == 1 else data.shape[1]
@@ -177,25 +167,47 @@ class EnvRingWriter(Writer):
                 )
             return torch.arange(num_envs), data
         data = data.exclude(self.env_id_key)
-        env_ids = torch.as_tensor(env_ids)
-        if env_ids.dtype.is_floating_point or env_ids.dtype is torch.bool:
-            raise TypeError(
-                f"data[{self.env_id_key!r}] must hold integer env ids, got dtype={env_ids.dtype}."
-            )
+        name = f"data[{self.env_id_key!r}]"
+        env_ids = check_indices(name, env_ids, "env ids")
         if env_ids.ndim > 1:
             # [N, T] batches repeat the env id along time: one id per row.
+            if env_ids.shape[1] == 0:
+                raise ValueError(
+                    f"{name} has no steps (batch size {list(data.batch_size)}), so no env ids; "
+                    "pass env_ids= with the batch, or leave out empty batches."
+                )
             if bool((env_ids != env_ids[:, :1]).any()):
                 raise ValueError(
                     f"data[{self.env_id_key!r}] changes along time; a [N, T] batch must hold "
                     "T steps of one env per row."
                 )
             env_ids = env_ids[:, 0]
-        return self.check_env_ids(env_ids), data
+        return self.check_env_ids(env_ids, name), data
 
-    def check_env_ids(self, env_ids: Any) -> torch.Tensor:
-        """``env_ids`` as a CPU int64 tensor, checked: in range and distinct."""
+    def check_row_env_ids(self, env_ids: Any, data: TensorDictBase) -> torch.Tensor:
+        """The ``env_ids=`` of a write of ``data`` (``[N]`` or ``[N, T]``), checked as
+        :meth:`check_env_ids` plus one id per row: an int for one row, or ``N`` ids in 1-D.
+        Every write path checks them here, before anything changes."""
+        _check_batch_dims(data)
+        ids = check_indices("env_ids", env_ids, "env ids")
+        if ids.ndim > 1:
+            raise ValueError(
+                f"env_ids must be an int or a 1-D sequence of env ids (one per row of data), "
+                f"got shape {list(ids.shape)}; pass env_ids.reshape(-1) if each row has one."
+            )
+        ids = self.check_env_ids(ids)
+        if ids.numel() != data.shape[0]:
+            raise ValueError(
+                f"env_ids has {ids.numel()} entries but data has {data.shape[0]} rows; "
+                "give one env id per row."
+            )
+        return ids
+
+    def check_env_ids(self, env_ids: Any, name: str = "env_ids") -> torch.Tensor:
+        """``env_ids`` (given as ``name``) as a CPU int64 tensor, checked: integers (``TypeError``
+        otherwise), in range and distinct."""
         num_envs = self.storage.num_envs
-        env_ids = torch.as_tensor(env_ids, dtype=torch.long).reshape(-1).cpu()
+        env_ids = check_indices(name, env_ids, "env ids").reshape(-1).cpu()
         ids = env_ids.tolist()
         if ids and (min(ids) < 0 or max(ids) >= num_envs):
             bad = min(ids) if min(ids) < 0 else max(ids)
@@ -337,3 +349,13 @@ class EnvRingWriter(Writer):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(env_id_key={self.env_id_key!r}, write_count={self._write_count})"
+
+
+def _check_batch_dims(data: TensorDictBase) -> None:
+    """``ValueError`` unless ``data`` is a ``[N]`` or ``[N, T]`` batch."""
+    if data.batch_dims not in (1, 2):
+        raise ValueError(
+            f"data must have batch size [N] (one step per env) or [N, T] (T steps per "
+            f"env), got {list(data.batch_size)}. With a TorchRL ReplayBuffer pass "
+            "dim_extend=0, or use torchrl_ext.replay_buffers.EnvRingReplayBuffer."
+        )
