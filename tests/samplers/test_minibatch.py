@@ -181,6 +181,8 @@ def test_bad_input():
     sampler.set_permutation(torch.tensor([0, 1, 1, 2]))
     with pytest.raises(ValueError, match="must hold each of the 4 steps once"):
         rb.sample()
+    with pytest.raises(TypeError, match="permutation must hold integer unit indices, got dtype=torch.float32"):
+        sampler.set_permutation(torch.tensor([0.0, 1.0, 3.0, 2.0]))  # whole numbers, yet not indices
     flat = TensorDictReplayBuffer(storage=LazyTensorStorage(4), sampler=FeedForwardMinibatchSampler(2),
                                   batch_size=1)
     flat.extend(TensorDict({"x": torch.zeros(4)}, [4]))

@@ -321,6 +321,16 @@ def test_overflow_after_alpha_is_refused_and_length_one_still_broadcasts():
     assert sampler._tree.leaves[:4].tolist() == [9.0, 9.0, 9.0, 1.0]  # start 3 kept its priority
 
 
+@pytest.mark.parametrize("env_ids,positions,name", [([0.9], [1], "env_ids"), ([0], [1.5], "positions"),
+                                                    (torch.tensor([True]), [1], "env_ids")])
+def test_non_integer_env_ids_or_positions_are_refused(env_ids, positions, name):
+    _, sampler = _filled()
+    before = _snapshot(sampler)
+    with pytest.raises(TypeError, match=f"{name} must hold integer"):
+        sampler.update_window_priority(env_ids, positions, [2.0])
+    _unchanged(sampler, before)
+
+
 def test_string_priorities_are_a_type_error_naming_them():
     _, sampler = _filled()
     before = _snapshot(sampler)

@@ -437,7 +437,8 @@ def test_storage_methods_refuse_non_integer_env_ids_and_positions():
     storage = rb.storage
     before = (storage.current_pos.tolist(), storage.current_size.tolist())
     for call in (lambda: storage.shrink(torch.tensor([0.5]), 1), lambda: storage.reset([1.5]),
-                 lambda: storage.reset(torch.tensor([True, False, True]))):
+                 lambda: storage.reset(torch.tensor([True, False, True])),
+                 lambda: storage.advance(torch.tensor([1.0]), 1)):
         with pytest.raises(TypeError, match=r"env_ids must hold integer env ids, got dtype=torch\.(float32|bool)"):
             call()
     with pytest.raises(ValueError, match=r"env_ids must lie in \[0, 2\]"):

@@ -155,14 +155,13 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
                     return self._write(data, env_ids, update_priority)
 
     def _write(self, data: TensorDictBase, env_ids: Any, update_priority: bool | None) -> torch.Tensor:
-        if env_ids is not None:
-            # Checked here for both paths below: the TorchRL one stores them into the batch,
-            # where a bad shape would fail inside TensorDict with another error.
-            ids = self.writer.check_row_env_ids(env_ids, data)
-            if data.batch_size.numel() == 0:  # a [0] or [N, 0] batch: no step to write
-                return torch.empty(0, 2, dtype=torch.long)
         if not fastpath_enabled() or self._has_transform() or _compat.is_consuming(self):
             if env_ids is not None:  # into a copy: the caller's batch keeps its keys
+                # Checked first, as the writer checks them on the path below: stored into
+                # the batch, a bad shape would fail inside TensorDict with another error.
+                ids = self.writer.check_row_env_ids(env_ids, data)
+                if data.batch_size.numel() == 0:  # a [0] or [N, 0] batch: no step to write
+                    return torch.empty(0, 2, dtype=torch.long)
                 if data.batch_dims == 2:
                     ids = ids.unsqueeze(1).expand(data.shape)
                 data = data.copy().set(self.writer.env_id_key, ids)

@@ -30,7 +30,7 @@ import torch
 from torchrl.data.replay_buffers.samplers import Sampler
 
 from torchrl_ext import _compat
-from torchrl_ext._checks import check_int
+from torchrl_ext._checks import check_indices, check_int
 from torchrl_ext.io.state_files import StateFiles
 
 __all__ = [
@@ -119,7 +119,7 @@ class _EpochMinibatchSampler(StateFiles, Sampler):
 
     def set_permutation(self, permutation: torch.Tensor) -> None:
         """Uses ``permutation`` (of all units) for the next epoch instead of a random one."""
-        self._injected = torch.as_tensor(permutation, dtype=torch.long)
+        self._injected = check_indices("permutation", permutation, "unit indices")
         self._splits = None
 
     @staticmethod

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from torchrl_ext import _compat
-from torchrl_ext._checks import check_priorities, check_real
+from torchrl_ext._checks import check_indices, check_priorities, check_real
 from torchrl_ext.io.state_files import StateFiles
 from torchrl_ext.samplers._priority_tree import PrioritySegmentTree
 from torchrl_ext.samplers._streams import expand_ranges
@@ -304,8 +304,8 @@ class PrioritizedTrajectorySampler(StateFiles, TrajectorySampler):
                 f"{type(self).__name__} is not attached to a buffer yet; build the buffer "
                 "with this sampler (or sample once) before updating priorities."
             )
-        env_ids = torch.as_tensor(env_ids, dtype=torch.long).reshape(-1).cpu()
-        positions = torch.as_tensor(positions, dtype=torch.long).reshape(-1).cpu()
+        env_ids = check_indices("env_ids", env_ids, "env ids").reshape(-1).cpu()
+        positions = check_indices("positions", positions, "positions").reshape(-1).cpu()
         priorities = _as_float64("priorities", priorities).reshape(-1)
         lengths = {"env_ids": env_ids.numel(), "positions": positions.numel(), "priorities": priorities.numel()}
         if len(set(lengths.values()) - {1}) > 1:

@@ -368,7 +368,7 @@ class EnvRingStorage(PinnedOutputs, Storage):
 
     def advance(self, env_ids: torch.Tensor | None, steps: int) -> None:
         """Moves the cursors of ``env_ids`` (distinct; ``None``: every env) on by ``steps`` written steps."""
-        self._rings.advance(env_ids, steps)
+        self._rings.advance(None if env_ids is None else check_indices("env_ids", env_ids, "env ids"), steps)
 
     def shrink(self, env_ids: torch.Tensor, n: torch.Tensor | int) -> None:
         """Forgets the ``n`` oldest steps of each env in ``env_ids`` (at most what it holds)."""
