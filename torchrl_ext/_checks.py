@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -24,6 +24,7 @@ import torch
 
 __all__ = [
     "SHAPE_ERR",
+    "CheckedSetting",
     "check_batch_size",
     "check_finite",
     "check_flag",
@@ -149,6 +150,36 @@ def check_reals(
         raise ValueError(
             f"{name} must be {what}, got values in [{value.min().item()}, {value.max().item()}]{_end(hint)}"
         )
+
+
+class CheckedSetting:
+    """A validated setting: every assignment (the constructor's included) stores
+    ``check(name, value, **bounds)`` in ``_<name>``. ``hook``, a method name, is called with
+    ``<name>=checked value`` before storing, so it can refuse the change by raising.
+
+    Examples:
+        >>> class Sampler:
+        ...     n_step = CheckedSetting(check_int, "Maximum steps per transition.", minimum=1)
+        >>> sampler = Sampler()
+        >>> sampler.n_step = 3
+        >>> sampler.n_step, sampler._n_step, Sampler.n_step.__doc__
+        (3, 3, 'Maximum steps per transition.')
+    """
+
+    def __init__(self, check: Callable[..., Any], doc: str, *, hook: str | None = None, **bounds: Any) -> None:
+        self.check, self.bounds, self.hook, self.__doc__ = check, bounds, hook, doc
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name, self.attr = name, f"_{name}"
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        return self if obj is None else getattr(obj, self.attr)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        value = self.check(self.name, value, **self.bounds)
+        if self.hook is not None:
+            getattr(obj, self.hook)(**{self.name: value})
+        setattr(obj, self.attr, value)
 
 
 ########################################################################

@@ -30,7 +30,7 @@ import torch
 from torchrl.data.replay_buffers.samplers import Sampler
 
 from torchrl_ext import _compat
-from torchrl_ext._checks import check_indices, check_int
+from torchrl_ext._checks import CheckedSetting, check_indices, check_int
 from torchrl_ext.io.state_files import StateFiles
 
 __all__ = [
@@ -299,14 +299,9 @@ class ChunkedRecurrentMinibatchSampler(_EpochMinibatchSampler):
         super().__init__(num_mini_batch, **kwargs)
         self.data_chunk_length = data_chunk_length
 
-    @property
-    def data_chunk_length(self) -> int:
-        """Steps per chunk ``L``, an int ``>= 1`` that divides the rollout length."""
-        return self._data_chunk_length
-
-    @data_chunk_length.setter
-    def data_chunk_length(self, value: int) -> None:
-        self._data_chunk_length = check_int("data_chunk_length", value, minimum=1)
+    data_chunk_length = CheckedSetting(
+        check_int, "Steps per chunk ``L``, an int ``>= 1`` that divides the rollout length.", minimum=1
+    )
 
     def _units(self, steps: int, threads: int) -> int:
         length = self.data_chunk_length

@@ -47,7 +47,7 @@ from typing import Any
 
 import torch
 
-from torchrl_ext._checks import check_batch_size, check_int, check_real
+from torchrl_ext._checks import CheckedSetting, check_batch_size, check_int, check_real
 from torchrl_ext._keys import nested_key
 from torchrl_ext.samplers._chain_table import ChainTable
 from torchrl_ext.samplers._streams import streams_of
@@ -120,23 +120,13 @@ class NStepSampler(StatelessSampler):
         self.done_key = nested_key(done_key, "done_key")
         self.agent_group = agent_group
 
-    @property
-    def n_step(self) -> int:
-        """Maximum steps per transition, an int ``>= 1``; settable (takes effect at the next sample)."""
-        return self._n_step
-
-    @n_step.setter
-    def n_step(self, value: int) -> None:
-        self._n_step = check_int("n_step", value, minimum=1)
-
-    @property
-    def gamma(self) -> float:
-        """Discount in ``[0, 1]``; settable (takes effect at the next sample)."""
-        return self._gamma
-
-    @gamma.setter
-    def gamma(self, value: float) -> None:
-        self._gamma = check_real("gamma", value, low=0.0, high=1.0)
+    n_step = CheckedSetting(
+        check_int, "Maximum steps per transition, an int ``>= 1``; settable (takes effect at the next sample).",
+        minimum=1,
+    )
+    gamma = CheckedSetting(
+        check_real, "Discount in ``[0, 1]``; settable (takes effect at the next sample).", low=0.0, high=1.0
+    )
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

@@ -48,16 +48,16 @@ def _checked_exponents(state: dict[str, Any]) -> tuple[float, float, float]:
             check_real("eps", state.get("_eps"), low=0.0))
 
 
-def priority_tensor(priority: Any) -> torch.Tensor:
+def priority_tensor(priority: Any, name: str = "priority") -> torch.Tensor:
     """``priority`` as a tensor (float64 unless it is one: a float32 cast turns 1e39 into inf);
-    ``TypeError`` naming ``priority`` when it holds no numbers (``torch.as_tensor`` would
+    ``TypeError`` naming ``name`` when it holds no numbers (``torch.as_tensor`` would
     raise about ``new()``)."""
     if isinstance(priority, torch.Tensor):
         return priority
     try:
         return torch.as_tensor(priority, dtype=torch.float64)
     except (TypeError, ValueError, RuntimeError):
-        raise TypeError(f"priority must be a real number or a tensor of them, got priority={priority!r}.") from None
+        raise TypeError(f"{name} must be a real number or a tensor of them, got {name}={priority!r}.") from None
 
 
 class PrioritizedSampler(StateFiles, _TorchRLPrioritizedSampler):

@@ -29,9 +29,10 @@ import numpy as np
 import torch
 
 from torchrl_ext import _compat
-from torchrl_ext._checks import check_indices, check_priorities, check_real
+from torchrl_ext._checks import CheckedSetting, check_indices, check_priorities, check_real
 from torchrl_ext.io.state_files import StateFiles
 from torchrl_ext.samplers._priority_tree import PrioritySegmentTree
+from torchrl_ext.samplers.prioritized import priority_tensor
 from torchrl_ext.samplers._streams import expand_ranges
 from torchrl_ext.samplers.trajectory import TrajectorySampler
 from torchrl_ext.storages.ring import EnvRingStorage
@@ -40,6 +41,12 @@ __all__ = ["PrioritizedTrajectorySampler"]
 
 _DTYPE = torch.float32  # of the priority tree
 _UNSET = -1.0  # stored priority of a slot whose current step was never prioritized
+
+
+def _check_weights(name: str, value: Any) -> str:
+    if value not in ("alf", "per"):
+        raise ValueError(f"{name} must be 'alf' or 'per', got {name}={value!r}.")
+    return value
 
 
 class PrioritizedTrajectorySampler(StateFiles, TrajectorySampler):
@@ -105,58 +112,21 @@ class PrioritizedTrajectorySampler(StateFiles, TrajectorySampler):
 
     # ------------------------------------------------------------------
     # Settings: each setter runs the constructor's check (new windows use them at the next sync)
-    @property
-    def alpha(self) -> float:
-        """Priority exponent ``>= 0`` for priorities written from now on."""
-        return self._alpha
-
-    @alpha.setter
-    def alpha(self, value: float) -> None:
-        value = check_real("alpha", value, low=0.0)
-        self._new_window_priority(alpha=value)
-        self._alpha = value
-
-    @property
-    def eps(self) -> float:
-        """Added to priorities before the exponent, ``>= 0``."""
-        return self._eps
-
-    @eps.setter
-    def eps(self, value: float) -> None:
-        value = check_real("eps", value, low=0.0)
-        self._new_window_priority(eps=value)
-        self._eps = value
-
-    @property
-    def initial_priority(self) -> float:
-        """Priority of new windows (at least), ``>= 0``."""
-        return self._initial_priority
-
-    @initial_priority.setter
-    def initial_priority(self, value: float) -> None:
-        value = check_real("initial_priority", value, low=0.0)
-        self._new_window_priority(initial_priority=value)
-        self._initial_priority = value
-
-    @property
-    def beta(self) -> float:
-        """Importance-weight exponent in ``[0, 1]`` for ``weights="per"``."""
-        return self._beta
-
-    @beta.setter
-    def beta(self, value: float) -> None:
-        self._beta = check_real("beta", value, low=0.0, high=1.0)
-
-    @property
-    def weights(self) -> str:
-        """Importance-weight convention, ``"alf"`` or ``"per"``."""
-        return self._weights
-
-    @weights.setter
-    def weights(self, value: str) -> None:
-        if value not in ("alf", "per"):
-            raise ValueError(f"weights must be 'alf' or 'per', got weights={value!r}.")
-        self._weights = value
+    # The hook refuses a change whose new-window priority would overflow the tree.
+    alpha = CheckedSetting(
+        check_real, "Priority exponent ``>= 0`` for priorities written from now on.",
+        hook="_new_window_priority", low=0.0,
+    )
+    eps = CheckedSetting(
+        check_real, "Added to priorities before the exponent, ``>= 0``.", hook="_new_window_priority", low=0.0
+    )
+    initial_priority = CheckedSetting(
+        check_real, "Priority of new windows (at least), ``>= 0``.", hook="_new_window_priority", low=0.0
+    )
+    beta = CheckedSetting(
+        check_real, 'Importance-weight exponent in ``[0, 1]`` for ``weights="per"``.', low=0.0, high=1.0
+    )
+    weights = CheckedSetting(_check_weights, 'Importance-weight convention, ``"alf"`` or ``"per"``.')
 
     def _transformed(self, priorities: torch.Tensor, what: str, **changes: float) -> torch.Tensor:
         """``(priorities + eps) ** alpha`` (float64 ``priorities``, with ``changes`` to the
@@ -403,10 +373,7 @@ class PrioritizedTrajectorySampler(StateFiles, TrajectorySampler):
 
 def _as_float64(name: str, value: Any) -> torch.Tensor:
     """``value`` as a float64 CPU tensor; ``TypeError`` naming ``name`` when it holds no numbers."""
-    try:
-        return torch.as_tensor(value, dtype=torch.float64).detach().cpu()
-    except (TypeError, ValueError, RuntimeError):
-        raise TypeError(f"{name} must be a real number or a tensor of them, got {name}={value!r}.") from None
+    return priority_tensor(value, name).detach().to("cpu", torch.float64)
 
 
 def _leaves_of(env: torch.Tensor, low: torch.Tensor, high: torch.Tensor, length: int) -> torch.Tensor:

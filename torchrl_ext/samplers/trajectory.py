@@ -25,7 +25,7 @@ import torch
 from torchrl.data.replay_buffers.samplers import Sampler
 
 from torchrl_ext import _compat
-from torchrl_ext._checks import check_batch_size, check_int, check_real
+from torchrl_ext._checks import CheckedSetting, check_batch_size, check_int, check_real
 from torchrl_ext.io.state_files import NoState
 from torchrl_ext.storages.ring import EnvRingStorage
 
@@ -96,41 +96,16 @@ class TrajectorySampler(StatelessSampler):
         self.recent_data_steps = recent_data_steps
         self.recent_data_ratio = recent_data_ratio
 
-    @property
-    def batch_length(self) -> int:
-        return self._batch_length
-
-    @batch_length.setter
-    def batch_length(self, value: int) -> None:
-        check_int("batch_length", value, minimum=1)
-        self._batch_length = value
-
-    @property
-    def num_earliest_frames_ignored(self) -> int:
-        """Oldest stored steps of each env that never start a window, an int ``>= 0``."""
-        return self._num_earliest_frames_ignored
-
-    @num_earliest_frames_ignored.setter
-    def num_earliest_frames_ignored(self, value: int) -> None:
-        self._num_earliest_frames_ignored = check_int("num_earliest_frames_ignored", value, minimum=0)
-
-    @property
-    def recent_data_steps(self) -> int:
-        """How many of the newest valid starts count as recent, an int ``>= 1``."""
-        return self._recent_data_steps
-
-    @recent_data_steps.setter
-    def recent_data_steps(self, value: int) -> None:
-        self._recent_data_steps = check_int("recent_data_steps", value, minimum=1)
-
-    @property
-    def recent_data_ratio(self) -> float:
-        """Share of the batch drawn from the recent starts, in ``[0, 1]``."""
-        return self._recent_data_ratio
-
-    @recent_data_ratio.setter
-    def recent_data_ratio(self, value: float) -> None:
-        self._recent_data_ratio = check_real("recent_data_ratio", value, low=0.0, high=1.0)
+    batch_length = CheckedSetting(check_int, "Steps per window, an int ``>= 1``.", minimum=1)
+    num_earliest_frames_ignored = CheckedSetting(
+        check_int, "Oldest stored steps of each env that never start a window, an int ``>= 0``.", minimum=0
+    )
+    recent_data_steps = CheckedSetting(
+        check_int, "How many of the newest valid starts count as recent, an int ``>= 1``.", minimum=1
+    )
+    recent_data_ratio = CheckedSetting(
+        check_real, "Share of the batch drawn from the recent starts, in ``[0, 1]``.", low=0.0, high=1.0
+    )
 
     def __repr__(self) -> str:
         return (
