@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import operator
 from typing import Any, Callable
 
 import numpy as np
@@ -36,6 +37,7 @@ __all__ = [
     "check_reals",
     "check_same_shape",
     "check_signals",
+    "read_only",
     "resolve_time_dim",
 ]
 
@@ -154,8 +156,8 @@ def check_reals(
 
 class CheckedSetting:
     """A validated setting: every assignment (the constructor's included) stores
-    ``check(name, value, **bounds)`` in ``_<name>``. ``hook``, a method name, is called with
-    ``<name>=checked value`` before storing, so it can refuse the change by raising.
+    ``check(name, value, **bounds)`` in ``attr`` (default ``_<name>``). ``hook``, a method name,
+    is called with ``<name>=checked value`` before storing, so it can refuse the change by raising.
 
     Examples:
         >>> class Sampler:
@@ -166,11 +168,13 @@ class CheckedSetting:
         (3, 3, 'Maximum steps per transition.')
     """
 
-    def __init__(self, check: Callable[..., Any], doc: str, *, hook: str | None = None, **bounds: Any) -> None:
-        self.check, self.bounds, self.hook, self.__doc__ = check, bounds, hook, doc
+    def __init__(
+        self, check: Callable[..., Any], doc: str, *, hook: str | None = None, attr: str = "", **bounds: Any
+    ) -> None:
+        self.check, self.bounds, self.hook, self.attr, self.__doc__ = check, bounds, hook, attr, doc
 
     def __set_name__(self, owner: type, name: str) -> None:
-        self.name, self.attr = name, f"_{name}"
+        self.name, self.attr = name, self.attr or f"_{name}"
 
     def __get__(self, obj: Any, owner: type | None = None) -> Any:
         return self if obj is None else getattr(obj, self.attr)
@@ -180,6 +184,11 @@ class CheckedSetting:
         if self.hook is not None:
             getattr(obj, self.hook)(**{self.name: value})
         setattr(obj, self.attr, value)
+
+
+def read_only(attr: str, doc: str) -> property:
+    """A read-only property documented by ``doc`` that returns ``self.<attr>`` (a dotted path is followed)."""
+    return property(operator.attrgetter(attr), doc=doc)
 
 
 ########################################################################

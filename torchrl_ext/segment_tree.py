@@ -40,7 +40,7 @@ from typing import Any, Sequence
 
 import torch
 
-from torchrl_ext._checks import bounds, check_int
+from torchrl_ext._checks import bounds, check_int, read_only
 
 __all__ = ["MaxSegmentTree", "MinSegmentTree", "SegmentTree", "SumSegmentTree"]
 
@@ -113,25 +113,10 @@ class SegmentTree:
         self._tickets: torch.Tensor | None = None  # scratch of _last_write: a position per leaf
 
     # ------------------------------------------------------------------
-    @property
-    def capacity(self) -> int:
-        """Number of leaves."""
-        return self._capacity
-
-    @property
-    def fanout(self) -> int:
-        """Children per internal node."""
-        return self._fanout
-
-    @property
-    def dtype(self) -> torch.dtype:
-        """Dtype of the values."""
-        return self._dtype
-
-    @property
-    def device(self) -> torch.device:
-        """Device holding the tree."""
-        return self._device
+    capacity = read_only("_capacity", "Number of leaves.")
+    fanout = read_only("_fanout", "Children per internal node.")
+    dtype = read_only("_dtype", "Dtype of the values.")
+    device = read_only("_device", "Device holding the tree.")
 
     @property
     def leaves(self) -> torch.Tensor:

@@ -8,6 +8,7 @@ from tensordict import TensorDictBase
 from torchrl.data.replay_buffers.storages import ListStorage, Storage
 
 from torchrl_ext import _compat
+from torchrl_ext._checks import read_only
 from torchrl_ext.replay_buffers.tensordict import TensorDictReplayBuffer
 from torchrl_ext.samplers.prioritized import (
     PrioritizedSampler,
@@ -117,10 +118,7 @@ class PrioritizedReplayBuffer(TensorDictReplayBuffer):
         )
         super().__init__(storage=storage, sampler=sampler, priority_key=priority_key, **kwargs)
 
-    @property
-    def prioritized_sampler(self) -> PrioritizedSampler:
-        """The sampler that owns the priority trees (TorchRL's name for it)."""
-        return self.sampler
+    prioritized_sampler = read_only("sampler", "The sampler that owns the priority trees (TorchRL's name for it).")
 
     # ------------------------------------------------------------------
     def update_priority(self, index: Any, priority: Any = None) -> None:

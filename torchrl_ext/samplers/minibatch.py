@@ -39,6 +39,11 @@ __all__ = [
     "NaiveRecurrentMinibatchSampler",
 ]
 
+
+def _optional_count(name: str, value: int | None) -> int | None:
+    return None if value is None else check_int(name, value, minimum=1)
+
+
 class _EpochMinibatchSampler(StateFiles, Sampler):
     """Hands out one epoch's permutation of units, ``num_mini_batch`` pieces at a time; subclasses
     define the units (``_units``: how many, ``_index``: their storage coordinates)."""
@@ -71,38 +76,26 @@ class _EpochMinibatchSampler(StateFiles, Sampler):
 
     # ------------------------------------------------------------------
     # The split: exactly one of num_mini_batch and mini_batch_size is set (from the next epoch on).
-    @property
-    def num_mini_batch(self) -> int | None:
-        """Minibatches per epoch, or ``None`` when ``mini_batch_size`` decides; setting an int
-        clears ``mini_batch_size``."""
-        return self._num_mini_batch
+    num_mini_batch = CheckedSetting(
+        _optional_count, "Minibatches per epoch, or ``None`` when ``mini_batch_size`` decides; setting an int "
+        "clears ``mini_batch_size``.", hook="_split_changed",
+    )
+    mini_batch_size = CheckedSetting(
+        _optional_count, "Units per minibatch, or ``None`` when ``num_mini_batch`` decides; setting an int "
+        "clears ``num_mini_batch``.", hook="_split_changed",
+    )
 
-    @num_mini_batch.setter
-    def num_mini_batch(self, value: int | None) -> None:
-        self._num_mini_batch, self._mini_batch_size = self._split_setting("num_mini_batch", value)
-
-    @property
-    def mini_batch_size(self) -> int | None:
-        """Units per minibatch, or ``None`` when ``num_mini_batch`` decides; setting an int
-        clears ``num_mini_batch``."""
-        return self._mini_batch_size
-
-    @mini_batch_size.setter
-    def mini_batch_size(self, value: int | None) -> None:
-        self._mini_batch_size, self._num_mini_batch = self._split_setting("mini_batch_size", value)
-
-    def _split_setting(self, name: str, value: int | None) -> tuple[int | None, int | None]:
-        """``(value, other)`` for setting ``name`` (the other split setting): an int >= 1 clears
-        the other, ``None`` keeps it but only if it is set."""
-        other = self._mini_batch_size if name == "num_mini_batch" else self._num_mini_batch
-        if value is None:
-            if other is None:
-                raise ValueError(
-                    f"{name}=None leaves neither num_mini_batch nor mini_batch_size set; "
-                    "set the other one to an int >= 1 instead."
-                )
-            return None, other
-        return check_int(name, value, minimum=1), None
+    def _split_changed(self, **setting: int | None) -> None:
+        """An int >= 1 clears the other split setting; ``None`` keeps it but only if it is set."""
+        ((name, value),) = setting.items()
+        other = "_mini_batch_size" if name == "num_mini_batch" else "_num_mini_batch"
+        if value is not None:
+            setattr(self, other, None)
+        elif getattr(self, other) is None:
+            raise ValueError(
+                f"{name}=None leaves neither num_mini_batch nor mini_batch_size set; "
+                "set the other one to an int >= 1 instead."
+            )
 
     @property
     def ran_out(self) -> bool:

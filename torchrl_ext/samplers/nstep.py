@@ -267,8 +267,7 @@ class NStepSampler(StatelessSampler):
     def extend(self, index: Any) -> None:
         self._written(index, reported_twice=True)
 
-    def add(self, index: Any) -> None:
-        self._written(index, reported_twice=True)
+    add = extend
 
     def mark_update(self, index: Any, *, storage: Any = None) -> None:
         self._written(index, reported_twice=False)

@@ -21,7 +21,9 @@ from torchrl.data import PrioritizedSampler as _TorchRLPrioritizedSampler
 from torchrl.data.replay_buffers.storages import Storage
 
 from torchrl_ext import _compat
-from torchrl_ext._checks import bounds, check_batch_size, check_int, check_priorities, check_real
+from torchrl_ext._checks import (
+    CheckedSetting, bounds, check_batch_size, check_int, check_priorities, check_real, read_only,
+)
 from torchrl_ext.io.state_files import StateFiles, load_json
 from torchrl_ext.samplers._priority_tree import PrioritySegmentTree, reduce_per_item
 from torchrl_ext.segment_tree import INT_DTYPES
@@ -150,7 +152,7 @@ class PrioritizedSampler(StateFiles, _TorchRLPrioritizedSampler):
             raise TypeError(f"dtype must be torch.float32 or torch.float64, got dtype={dtype!r}.")
         self._capacity = max_capacity
         self._priority_exponent = check_real("alpha", alpha, low=0.0)
-        self._weight_exponent = check_real("beta", beta, low=0.0)
+        self.beta = beta
         self._priority_offset = float(eps)
         self.reduction = reduction
         self.dtype = dtype
@@ -209,20 +211,11 @@ class PrioritizedSampler(StateFiles, _TorchRLPrioritizedSampler):
             return max(stored ** (1.0 / self._priority_exponent) - self._priority_offset, 0.0)
         return self._max_seen
 
-    @property
-    def max_size(self) -> int:
-        """Capacity of the trees (the ``max_capacity`` given)."""
-        return self._capacity
-
-    @property
-    def device(self) -> torch.device:
-        """Device of the priority trees."""
-        return self._tree.device
-
-    @property
-    def tree(self) -> PrioritySegmentTree:
-        """The sum tree of the transformed priorities ``(p + eps) ** alpha`` (read it, do not write it)."""
-        return self._tree
+    max_size = read_only("_capacity", "Capacity of the trees (the ``max_capacity`` given).")
+    device = read_only("_tree.device", "Device of the priority trees.")
+    tree = read_only(
+        "_tree", "The sum tree of the transformed priorities ``(p + eps) ** alpha`` (read it, do not write it)."
+    )
 
     def _trees_follow_storage(self, storage: Storage) -> None:
         """Without a ``device`` given, trees follow a CUDA storage (rebuilt empty on it before
@@ -240,29 +233,15 @@ class PrioritizedSampler(StateFiles, _TorchRLPrioritizedSampler):
         """Raw priority given to new data: ``max(max priority, initial_priority)``."""
         return max(self._max_raw_priority(), self._initial_priority)
 
-    @property
-    def initial_priority(self) -> float:
-        """Lower bound of the priority given to new data."""
-        return self._initial_priority
+    initial_priority = read_only("_initial_priority", "Lower bound of the priority given to new data.")
+    weights = read_only("_weights", 'Importance-weight convention, ``"per"`` or ``"alf"``.')
 
-    @property
-    def weights(self) -> str:
-        """Importance-weight convention, ``"per"`` or ``"alf"``."""
-        return self._weights
+    beta = CheckedSetting(
+        check_real, "Importance-sampling exponent in ``[0, 1]``; settable (schedulable).",
+        attr="_weight_exponent", low=0.0,
+    )
 
-    @property
-    def beta(self) -> float:
-        """Importance-sampling exponent in ``[0, 1]``; settable (schedulable)."""
-        return self._weight_exponent
-
-    @beta.setter
-    def beta(self, value: float) -> None:
-        self._weight_exponent = check_real("beta", value, low=0.0)
-
-    @property
-    def eps(self) -> float:
-        """Added to every priority before the exponent."""
-        return self._priority_offset
+    eps = read_only("_priority_offset", "Added to every priority before the exponent.")
 
     @property
     def alpha(self) -> float:
@@ -322,11 +301,10 @@ class PrioritizedSampler(StateFiles, _TorchRLPrioritizedSampler):
 
     # ------------------------------------------------------------------
     # Priorities
-    def add(self, index: int | torch.Tensor) -> None:
-        return
-
     def extend(self, index: torch.Tensor | tuple) -> None:
-        return
+        return  # new data gets its priority in (TorchRL's) mark_update; the trees track the maximum
+
+    add = extend
 
     @torch.no_grad()
     def update_priority(

@@ -21,7 +21,7 @@ import torch
 from torchrl.data.replay_buffers.storages import Storage, TensorStorage
 
 from torchrl_ext import _compat
-from torchrl_ext._checks import check_batch_size
+from torchrl_ext._checks import check_batch_size, read_only
 from torchrl_ext.samplers._streams import storage_layout, streams_of
 from torchrl_ext.samplers.nstep import NStepSampler
 from torchrl_ext.samplers.prioritized import PrioritizedSampler
@@ -155,17 +155,11 @@ class PrioritizedNStepSampler(PrioritizedSampler):
     def gamma(self, value: float) -> None:
         self._nstep = self._chains_with(gamma=value)
 
-    @property
-    def reward_key(self) -> Any:
-        return self._nstep.reward_key
-
-    @property
-    def done_key(self) -> Any:
-        return self._nstep.done_key
-
-    @property
-    def agent_group(self) -> str | None:
-        return self._nstep.agent_group
+    reward_key = read_only("_nstep.reward_key", "Key of the rewards summed along a chain.")
+    done_key = read_only("_nstep.done_key", "Key of the done flags that stop a chain.")
+    agent_group = read_only(
+        "_nstep.agent_group", "Key of the agents' group whose agents get their own chains (FP), or ``None``."
+    )
 
     def _chains_with(self, **changes: Any) -> NStepSampler:
         """The chain half with ``changes`` to its ``n_step`` / ``gamma`` (checked by NStepSampler)."""
