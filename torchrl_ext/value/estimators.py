@@ -265,16 +265,11 @@ class GAE(_SignalsMixin, _TargetEstimate, _TorchRLGAE):
     def _normalize_advantage(self, adv, valid=None, groups=None):
         if self.agent_dim is None:
             return super()._normalize_advantage(adv, valid, groups)
-        # Each agent apart (within each group when group_key is set), as TorchRL's MultiAgentGAE:
-        # the unbiased std, except under a shifted_valid mask without groups (population std).
+        # Each agent apart (within each group when group_key is set), with the unbiased std on
+        # every path. TorchRL 0.14.1's MultiAgentGAE takes the population std under a
+        # shifted_valid mask without groups; its later releases take the unbiased one there too.
         agent_dim = self.agent_dim % adv.ndim
         mask = None if valid is None else _compat.expand_to_match(valid, adv)
-        if groups is None and mask is not None:
-            dims = [d for d in range(adv.ndim) if d != agent_dim]
-            weight = mask.to(adv.dtype)
-            count = weight.sum(dims, keepdim=True).clamp_min(1)
-            centered = adv - (adv * weight).sum(dims, keepdim=True) / count
-            return centered / ((centered.square() * weight).sum(dims, keepdim=True) / count).sqrt().clamp_min(1e-4)
         n_agents = adv.shape[agent_dim]
         ids = torch.arange(n_agents, device=adv.device).reshape([-1 if d == agent_dim else 1 for d in range(adv.ndim)])
         if groups is not None:
