@@ -98,7 +98,9 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
     def _init(self, data: Any) -> None:
         # TorchRL's hook that allocates the leaves at the first write. Its log line names
         # TorchRL's class ("Initialized LazyTensorStorage ..."): this storage's names itself.
-        with _own_name_in_init_log(type(self).__name__):
+        # Normal tensors even at a first write inside torch.inference_mode(): later writes
+        # outside it could not update inference tensors in place.
+        with _own_name_in_init_log(type(self).__name__), torch.inference_mode(False):
             super()._init(data)
         self._note_layout()
 
