@@ -144,8 +144,8 @@ class PrioritizedSampler(StateFiles, _TorchRLPrioritizedSampler):
         for name, value, allowed in (("reduction", reduction, REDUCTIONS), ("weights", weights, WEIGHT_CONVENTIONS)):
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {name}={value!r}.")
-        check_real("eps", eps, low=0.0)
-        check_real("initial_priority", initial_priority, low=0.0)
+        self._priority_offset = check_real("eps", eps, low=0.0)
+        self._initial_priority = check_real("initial_priority", initial_priority, low=0.0)
         if dtype in ("float32", "float64"):  # configs name dtypes as strings
             dtype = getattr(torch, dtype)
         if dtype not in (torch.float32, torch.float64):
@@ -153,12 +153,10 @@ class PrioritizedSampler(StateFiles, _TorchRLPrioritizedSampler):
         self._capacity = max_capacity
         self._priority_exponent = check_real("alpha", alpha, low=0.0)
         self.beta = beta
-        self._priority_offset = float(eps)
         self.reduction = reduction
         self.dtype = dtype
         self._max_in_buffer = bool(max_priority_within_buffer)
         self._tree_device = torch.device(device) if device is not None else None
-        self._initial_priority = float(initial_priority)
         self._weights = weights
         self._fanout = fanout
         self._init()
@@ -362,7 +360,9 @@ class PrioritizedSampler(StateFiles, _TorchRLPrioritizedSampler):
                 "batch sampled before rb.empty() (or a load) cannot write its priorities back."
             )
         pmax = check_priorities("priority", priority)
-        self._write_priorities(index, self._transformed(priority, pmax), pmax, high)
+        self._tree._write(index, self._transformed(priority, pmax))
+        self._max_seen = max(self._max_seen, pmax)
+        self._written_below = max(self._written_below, high + 1)
 
     def check_priority(self, priority: Any, num_items: int) -> None:
         """Raises the ``TypeError`` / ``ValueError`` that :meth:`update_priority` would raise
@@ -395,16 +395,6 @@ class PrioritizedSampler(StateFiles, _TorchRLPrioritizedSampler):
             f"{self.dtype} value the trees hold; nothing was written. Scale the priorities down, "
             "lower alpha or build the sampler with dtype=torch.float64."
         )
-
-    def _write_priorities(
-        self, index: torch.Tensor, value: torch.Tensor, pmax: float, high: int
-    ) -> None:
-        """Writes the :meth:`_transformed` ``value`` of raw priorities whose largest is ``pmax``."""
-        self._tree._write(index, value)
-        if pmax > self._max_seen:
-            self._max_seen = pmax
-        if high >= self._written_below:
-            self._written_below = high + 1
 
     def _tree_rows(
         self, index: Any, storage: Storage | None, device: torch.device

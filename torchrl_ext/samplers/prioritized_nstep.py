@@ -196,13 +196,11 @@ class PrioritizedNStepSampler(PrioritizedSampler):
         super().mark_update(index, storage=storage)
         self._nstep.mark_update(index, storage=storage)
 
-    def add(self, index: int | torch.Tensor) -> None:
-        super().add(index)
-        self._nstep.add(index)
-
     def extend(self, index: torch.Tensor | tuple) -> None:
         super().extend(index)
         self._nstep.extend(index)
+
+    add = extend  # as in both halves: PrioritizedSampler.add and NStepSampler.add are their extend
 
     def _check_storage(self, storage: Any) -> None:
         if isinstance(storage, TensorStorage) and storage.ndim == 2:
