@@ -241,19 +241,15 @@ class PrioritizedSampler(StateFiles, _TorchRLPrioritizedSampler):
 
     eps = read_only("_priority_offset", "Added to every priority before the exponent.")
 
-    @property
-    def alpha(self) -> float:
-        """Priority exponent ``>= 0``; setting it re-transforms stored priorities."""
-        return self._priority_exponent
+    alpha = CheckedSetting(
+        check_real, "Priority exponent ``>= 0``; setting it re-transforms stored priorities.",
+        hook="_alpha_changes", attr="_priority_exponent", low=0.0,
+    )
 
-    @alpha.setter
-    def alpha(self, value: float) -> None:
-        value = check_real("alpha", value, low=0.0)
-        old = self._priority_exponent
-        if value != old:
-            # Re-transforms (or refuses, keeping the old alpha and trees) before alpha changes.
-            self._retransform_priority_trees(old, value)
-        self._priority_exponent = value
+    def _alpha_changes(self, alpha: float) -> None:
+        # Re-transforms (or refuses, keeping the old alpha and trees) before alpha changes.
+        if alpha != self._priority_exponent:
+            self._retransform_priority_trees(self._priority_exponent, alpha)
 
     # ------------------------------------------------------------------
     # Sampling
