@@ -206,7 +206,7 @@ class DemoMixer:
                 next_key(self.observation_key)]
         self._check(step, keys, "process()")
         done = step.get(self.done_key).reshape(self.num_envs, -1).any(-1)
-        self._real_done = done.clone().cpu()
+        self._real_done = done.cpu()  # a new tensor (any), never written in place
         self._ended = torch.zeros(self.num_envs, dtype=torch.bool)
         self.outcomes = []
         demo_rows = [i for i in range(self.num_envs) if self._demos[i] is not None]

@@ -127,7 +127,7 @@ def warm_torchrl(rb: Any, policy: Callable, target: int, env: Any,
         added += k
         bar.update(k)
         new_hidden = td.get(hidden_out)
-        ended = td.get(keys["dones"]).bool().reshape(*env.batch_size, -1).any(-1, keepdim=True)
+        ended = done.reshape(*env.batch_size, 1)  # the rows' done flags, in the env's batch shape
         td_next.set(hidden_in, new_hidden.masked_fill(ended, 0.0))
         td = td_next
 
