@@ -111,7 +111,7 @@ class SafetensorsCheckpointer(StorageCheckpointerBase):
 
     def pair(self, path: str | Path) -> CheckpointPair:
         """The two files this checkpointer uses in folder ``path``."""
-        return CheckpointPair(Path(path), self.prefix)
+        return CheckpointPair(path, self.prefix)
 
     def dumps(self, storage: Any, path: str | Path) -> None:
         """Writes ``storage`` atomically to ``path`` (created if needed)."""

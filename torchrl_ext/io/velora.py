@@ -269,7 +269,7 @@ def read_velora_metadata(path: str | Path, prefix: str = "buffer_") -> dict[str,
         >>> read_velora_metadata(folder, prefix="run.v1_")["capacity"]
         8
     """
-    pair = CheckpointPair(Path(path), prefix)
+    pair = CheckpointPair(path, prefix)
     metadata, _, _ = read_pair(pair, load_tensors=False)
     check_velora_metadata(metadata, pair)
     return metadata
