@@ -62,15 +62,14 @@ def validated_config(source: str | Path | Mapping[str, Any], name: str | None = 
             missing name, and the valid keys.
     """
     data = _read(source)
-    if name is None:
-        if set(data) != {"name", "config"}:
-            raise ValueError(
-                "give name= or use the wrapper {'name': <config name>, 'config': {...}}; got keys "
-                f"{sorted(data)}."
-            )
-        name, data = data["name"], dict(data["config"] or {})
-    elif set(data) == {"name", "config"}:
-        data = dict(data["config"] or {})
+    wrapped = set(data) == {"name", "config"}
+    if name is None and not wrapped:
+        raise ValueError(
+            "give name= or use the wrapper {'name': <config name>, 'config': {...}}; got keys "
+            f"{sorted(data)}."
+        )
+    if wrapped:  # name= wins over the wrapper's
+        name, data = data["name"] if name is None else name, dict(data["config"] or {})
     node = config_node(name)
     if "_target_" in data:
         raise ValueError(f"'_target_' is fixed by {node.__name__}; remove it from the config.")
