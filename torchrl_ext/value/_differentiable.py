@@ -1,6 +1,7 @@
 """Differentiable twins of the kernels in :mod:`torchrl_ext.value.functional`.
 
-Same arguments (validated by the public functions) and results, computed out of place with
+Same arguments (validated by the public functions, and already in the scan dtype) and results
+(in that dtype, which the public functions cast back), computed out of place with
 :func:`~torchrl_ext.value._scan._differentiable_scan`, so autograd follows them: the public
 functions take these when grad mode is on and an input requires grad.
 """
@@ -8,55 +9,41 @@ from __future__ import annotations
 
 import torch
 
-from torchrl_ext.value._scan import _ahead, _as_discount, _differentiable_scan, _scan_dtype, _to_dtype
+from torchrl_ext.value._scan import _ahead, _as_discount, _differentiable_scan, _fill_continues, _to_dtype
 
 
-def _last_step(like: torch.Tensor, dim: int) -> torch.Tensor:
-    """1 at the last step along ``dim``, 0 elsewhere, shaped like ``like`` (no grad)."""
-    mask = torch.zeros_like(like, dtype=torch.bool)
-    if like.shape[dim]:  # an empty time dim (T = 0) has no last step
-        mask.narrow(dim, like.shape[dim] - 1, 1).fill_(True)
-    return mask
-
-
-def gae(gamma, lmbda, state_value, next_state_value, reward, done, terminated, dim):
-    dtype, work = state_value.dtype, _scan_dtype(state_value.dtype)
-    value, next_value = _to_dtype(state_value, work), _to_dtype(next_state_value, work)
-    gamma, lmbda = _as_discount(gamma, value), _as_discount(lmbda, value)
+def gae(gamma, lmbda, value, next_value, reward, done, terminated, dim):
+    work = value.dtype
     delta = _to_dtype(reward, work) + gamma * (~terminated).to(work) * next_value - value
-    advantage = _differentiable_scan(delta, gamma * lmbda * (~done).to(work), dim)
-    return _to_dtype(advantage, dtype), _to_dtype(advantage + value, dtype)
+    return _differentiable_scan(delta, gamma * lmbda * (~done).to(work), dim)
 
 
-def td_lambda(gamma, lmbda, next_state_value, reward, done, terminated, dim):
-    dtype, work = reward.dtype, _scan_dtype(reward.dtype)
-    next_value = _to_dtype(next_state_value, work)
-    gamma, lmbda = _as_discount(gamma, next_value), _as_discount(lmbda, next_value)
-    ends = (done | _last_step(done, dim)).to(work)  # the last step bootstraps
-    bootstrap_weight = (ends * lmbda + (1 - lmbda)) * gamma * (~terminated).to(work)
+def td_lambda(gamma, lmbda, next_value, reward, done, terminated, dim):
+    work = next_value.dtype
+    # 0 at the ends (a done, and the last step, which bootstraps), 1 elsewhere.
+    continues = _fill_continues(torch.empty_like(next_value), done, dim)
+    bootstrap_weight = ((1 - continues) * lmbda + (1 - lmbda)) * gamma * (~terminated).to(work)
     returns = _to_dtype(reward, work) + bootstrap_weight * next_value
-    return _to_dtype(_differentiable_scan(returns, gamma * lmbda * (1 - ends), dim), dtype)
+    return _differentiable_scan(returns, gamma * lmbda * continues, dim)
 
 
 def discounted_cumsum(x, gamma, done, dim):
-    work = _scan_dtype(x.dtype)
-    coef = _as_discount(gamma, _to_dtype(x, work)) * (~done).to(work)
-    return _to_dtype(_differentiable_scan(_to_dtype(x, work), coef, dim), x.dtype)
+    return _differentiable_scan(x, _as_discount(gamma, x) * (~done).to(x.dtype), dim)
 
 
-def vtrace(gamma, log_pi, log_mu, state_value, next_state_value, reward, done, terminated,
+def vtrace(gamma, log_pi, log_mu, value, next_value, reward, done, terminated,
            rho_thresh, c_thresh, dim):
-    dtype, work = state_value.dtype, _scan_dtype(state_value.dtype)
-    value, next_value = _to_dtype(state_value, work), _to_dtype(next_state_value, work)
-    gamma = _as_discount(gamma, value)
-    ratio = (_to_dtype(log_pi, work) - _to_dtype(log_mu, work)).exp()
-    clipped_rho = ratio.clamp(max=_as_discount(rho_thresh, value))
-    clipped_c = ratio.clamp(max=_as_discount(c_thresh, value))
+    work = value.dtype
+    ratio = (log_pi - log_mu).exp()
+    clipped_rho = ratio.clamp(max=rho_thresh)
+    clipped_c = ratio.clamp(max=c_thresh)
     bootstrap = gamma * (~terminated).to(work)
     reward_minus_value = _to_dtype(reward, work) - value
     delta = clipped_rho * (reward_minus_value + bootstrap * next_value)
-    vs = _differentiable_scan(delta, gamma * clipped_c * (~done).to(work), dim) + value
-    # v_{t+1} inside a trajectory, the true next value where it is cut (a done, the last step).
-    vs_next = torch.where(done | _last_step(done, dim), next_value, _ahead(vs, dim, 1))
+    # 1 inside a trajectory, 0 where the trace is cut (a done, the last step).
+    continues = _fill_continues(torch.empty_like(value), done, dim)
+    vs = _differentiable_scan(delta, gamma * clipped_c * continues, dim) + value
+    # v_{t+1} inside a trajectory, the true next value where it is cut.
+    vs_next = torch.lerp(next_value, _ahead(vs, dim, 1), continues)
     advantage = clipped_rho * (reward_minus_value + bootstrap * vs_next)
-    return _to_dtype(advantage, dtype), _to_dtype(vs, dtype)
+    return advantage, vs

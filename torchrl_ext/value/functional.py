@@ -146,17 +146,18 @@ def generalized_advantage_estimate(
     check_reals("gamma", gamma, low=0.0, high=1.0, shape=state_value.shape)
     check_reals("lmbda", lmbda, low=0.0, high=1.0, shape=state_value.shape)
     dim = resolve_time_dim(time_dim, state_value.ndim)
-    if _needs_autograd(gamma, lmbda, state_value, next_state_value, reward):
-        return _differentiable.gae(gamma, lmbda, state_value, next_state_value, reward, done, terminated, dim)
     dtype, work = state_value.dtype, _scan_dtype(state_value.dtype)
-    value = _to_dtype(state_value, work)
-    gamma = _as_discount(gamma, value)
-    workspace = _scan_workspace(state_value.shape, dim, work, value.device)
-    _fill_continues(workspace.coef, done, dim)  # the scan applies gamma * lmbda
-    not_terminal = _flag_as_float(~terminated, work).mul_(gamma)
-    delta = torch.sub(reward, value, out=workspace.x)
-    delta.addcmul_(not_terminal, _to_dtype(next_state_value, work))
-    advantage = _reverse_linear_scan(workspace, scale=gamma * _as_discount(lmbda, value))
+    value, next_value = _to_dtype(state_value, work), _to_dtype(next_state_value, work)
+    gamma, lmbda = _as_discount(gamma, value), _as_discount(lmbda, value)
+    if _needs_autograd(gamma, lmbda, value, next_value, reward):
+        advantage = _differentiable.gae(gamma, lmbda, value, next_value, reward, done, terminated, dim)
+    else:
+        workspace = _scan_workspace(state_value.shape, dim, work, value.device)
+        _fill_continues(workspace.coef, done, dim)  # the scan applies gamma * lmbda
+        not_terminal = _flag_as_float(~terminated, work).mul_(gamma)
+        delta = torch.sub(reward, value, out=workspace.x)
+        delta.addcmul_(not_terminal, next_value)
+        advantage = _reverse_linear_scan(workspace, scale=gamma * lmbda)
     return _to_dtype(advantage, dtype), _to_dtype(advantage + value, dtype)
 
 
@@ -227,20 +228,20 @@ def td_lambda_return_estimate(
     check_reals("gamma", gamma, low=0.0, high=1.0, shape=reward.shape)
     check_reals("lmbda", lmbda, low=0.0, high=1.0, shape=reward.shape)
     dim = resolve_time_dim(time_dim, reward.ndim)
-    if _needs_autograd(gamma, lmbda, next_state_value, reward):
-        return _differentiable.td_lambda(gamma, lmbda, next_state_value, reward, done, terminated, dim)
     dtype, work = reward.dtype, _scan_dtype(reward.dtype)
     next_value = _to_dtype(next_state_value, work)
     gamma, lmbda = _as_discount(gamma, next_value), _as_discount(lmbda, next_value)
-    workspace = _scan_workspace(reward.shape, dim, work, next_value.device)
-    ends = _flag_as_float(done, work)
-    if reward.shape[dim]:  # an empty time dim (T = 0) has no last step
-        ends.narrow(dim, reward.shape[dim] - 1, 1).fill_(1)
-    # Weight of the bootstrap in G_t: gamma at an end, gamma * (1 - lmbda) elsewhere.
-    bootstrap_weight = (ends * lmbda).add_(1 - lmbda).mul_(_flag_as_float(~terminated, work).mul_(gamma))
-    torch.addcmul(reward, bootstrap_weight, next_value, out=workspace.x)
-    _fill_continues(workspace.coef, done, dim)  # 1 - ends
-    return _to_dtype(_reverse_linear_scan(workspace, scale=gamma * lmbda), dtype)
+    if _needs_autograd(gamma, lmbda, next_value, reward):
+        returns = _differentiable.td_lambda(gamma, lmbda, next_value, reward, done, terminated, dim)
+    else:
+        workspace = _scan_workspace(reward.shape, dim, work, next_value.device)
+        # 1 at the ends (a done, and the last step, which bootstraps); the scan's coef is 1 - ends.
+        ends = 1 - _fill_continues(workspace.coef, done, dim)
+        # Weight of the bootstrap in G_t: gamma at an end, gamma * (1 - lmbda) elsewhere.
+        bootstrap_weight = (ends * lmbda).add_(1 - lmbda).mul_(_flag_as_float(~terminated, work).mul_(gamma))
+        torch.addcmul(reward, bootstrap_weight, next_value, out=workspace.x)
+        returns = _reverse_linear_scan(workspace, scale=gamma * lmbda)
+    return _to_dtype(returns, dtype)
 
 
 ########################################################################
@@ -292,12 +293,15 @@ def discounted_cumsum(
         )
     check_reals("gamma", gamma, low=0.0, high=1.0, shape=x.shape)
     dim = resolve_time_dim(time_dim, x.ndim)
+    work = _scan_dtype(x.dtype)
     if _needs_autograd(x, gamma):
-        return _differentiable.discounted_cumsum(x, gamma, done, dim)
-    workspace = _scan_workspace(x.shape, dim, _scan_dtype(x.dtype), x.device)
-    workspace.x.copy_(x)
-    _fill_continues(workspace.coef, done, dim)
-    return _to_dtype(_reverse_linear_scan(workspace, scale=_as_discount(gamma, workspace.coef)), x.dtype)
+        y = _differentiable.discounted_cumsum(_to_dtype(x, work), gamma, done, dim)
+    else:
+        workspace = _scan_workspace(x.shape, dim, work, x.device)
+        workspace.x.copy_(x)
+        _fill_continues(workspace.coef, done, dim)
+        y = _reverse_linear_scan(workspace, scale=_as_discount(gamma, workspace.coef))
+    return _to_dtype(y, x.dtype)
 
 
 ########################################################################
@@ -382,16 +386,19 @@ def vtrace_advantage_estimate(
     check_reals("gamma", gamma, low=0.0, high=1.0, shape=state_value.shape)
     _check_thresholds(rho_thresh, c_thresh, state_value.shape)
     dim = resolve_time_dim(time_dim, state_value.ndim)
-    if _needs_autograd(gamma, log_pi, log_mu, state_value, next_state_value, reward, rho_thresh, c_thresh):
-        return _differentiable.vtrace(gamma, log_pi, log_mu, state_value, next_state_value, reward, done,
-                                      terminated, rho_thresh, c_thresh, dim)
     dtype, work = state_value.dtype, _scan_dtype(state_value.dtype)
     value, next_value = _to_dtype(state_value, work), _to_dtype(next_state_value, work)
+    log_pi, log_mu = _to_dtype(log_pi, work), _to_dtype(log_mu, work)
     gamma = _as_discount(gamma, value)
+    rho_thresh, c_thresh = _as_discount(rho_thresh, value), _as_discount(c_thresh, value)
+    if _needs_autograd(gamma, log_pi, log_mu, value, next_value, reward, rho_thresh, c_thresh):
+        advantage, vs = _differentiable.vtrace(gamma, log_pi, log_mu, value, next_value, reward, done,
+                                               terminated, rho_thresh, c_thresh, dim)
+        return _to_dtype(advantage, dtype), _to_dtype(vs, dtype)
     workspace = _scan_workspace(state_value.shape, dim, work, value.device)
-    ratio = torch.sub(_to_dtype(log_pi, work), _to_dtype(log_mu, work)).exp_()
-    clipped_rho = ratio.clamp(max=_as_discount(rho_thresh, value))
-    clipped_c = ratio.clamp_(max=_as_discount(c_thresh, value))
+    ratio = torch.sub(log_pi, log_mu).exp_()
+    clipped_rho = ratio.clamp(max=rho_thresh)
+    clipped_c = ratio.clamp_(max=c_thresh)
     # 1 inside a trajectory, 0 at a done step and at the last step: the trace
     # is cut there (and the scan needs coef == 0 at the last step).
     continues = _fill_continues(torch.empty_like(value), done, dim)
