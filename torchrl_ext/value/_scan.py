@@ -37,9 +37,8 @@ def _differentiable_scan(x: torch.Tensor, coef: torch.Tensor, dim: int) -> torch
     """``y[t] = x[t] + coef[t] * y[t + 1]`` (``y[T] = 0``) along ``dim``, out of place.
 
     The same log-depth rounds as :func:`_reverse_linear_scan`, each a new tensor, so autograd
-    records them; shifted reads past the last step see zeros.
+    records them; shifted reads past the last step see zeros. ``x`` and ``coef`` share one shape.
     """
-    x, coef = torch.broadcast_tensors(x, coef)
     offset = 1
     while offset < x.shape[dim]:
         x = x + coef * _ahead(x, dim, offset)

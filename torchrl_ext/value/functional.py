@@ -295,13 +295,11 @@ def discounted_cumsum(
     dim = resolve_time_dim(time_dim, x.ndim)
     work = _scan_dtype(x.dtype)
     if _needs_autograd(x, gamma):
-        y = _differentiable.discounted_cumsum(_to_dtype(x, work), gamma, done, dim)
-    else:
-        workspace = _scan_workspace(x.shape, dim, work, x.device)
-        workspace.x.copy_(x)
-        _fill_continues(workspace.coef, done, dim)
-        y = _reverse_linear_scan(workspace, scale=_as_discount(gamma, workspace.coef))
-    return _to_dtype(y, x.dtype)
+        return _to_dtype(_differentiable.discounted_cumsum(_to_dtype(x, work), gamma, done, dim), x.dtype)
+    workspace = _scan_workspace(x.shape, dim, work, x.device)
+    workspace.x.copy_(x)
+    _fill_continues(workspace.coef, done, dim)
+    return _to_dtype(_reverse_linear_scan(workspace, scale=_as_discount(gamma, workspace.coef)), x.dtype)
 
 
 ########################################################################
