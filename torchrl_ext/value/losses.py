@@ -61,8 +61,7 @@ def make_value_estimator(loss: LossModule, estimator: Any = "ext_gae", **hyperpa
     """
     if not isinstance(loss, LossModule):
         raise TypeError(f"loss must be a TorchRL LossModule (e.g. ClipPPOLoss), got {type(loss).__name__}.")
-    cls, defaults = _resolve(estimator)
-    settings = dict(defaults)
+    cls, settings = _resolve(estimator)
     if hasattr(loss, "gamma"):
         settings["gamma"] = loss.gamma
     settings.update(hyperparams)
@@ -78,7 +77,7 @@ def make_value_estimator(loss: LossModule, estimator: Any = "ext_gae", **hyperpa
 
 
 def _resolve(estimator: Any) -> tuple[type, dict[str, Any]]:
-    """The estimator class and its registry defaults."""
+    """The estimator class and a fresh copy of its registry defaults."""
     if isinstance(estimator, type) and issubclass(estimator, ValueEstimatorBase):
         key = _REGISTERED.get(estimator)
         return estimator, ({} if key is None else dict(get_value_estimator_entry(key).default_kwargs))
