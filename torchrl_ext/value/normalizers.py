@@ -124,18 +124,16 @@ class ValueNorm(nn.Module):
         super().__init__()
         shape = _as_shape(input_shape, "input_shape")
         check_int("norm_axes", norm_axes, minimum=1, hint="use norm_axes=1 for (B, *input_shape) inputs")
-        beta = check_real("beta", beta, low=0.0, high=1.0, open_low=True,
-                          hint="typical values are 0.99999 or 0.99")
-        epsilon = check_real("epsilon", epsilon, low=0.0, open_low=True, hint="the default is 1e-5")
+        self.beta = check_real("beta", beta, low=0.0, high=1.0, open_low=True,
+                               hint="typical values are 0.99999 or 0.99")
+        self.epsilon = check_real("epsilon", epsilon, low=0.0, open_low=True, hint="the default is 1e-5")
         if isinstance(dtype, str):  # configs name dtypes as strings ("float32")
             dtype = getattr(torch, dtype, dtype)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"`dtype` must be a floating dtype, got {dtype!r}; use torch.float32.")
         self.input_shape = shape
         self.norm_axes = norm_axes
-        self.beta = float(beta)
         self.per_element_update = bool(per_element_update)
-        self.epsilon = float(epsilon)
         self.register_buffer("running_mean", torch.zeros(shape, device=device, dtype=dtype))
         self.register_buffer("running_mean_sq", torch.zeros(shape, device=device, dtype=dtype))
         self.register_buffer("debiasing_term", torch.zeros((), device=device, dtype=dtype))
@@ -251,7 +249,7 @@ class RunningMeanStd(nn.Module):
         f64 = dict(device=device, dtype=torch.float64)
         self.register_buffer("mean", torch.zeros(self.shape, **f64))
         self.register_buffer("var", torch.ones(self.shape, **f64))
-        self.register_buffer("count", torch.tensor(float(epsilon), **f64))
+        self.register_buffer("count", torch.tensor(epsilon, **f64))
 
     def extra_repr(self) -> str:
         return f"shape={tuple(self.shape)}"
@@ -366,10 +364,9 @@ class IntrinsicRewardNormalizer(nn.Module):
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
-        gamma = check_real("gamma", gamma, low=0.0, high=1.0, hint="e.g. gamma=0.99")
+        self.gamma = check_real("gamma", gamma, low=0.0, high=1.0, hint="e.g. gamma=0.99")
         if mode not in ("backward", "forward"):
             raise ValueError(f"`mode` must be 'backward' or 'forward', got {mode!r}.")
-        self.gamma = float(gamma)
         self.mode = mode
         self.rms = RunningMeanStd((1,), epsilon, device=device)
         if mode == "forward":
