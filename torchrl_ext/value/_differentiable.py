@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from torchrl_ext.value._scan import _ahead, _as_discount, _differentiable_scan, _fill_continues, _to_dtype
+from torchrl_ext.value._scan import _as_discount, _differentiable_scan, _fill_continues, _to_dtype
 
 
 def gae(gamma, lmbda, value, next_value, reward, done, terminated, dim):
@@ -43,7 +43,7 @@ def vtrace(gamma, log_pi, log_mu, value, next_value, reward, done, terminated,
     # 1 inside a trajectory, 0 where the trace is cut (a done, the last step).
     continues = _fill_continues(torch.empty_like(value), done, dim)
     vs = _differentiable_scan(delta, gamma * clipped_c * continues, dim) + value
-    # v_{t+1} inside a trajectory, the true next value where it is cut.
-    vs_next = torch.lerp(next_value, _ahead(vs, dim, 1), continues)
+    # v_{t+1} inside a trajectory; where it is cut (incl. the wrapped last step), the true next value.
+    vs_next = torch.lerp(next_value, vs.roll(-1, dim), continues)
     advantage = clipped_rho * (reward_minus_value + bootstrap * vs_next)
     return advantage, vs

@@ -48,8 +48,7 @@ def _differentiable_scan(x: torch.Tensor, coef: torch.Tensor, dim: int) -> torch
 
 
 def _ahead(x: torch.Tensor, dim: int, offset: int) -> torch.Tensor:
-    """``x[t + offset]`` along ``dim``, zeros past the last step (out of place)."""
-    offset = min(offset, x.shape[dim])  # all zeros when offset >= T (e.g. T = 0)
+    """``x[t + offset]`` along ``dim`` (``offset < T``), zeros past the last step (out of place)."""
     pad = [0, 0] * (x.ndim - 1 - dim) + [0, offset]
     return torch.nn.functional.pad(x.narrow(dim, offset, x.shape[dim] - offset), pad)
 
