@@ -183,9 +183,7 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
             self._copy_ranges(pairs, ranges, cursor, data, True)
             return columns.by_key
         if extra:
-            data = data.clone(False)
-            for key, value in extra.items():
-                data.set(key, value)
+            data = set_info(data.clone(False), extra)
         leaves = None if self._torchrl_path() or has_lazy_stack(data) else self._checked_leaves(cursor, data)
         if leaves is None or leaves is _TORCHRL_WRITE:
             self.set(cursor, data)
@@ -241,7 +239,7 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
         try:
             return self._check_matches_storage(cursor, data)
         except (TypeError, ValueError):
-            self._rewind_writers(cursor if written is None else written, data)
+            self._rewind_writers(cursor if written is None else written)
             raise
 
     def _copy_ranges(self, leaves: list[tuple[torch.Tensor, torch.Tensor]], ranges: list[tuple[int, int, int, int]],
@@ -263,7 +261,7 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
             _compat.set_length(self, min(len(self) + sum(stop - start for start, stop, _, _ in ranges), self.max_size))
         _compat.bump_mutation_revision(self)
 
-    def _rewind_writers(self, cursor: Any, data: Any) -> None:
+    def _rewind_writers(self, cursor: Any) -> None:
         """Moves back the cursor of a TorchRL writer that advanced for a write refused here.
 
         TorchRL's ``RoundRobinWriter`` moves its cursor and write count before the storage

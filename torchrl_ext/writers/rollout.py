@@ -60,10 +60,8 @@ class RolloutWriter(NoState, Writer):
         super().register_storage(storage)
 
     def _coordinates(self, first: int, data: TensorDictBase) -> torch.Tensor:
-        length, envs = data.shape[0], data.shape[1:].numel()
-        time = torch.arange(first, first + length).repeat_interleave(envs)
-        env = torch.arange(envs).repeat(length)
-        return torch.stack([time, env], -1)
+        time = torch.arange(first, first + data.shape[0])
+        return torch.cartesian_prod(time, torch.arange(data.shape[1:].numel()))  # time-major rows
 
     def add(self, data: Any) -> torch.Tensor:
         storage = _compat.writer_storage(self)
@@ -77,8 +75,7 @@ class RolloutWriter(NoState, Writer):
         storage = _compat.writer_storage(self)
         first = storage.step
         storage.insert_steps(data, time_dim=0)
-        steps = data if data.batch_dims > 1 else data.unsqueeze(1)
-        return self._coordinates(first, steps)
+        return self._coordinates(first, data)  # [L] from one env: envs = Size([]).numel() = 1
 
     def _empty(self, empty_write_count: bool = True) -> None:
         return  # the storage's own _empty resets its step counter
