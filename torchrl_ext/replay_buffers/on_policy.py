@@ -24,7 +24,7 @@ import torch
 from tensordict import TensorDictBase
 
 from torchrl_ext import _compat
-from torchrl_ext._checks import check_finite, check_int, check_real
+from torchrl_ext._checks import check_finite, check_int, check_real, read_only
 from torchrl_ext._keys import nested_key, next_key
 from torchrl_ext.replay_buffers.tensordict import TensorDictReplayBuffer
 from torchrl_ext.samplers.minibatch import FeedForwardMinibatchSampler, NaiveRecurrentMinibatchSampler
@@ -151,10 +151,8 @@ class OnPolicyReplayBuffer(TensorDictReplayBuffer):
 
     insert_transition = insert
 
-    @property
-    def used_capacity(self) -> int:
-        """Steps filled since the last :meth:`after_update` (only these are used)."""
-        return self.storage.step
+    used_capacity = read_only("storage.step", "Steps filled since the last :meth:`after_update` "
+                              "(only these are used).")
 
     def after_update(self) -> None:
         """Moves the slot after the last step to slot 0 and restarts (pytorchrl's ``after_gradients``)."""

@@ -29,7 +29,7 @@ from torchrl.data.replay_buffers.checkpointers import StorageCheckpointerBase
 from torchrl.data.replay_buffers.storages import Storage
 
 from torchrl_ext import _compat
-from torchrl_ext._checks import bounds, check_int, resolve_time_dim
+from torchrl_ext._checks import bounds, check_int, read_only, resolve_time_dim
 from torchrl_ext._keys import next_key
 from torchrl_ext.io.state_files import (
     load_component,
@@ -114,18 +114,9 @@ class RolloutStorage(PinnedOutputs, Storage):
         """Keys of the per-step entries written so far (the rest are per-rollout entries)."""
         return frozenset(self._step_keys)
 
-    @property
-    def num_steps(self) -> int:
-        return self._num_steps
-
-    @property
-    def step(self) -> int:
-        """Steps inserted since the last :meth:`after_update`."""
-        return self._step
-
-    @property
-    def device(self) -> torch.device:
-        return self._device
+    num_steps = read_only("_num_steps", "Rollout length ``T``.")
+    step = read_only("_step", "Steps inserted since the last :meth:`after_update`.")
+    device = read_only("_device", "Where the rollout lives.")
 
     @property
     def data(self) -> TensorDictBase:
