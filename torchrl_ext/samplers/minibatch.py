@@ -145,27 +145,23 @@ class _EpochMinibatchSampler(StateFiles, Sampler):
             order = torch.randperm(count, generator=_compat.generator(self))
         else:
             order = torch.arange(count)
-        if self.num_mini_batch is not None:
-            if self.num_mini_batch > count:
-                raise ValueError(
-                    f"num_mini_batch={self.num_mini_batch} is larger than the {count} "
-                    f"{self.unit_name}s of the rollout; use at most {count} minibatches."
-                )
-            if self.drop_last:  # HARL: equal sizes, the leftover units unused this epoch
-                size = count // self.num_mini_batch
-                splits = [order[i * size:(i + 1) * size] for i in range(self.num_mini_batch)]
-            else:
-                splits = list(torch.tensor_split(order, self.num_mini_batch))
+        if self.num_mini_batch is not None and self.num_mini_batch > count:
+            raise ValueError(
+                f"num_mini_batch={self.num_mini_batch} is larger than the {count} "
+                f"{self.unit_name}s of the rollout; use at most {count} minibatches."
+            )
+        size = self.mini_batch_size
+        if size is not None and size > count and self.drop_last:
+            raise ValueError(
+                f"mini_batch_size={size} is larger than the {count} {self.unit_name}s of the "
+                "rollout and drop_last=True leaves no minibatch."
+            )
+        if self.drop_last:  # HARL: equal sizes, the leftover units unused this epoch
+            order = order[: count - count % (size or self.num_mini_batch)]
+        if size is None:
+            splits = list(torch.tensor_split(order, self.num_mini_batch))
         else:
-            size = self.mini_batch_size
-            if size > count and self.drop_last:
-                raise ValueError(
-                    f"mini_batch_size={size} is larger than the {count} {self.unit_name}s of the "
-                    "rollout and drop_last=True leaves no minibatch."
-                )
             splits = list(torch.split(order, size))
-            if self.drop_last and splits[-1].numel() < size:
-                splits = splits[:-1]
         self._splits, self._next = splits, 0
         _compat.set_remaining_batches(self, len(splits))
 
