@@ -79,6 +79,3 @@ class RolloutWriter(NoState, Writer):
 
     def _empty(self, empty_write_count: bool = True) -> None:
         return  # the storage's own _empty resets its step counter
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
