@@ -10,6 +10,7 @@ errors a bad batch deserves.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
@@ -39,13 +40,11 @@ def numpy_view(values: torch.Tensor) -> np.ndarray | None:
 Column = tuple[np.ndarray, tuple[int, ...], np.dtype]
 
 
+@dataclass(slots=True, eq=False)  # compared and hashed by identity: a dict field does not hash
 class Columns:
     """Stored columns by key: ``(stored leaf as a numpy array, item shape, numpy dtype)``."""
 
-    __slots__ = ("by_key",)
-
-    def __init__(self, by_key: dict[Any, Column]) -> None:
-        self.by_key = by_key
+    by_key: dict[Any, Column]
 
 
 def numpy_columns(leaves: Any, batch_dims: int) -> Columns | None:
