@@ -29,7 +29,7 @@ from torchrl.data.replay_buffers.checkpointers import StorageCheckpointerBase
 from torchrl.data.replay_buffers.storages import Storage
 
 from torchrl_ext import _compat
-from torchrl_ext._checks import check_indices, check_int
+from torchrl_ext._checks import check_indices, check_int, read_only
 from torchrl_ext._fastpath import fastpath_enabled
 from torchrl_ext.io.state_files import (
     load_component,
@@ -53,6 +53,16 @@ def _write_at_copies_rows(cls: type) -> bool:
     must say so itself (a subclass that overrides it does more, e.g. an episode index)."""
     owner = next(klass for klass in cls.__mro__ if "write_at" in vars(klass))
     return vars(owner).get("write_at_copies_rows", False)
+
+
+def _numpy_view(attr: str, doc: str) -> property:
+    """A property giving a read-only view of the numpy counter ``self._rings.<attr>``."""
+    def get(self: EnvRingStorage) -> np.ndarray:
+        view = getattr(self._rings, attr).view()
+        view.flags.writeable = False
+        return view
+
+    return property(get, doc=doc)
 
 
 class EnvRingStorageCheckpointer(StorageCheckpointerBase):
@@ -147,17 +157,9 @@ class EnvRingStorage(PinnedOutputs, Storage):
         )
 
     # ------------------------------------------------------------------
-    @property
-    def num_envs(self) -> int:
-        return self._rings.num_envs
-
-    @property
-    def max_length(self) -> int:
-        return self._rings.max_length
-
-    @property
-    def device(self) -> torch.device:
-        return self._rings.device
+    num_envs = read_only("_rings.num_envs", "Number of environments ``E``.")
+    max_length = read_only("_rings.max_length", "Steps kept per environment ``L``.")
+    device = read_only("_rings.device", "Where the data lives (the counters stay on the CPU).")
 
     @property
     def shape(self) -> torch.Size:
@@ -192,47 +194,27 @@ class EnvRingStorage(PinnedOutputs, Storage):
 
     # The storage contract samplers and writers read: live views, no copies. They change as
     # the storage is written; the torch ones share the numpy ones' memory, so never write them.
-    @property
-    def positions(self) -> torch.Tensor:
-        """Live view of each env's next position, int64 ``[E]`` (read only)."""
-        return self._rings.pos
-
-    @property
-    def sizes(self) -> torch.Tensor:
-        """Live view of the steps stored per env, int64 ``[E]`` (read only)."""
-        return self._rings.size
-
-    @property
-    def position_array(self) -> np.ndarray:
-        """:attr:`positions` as a read-only numpy array (cheapest for per-write bookkeeping)."""
-        view = self._rings.pos_np.view()
-        view.flags.writeable = False
-        return view
-
-    @property
-    def size_array(self) -> np.ndarray:
-        """:attr:`sizes` as a read-only numpy array."""
-        view = self._rings.size_np.view()
-        view.flags.writeable = False
-        return view
-
-    @property
-    def resets(self) -> torch.Tensor:
+    positions = read_only("_rings.pos", "Live view of each env's next position, int64 ``[E]`` (read only).")
+    sizes = read_only("_rings.size", "Live view of the steps stored per env, int64 ``[E]`` (read only).")
+    position_array = _numpy_view(
+        "pos_np", ":attr:`positions` as a read-only numpy array (cheapest for per-write bookkeeping)."
+    )
+    size_array = _numpy_view("size_np", ":attr:`sizes` as a read-only numpy array.")
+    resets = read_only(
+        "_rings.resets",
         """Live count of the clears of each env, int64 ``[E]`` (read only): a sampler that keeps
-        per-position state sees a clear even after the env was written past its old position."""
-        return self._rings.resets
-
-    @property
-    def load_count(self) -> int:
+        per-position state sees a clear even after the env was written past its old position.""",
+    )
+    load_count = read_only(
+        "_rings.loads",
         """Checkpoints loaded into this storage: what a sampler derived from the counters before
-        a load is void after it."""
-        return self._rings.loads
-
-    @property
-    def flat_leaves(self) -> list[tuple[Any, torch.Tensor]]:
+        a load is void after it.""",
+    )
+    flat_leaves = read_only(
+        "_rings.flat",
         """``(key, rows)`` for every stored leaf, its memory viewed as ``[E * L, ...]`` rows
-        (row of ``(env, position)``: :meth:`flat_index`); empty before the first write."""
-        return self._rings.flat
+        (row of ``(env, position)``: :meth:`flat_index`); empty before the first write.""",
+    )
 
     def flat_leaf(self, key: Any) -> torch.Tensor | None:
         """The stored leaf ``key``'s memory as ``[E * L, ...]`` rows, or ``None``."""
@@ -263,9 +245,7 @@ class EnvRingStorage(PinnedOutputs, Storage):
     def __len__(self) -> int:
         return int(self._rings.size.sum())
 
-    @property
-    def _is_full(self) -> bool:
-        return self._rings.is_full
+    _is_full = read_only("_rings.is_full", "Whether every env's ring is full (TorchRL's hook).")
 
     def __repr__(self) -> str:
         return (
@@ -526,10 +506,9 @@ class EnvRingStorage(PinnedOutputs, Storage):
         self._rings.load(tensordict_from_state(state_dict["data"], self.device), state_dict["counters"])
         _compat.bump_mutation_revision(self)
 
-    @property
-    def is_shared(self) -> bool:
-        """Whether :meth:`share_memory_` put the data and the counters in shared memory."""
-        return self._rings.shared
+    is_shared = read_only(
+        "_rings.shared", "Whether :meth:`share_memory_` put the data and the counters in shared memory."
+    )
 
     def share_memory_(self, example: TensorDictBase | None = None) -> Any:
         """Puts the rings and their cursors in shared memory, for ``torch.multiprocessing``.
