@@ -58,23 +58,19 @@ class RingData:
         # Normal tensors even at a first write inside torch.inference_mode(): inference
         # tensors refuse the in-place writes made outside it later.
         with torch.inference_mode(False):
-            self._allocate(data, batch_dims, shape, memory_shape)
-
-    def _allocate(self, data: TensorDictBase, batch_dims: int, shape: tuple[int, int],
-                  memory_shape: tuple[int, int]) -> None:
-        self.data = TensorDict(
-            {
-                key: self.as_leaf(torch.zeros(
-                    memory_shape + tuple(leaf.shape[batch_dims:]), dtype=leaf.dtype, device=self.device
-                ))
-                for key, leaf in leaf_items(data)
-            },
-            batch_size=shape,
-            device=self.device,
-        )
-        for key, item_shape in item_batch_shapes(data, batch_dims)[1]:  # ("agents", ...) of [N, A]
-            self.data.get(key).batch_size = shape + item_shape
-        self.index_leaves()
+            self.data = TensorDict(
+                {
+                    key: self.as_leaf(torch.zeros(
+                        memory_shape + tuple(leaf.shape[batch_dims:]), dtype=leaf.dtype, device=self.device
+                    ))
+                    for key, leaf in leaf_items(data)
+                },
+                batch_size=shape,
+                device=self.device,
+            )
+            for key, item_shape in item_batch_shapes(data, batch_dims)[1]:  # ("agents", ...) of [N, A]
+                self.data.get(key).batch_size = shape + item_shape
+            self.index_leaves()
 
     def as_leaf(self, memory: torch.Tensor) -> torch.Tensor:
         """The ``[E, L, ...]`` leaf over a layout's memory (``[L, E, ...]`` when time-major), or
