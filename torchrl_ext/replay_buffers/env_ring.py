@@ -132,14 +132,7 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
         self._check_priority_entry(data, update_priority)  # before any step is stored
         if not blocking:
             return self._write(data, env_ids, update_priority)
-        if env_ids is None:
-            if data.batch_dims not in (1, 2):
-                raise ValueError(
-                    f"data must have batch size [N] or [N, T], got {list(data.batch_size)}."
-                )
-            ids = writer.split_env_ids(data)[0]
-        else:
-            ids = writer.check_row_env_ids(env_ids, data)
+        ids = writer._env_ids_of(data, env_ids)[0]  # checked as the write checks them
         steps = 1 if data.batch_dims == 1 else data.shape[1]
         while True:
             if not writer.wait_for_room(ids, steps, timeout):

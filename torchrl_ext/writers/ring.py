@@ -93,18 +93,24 @@ class EnvRingWriter(Writer):
         if index is None:
             index = self._write_rows(storage, data, env_ids)
         self._write_count += index.shape[0]
-        self._mark_update_entities(storage, index)
+        for entity in _compat.attached_entities(storage):
+            entity.mark_update(index)
         return index
+
+    def _env_ids_of(self, data: TensorDictBase, env_ids: Any) -> tuple[torch.Tensor, TensorDictBase]:
+        """The checked env ids ``[N]`` of a write of the ``[N]`` or ``[N, T]`` batch ``data``
+        (``env_ids``, or else the batch's own entry), and the batch without that entry."""
+        if env_ids is None:
+            _check_batch_dims(data)
+            return self.split_env_ids(data)
+        env_ids = self.check_row_env_ids(env_ids, data)
+        if self.env_id_key in data.keys(include_nested=isinstance(self.env_id_key, tuple)):
+            data = data.exclude(self.env_id_key)
+        return env_ids, data
 
     def _write_rows(self, storage: EnvRingStorage, data: TensorDictBase, env_ids: Any) -> torch.Tensor:
         """The general write: ``[N]`` or ``[N, T]`` steps of any distinct envs, checked."""
-        if env_ids is None:
-            _check_batch_dims(data)
-            env_ids, data = self.split_env_ids(data)
-        else:
-            env_ids = self.check_row_env_ids(env_ids, data)
-            if self.env_id_key in data.keys(include_nested=isinstance(self.env_id_key, tuple)):
-                data = data.exclude(self.env_id_key)
+        env_ids, data = self._env_ids_of(data, env_ids)
         steps = 1 if data.batch_dims == 1 else data.shape[1]
         self._check_fits(steps)
         pos = storage.position_array[env_ids.numpy()]
@@ -341,11 +347,6 @@ class EnvRingWriter(Writer):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._room = threading.Condition()
-
-    @staticmethod
-    def _mark_update_entities(storage: EnvRingStorage, index: torch.Tensor) -> None:
-        for entity in _compat.attached_entities(storage):
-            entity.mark_update(index)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(env_id_key={self.env_id_key!r}, write_count={self._write_count})"
