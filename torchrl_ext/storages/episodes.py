@@ -336,16 +336,14 @@ class EpisodicEnvRingStorage(EnvRingStorage):
         self._is_first[rows] = False
         self._returns[rows] = self.default_return
 
+    def _episode_index(self) -> tuple[torch.Tensor, ...]:
+        """The bookkeeping a checkpoint saves, in its order."""
+        return self._is_first, self._indexed, self._headless, self._disc0, self._returns
+
     def state_dict(self) -> dict[str, Any]:
-        return super().state_dict() | {
-            "episodes": [self._is_first.clone(), self._indexed.clone(), self._headless.clone(),
-                         self._disc0.clone(), self._returns.clone()],
-        }
+        return super().state_dict() | {"episodes": [t.clone() for t in self._episode_index()]}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
-        for dest, src in zip(
-            (self._is_first, self._indexed, self._headless, self._disc0, self._returns),
-            state_dict["episodes"],
-        ):
+        for dest, src in zip(self._episode_index(), state_dict["episodes"]):
             dest.copy_(src)
