@@ -481,9 +481,7 @@ class EnvRingStorage(PinnedOutputs, Storage):
         """Uniform draws over the readable stored steps, as ``(env, position)``."""
         return _ring_reads.draw_uniform(self._rings, batch_size, self.required_lookback, _compat.generator(self))
 
-    def _rand_given_ndim(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """TorchRL's ``RandomSampler`` hook: :meth:`draw_uniform`."""
-        return self.draw_uniform(batch_size)
+    _rand_given_ndim = draw_uniform  # TorchRL's RandomSampler hook: the same draws
 
     # ------------------------------------------------------------------
     # Checkpoints and sharing
