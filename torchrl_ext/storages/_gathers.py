@@ -84,10 +84,8 @@ def assemble(entries: dict[Any, torch.Tensor], batch_size: torch.Size, device: A
         return _compat.unchecked_tensordict(entries, batch_size, device)
     root, subs = item_shapes
     if root:  # sampler info leads with the sample's shape only: it is added after
-        data = _compat.unchecked_tensordict(
-            {key: value for key, value in entries.items() if key not in (extra or {})}, batch_size + root, device)
-    else:
-        data = _compat.unchecked_tensordict(entries, batch_size, device)
+        entries = {key: value for key, value in entries.items() if key not in (extra or {})}
+    data = _compat.unchecked_tensordict(entries, batch_size + root, device)
     for key, shape in subs:
         data.get(key).batch_size = batch_size + shape
     if root:
