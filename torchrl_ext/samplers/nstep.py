@@ -139,9 +139,9 @@ class NStepSampler(StatelessSampler):
         group = "" if self.agent_group is None else f", agent_group={self.agent_group!r}"
         return f"{type(self).__name__}(n_step={self.n_step}, gamma={self.gamma}{group})"
 
-    def _leaf(self, streams: Any, key: Any, required: bool) -> torch.Tensor | None:
+    def _leaf(self, streams: Any, key: Any) -> torch.Tensor:
         leaf = streams.leaf(key)
-        if leaf is None and required:
+        if leaf is None:
             raise ValueError(
                 f"{type(self).__name__} needs {key!r} in the stored data (set reward_key / "
                 "done_key / agent_group to where your transitions keep them)."
@@ -187,8 +187,8 @@ class NStepSampler(StatelessSampler):
             info[self.reward_key] = reward
             info["steps_to_next_obs"], info["nstep_discount"] = steps, discount
             return streams.index(env, start, end), info
-        done_leaf = self._leaf(streams, self.done_key, required=False)
-        reward_leaf = self._leaf(streams, self.reward_key, required=False)
+        done_leaf = streams.leaf(self.done_key)
+        reward_leaf = streams.leaf(self.reward_key)
         to_newest, flat = self._chain_rows(streams, env, start)
         agent_end = self._agent_chains(streams, flat, to_newest, info)
         if done_leaf is not None:
@@ -247,8 +247,8 @@ class NStepSampler(StatelessSampler):
         self, streams: Any, env: torch.Tensor, start: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Walks the chains from ``(env, start)`` ``[K]``: stop index ``m`` and n-step reward."""
-        done_leaf = self._leaf(streams, self.done_key, required=True)
-        reward_leaf = self._leaf(streams, self.reward_key, required=True)
+        done_leaf = self._leaf(streams, self.done_key)
+        reward_leaf = self._leaf(streams, self.reward_key)
         to_newest, flat = self._chain_rows(streams, env, start)
         m = self._stop_index(done_leaf, flat, to_newest, agent_dims=0)
         return m, self._discounted_sum(reward_leaf, flat, m, agent_dims=0)
@@ -326,8 +326,8 @@ class NStepSampler(StatelessSampler):
         """FP: per-agent chain ends ``[B, A]``; fills ``info`` with the group's n-step entries."""
         group = self.agent_group
         done_key, reward_key = ("next", group, "done"), ("next", group, "reward")
-        done_leaf = self._leaf(streams, done_key, required=True)
-        reward_leaf = self._leaf(streams, reward_key, required=True)
+        done_leaf = self._leaf(streams, done_key)
+        reward_leaf = self._leaf(streams, reward_key)
         if done_leaf.dim() < 3:  # flat rows, agents, flag
             raise ValueError(
                 f"{done_key!r} must hold one flag per agent, [..., num_agents, 1]; got per-step "

@@ -47,11 +47,11 @@ class DistinctUniformSampler(StatelessSampler):
         if count == 0:
             raise RuntimeError("Cannot sample from an empty storage.")
         take = min(batch_size, count)
+        rng = _compat.generator(self)
         if take * 4 < count:  # far fewer than stored: rejection-free partial draw
-            rng = _compat.generator(self)
             picks = torch.multinomial(torch.ones(count), take, replacement=False, generator=rng)
         else:
-            picks = torch.randperm(count, generator=_compat.generator(self))[:take]
+            picks = torch.randperm(count, generator=rng)[:take]
         index = picks if eligible is None else eligible[picks]
         ndim = getattr(storage, "ndim", 1)
         if ndim == 1:
