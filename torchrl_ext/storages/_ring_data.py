@@ -171,7 +171,7 @@ class RingData:
             self.pos_np += steps
             self.grow_every_size(steps)
             return
-        ids = torch.as_tensor(env_ids, dtype=torch.long).cpu().numpy()
+        ids = env_ids.cpu().numpy()  # int64: checked by the storage
         self.pos_np[ids] += steps
         self.size_np[ids] = np.minimum(self.size_np[ids] + steps, self.max_length)
 
