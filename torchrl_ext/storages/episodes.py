@@ -156,9 +156,7 @@ class EpisodicEnvRingStorage(EnvRingStorage):
             different positions or nothing is stored yet. A bad batch raises what
             :meth:`write_at` raises, before anything is written.
         """
-        if self._rings.data is None:
-            return None
-        position = self._rings.common_position()
+        position = None if self._rings.data is None else self._rings.common_position()
         if position is None:
             return None
         if skip_key is not None:
