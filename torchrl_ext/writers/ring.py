@@ -239,14 +239,14 @@ class EnvRingWriter(Writer):
         storage = self.storage
         env_ids = torch.arange(storage.num_envs) if env_ids is None else self.check_env_ids(env_ids)
         check_int("n", n, minimum=1)
+        if env_ids.numel() == 0:
+            return storage.empty_result((0, n))
         size = storage.sizes[env_ids]
-        if env_ids.numel() and int(size.min()) < n:
+        if int(size.min()) < n:
             raise ValueError(
                 f"cannot dequeue n={n} steps: env {int(env_ids[size.argmin()])} holds only "
                 f"{int(size.min())}; dequeue fewer, or wait for more data."
             )
-        if env_ids.numel() == 0:
-            return storage.empty_result((0, n))
         earliest = storage.earliest_position(env_ids)
         positions = earliest.unsqueeze(1) + torch.arange(n)
         out = storage.get((env_ids.unsqueeze(1).expand(-1, n), positions))
