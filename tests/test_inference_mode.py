@@ -7,8 +7,9 @@ component through both orders so the next reused buffer that forgets it fails he
 """
 from __future__ import annotations
 
+import copy
 import random
-from typing import Callable
+from typing import Any, Callable
 
 import pytest
 import torch
@@ -68,8 +69,8 @@ def _run_in_order(order: list[bool], step: Callable[[int], TensorDict], seed: in
     out = []
     for k, inside in enumerate(order):
         with torch.inference_mode(inside):
-            out.append(step(k))
-    return [td.clone() for td in out]  # clone outside: comparable whatever mode made them
+            out.append(step(k).clone())  # a copy now: a step may return views of stored rows
+    return out
 
 
 def _check_orders(make_step: Callable[[], Callable[[int], TensorDict]]) -> None:
@@ -78,6 +79,49 @@ def _check_orders(make_step: Callable[[], Callable[[int], TensorDict]]) -> None:
     runs = {name: _run_in_order(order, make_step()) for name, order in ORDERS.items()}
     for name, run in runs.items():
         _assert_same(run, runs["outside"])
+
+
+def _copied(state: Any) -> Any:
+    if isinstance(state, torch.Tensor):
+        return state.clone()
+    if isinstance(state, dict):
+        copied = copy.copy(state)  # keeps attributes such as a TensorDict state's _metadata
+        copied.update((key, _copied(value)) for key, value in state.items())
+        return copied
+    if isinstance(state, (list, tuple)):
+        return type(state)(_copied(value) for value in state)
+    return state
+
+
+def _scramble(state: Any) -> None:
+    if isinstance(state, torch.Tensor):
+        # Its own generator: the runs compared must draw the same global random numbers.
+        state.copy_(torch.randint(0, 2, state.shape, generator=torch.Generator().manual_seed(7)).to(state.dtype))
+    elif isinstance(state, dict):
+        for value in state.values():
+            _scramble(value)
+    elif isinstance(state, (list, tuple)):
+        for value in state:
+            _scramble(value)
+
+
+def _check_load_inside(make_step: Callable[[], Callable[[int], TensorDict]]) -> None:
+    """A buffer whose state is loaded inside inference mode (into a fresh one) goes on outside it
+    exactly as the one it was saved from."""
+    want = _run_in_order(ORDERS["outside"], make_step())
+    torch.manual_seed(0)
+    step = make_step()
+    got = [step(k).clone() for k in range(ROUNDS // 2)]
+    state = step.state["rb"].state_dict()
+    fresh = make_step().state["rb"]
+    with torch.inference_mode():
+        # As if read back from a file there (torch.load): every tensor an inference tensor.
+        loaded = _copied(state)
+        fresh.load_state_dict(loaded)
+        _scramble(loaded)  # the caller's tensors: the loaded buffer must not share them
+    step.state["rb"] = fresh
+    got += [step(k).clone() for k in range(ROUNDS // 2, ROUNDS)]
+    _assert_same(got, want)
 
 
 # ---------------------------------------------------------------- flat buffers
@@ -108,10 +152,11 @@ FLAT_SAMPLERS = {
 @pytest.mark.parametrize("storage", FLAT_STORAGES)
 def test_flat_buffers_inside_and_outside_inference_mode(storage: str, sampler: str) -> None:
     def make_step() -> Callable[[int], TensorDict]:
-        rb = TensorDictReplayBuffer(storage=FLAT_STORAGES[storage](), sampler=FLAT_SAMPLERS[sampler](),
-                                    batch_size=8)
+        state = {"rb": TensorDictReplayBuffer(storage=FLAT_STORAGES[storage](), sampler=FLAT_SAMPLERS[sampler](),
+                                              batch_size=8)}
 
         def step(k: int) -> TensorDict:
+            rb = state["rb"]
             rb.extend(_rows(9 * k, 9))  # wraps: 6 x 9 rows into 40
             batch = rb.sample()
             if isinstance(rb.sampler, PrioritizedSampler):
@@ -119,17 +164,21 @@ def test_flat_buffers_inside_and_outside_inference_mode(storage: str, sampler: s
                 rb.update_tensordict_priority(batch)
             return TensorDict({"batch": batch.exclude("td_error"), "stored": rb[:]["obs"]}, [])
 
+        step.state = state
         return step
 
     _check_orders(make_step)
+    _check_load_inside(make_step)
 
 
 @pytest.mark.parametrize("ndim", [1, 2])
 def test_a_prioritized_replay_buffer_inside_and_outside_inference_mode(ndim: int) -> None:
     def make_step() -> Callable[[int], TensorDict]:
-        rb = PrioritizedReplayBuffer(alpha=0.6, beta=0.4, storage=FastTensorStorage(24, ndim=ndim), batch_size=5)
+        state = {"rb": PrioritizedReplayBuffer(alpha=0.6, beta=0.4, storage=FastTensorStorage(24, ndim=ndim),
+                                               batch_size=5)}
 
         def step(k: int) -> TensorDict:
+            rb = state["rb"]
             rows = _rows(6 * k, 6)
             rb.extend(rows if ndim == 1 else rows.reshape(2, 3))
             batch = rb.sample()
@@ -137,26 +186,31 @@ def test_a_prioritized_replay_buffer_inside_and_outside_inference_mode(ndim: int
             rb.update_tensordict_priority(batch)
             return batch.exclude("td_error")
 
+        step.state = state
         return step
 
     _check_orders(make_step)
+    _check_load_inside(make_step)
 
 
 def test_a_prioritized_nstep_buffer_inside_and_outside_inference_mode() -> None:
     def make_step() -> Callable[[int], TensorDict]:
         sampler = PrioritizedNStepSampler(16, alpha=1.0, beta=0.5, n_step=2, gamma=0.5)
-        rb = TensorDictReplayBuffer(storage=FastTensorStorage(16, ndim=2), sampler=sampler, batch_size=6)
+        state = {"rb": TensorDictReplayBuffer(storage=FastTensorStorage(16, ndim=2), sampler=sampler, batch_size=6)}
 
         def step(k: int) -> TensorDict:
+            rb = state["rb"]
             rb.extend(_rows(6 * k, 6).reshape(2, 3))  # [num_envs=2, T=3]
             batch = rb.sample()
             batch.set("td_error", batch["reward"].squeeze(-1) + 0.5)
             rb.update_tensordict_priority(batch)
             return batch.exclude("td_error")
 
+        step.state = state
         return step
 
     _check_orders(make_step)
+    _check_load_inside(make_step)
 
 
 # ---------------------------------------------------------------- per-env rings
@@ -202,10 +256,12 @@ def _ring_steps(seed: int) -> Callable[[list[int]], TensorDict]:
 @pytest.mark.parametrize("storage", RING_STORAGES)
 def test_ring_buffers_inside_and_outside_inference_mode(storage: str, sampler: str) -> None:
     def make_step() -> Callable[[int], TensorDict]:
-        rb = EnvRingReplayBuffer(storage=RING_STORAGES[storage](), sampler=RING_SAMPLERS[sampler](), batch_size=6)
+        state = {"rb": EnvRingReplayBuffer(storage=RING_STORAGES[storage](), sampler=RING_SAMPLERS[sampler](),
+                                           batch_size=6)}
         steps = _ring_steps(seed=4)
 
         def step(k: int) -> TensorDict:
+            rb = state["rb"]
             for _ in range(2):  # every env together (the step write), then a subset
                 rb.extend(steps([0, 1, 2]))
             rb.extend(steps([2, 0]), env_ids=torch.tensor([2, 0]))
@@ -216,9 +272,11 @@ def test_ring_buffers_inside_and_outside_inference_mode(storage: str, sampler: s
             stored = rb.read(torch.tensor([0, 1, 2]), rb.storage.current_pos - 1)
             return TensorDict({"batch": batch, "newest": stored}, [])
 
+        step.state = state
         return step
 
     _check_orders(make_step)
+    _check_load_inside(make_step)
 
 
 # ---------------------------------------------------------------- on-policy
@@ -240,9 +298,10 @@ ON_POLICY = {
 @pytest.mark.parametrize("buffer", ON_POLICY)
 def test_on_policy_buffers_inside_and_outside_inference_mode(buffer: str) -> None:
     def make_step() -> Callable[[int], TensorDict]:
-        rb = ON_POLICY[buffer]()
+        state = {"rb": ON_POLICY[buffer]()}
 
         def step(k: int) -> TensorDict:
+            rb = state["rb"]
             for t in range(4):
                 rb.insert(_on_policy_step(float(10 * k + t), t))
             rb.compute_returns()
@@ -251,25 +310,30 @@ def test_on_policy_buffers_inside_and_outside_inference_mode(buffer: str) -> Non
             rb.after_update()
             return TensorDict({"batches": torch.stack(batches), "stored": stored}, [])
 
+        step.state = state
         return step
 
     _check_orders(make_step)
+    _check_load_inside(make_step)
 
 
 def test_a_path_gae_buffer_inside_and_outside_inference_mode() -> None:
     def make_step() -> Callable[[int], TensorDict]:
-        rb = PathGAEReplayBuffer(12, 4, gamma=0.5, lam=0.9)
+        state = {"rb": PathGAEReplayBuffer(12, 4, gamma=0.5, lam=0.9)}
 
         def step(k: int) -> TensorDict:
+            rb = state["rb"]
             v = torch.arange(3.0).unsqueeze(-1) + k
             rb.store(TensorDict({"observation": v.expand(3, 2), "state_value": v,
                                  "next": {"reward": v % 2}}, [3]))
             rb.finish_path(last_val=float(k))
             return TensorDict({"batch": rb.sample_batch(), "stored": rb.storage[:]}, [])
 
+        step.state = state
         return step
 
     _check_orders(make_step)
+    _check_load_inside(make_step)
 
 
 # ---------------------------------------------------------------- value estimation

@@ -37,6 +37,7 @@ __all__ = [
     "check_reals",
     "check_same_shape",
     "check_signals",
+    "makes_kept_tensors",
     "read_only",
     "resolve_time_dim",
 ]
@@ -189,6 +190,14 @@ class CheckedSetting:
 def read_only(attr: str, doc: str) -> property:
     """A read-only property documented by ``doc`` that returns ``self.<attr>`` (a dotted path is followed)."""
     return property(operator.attrgetter(attr), doc=doc)
+
+
+def makes_kept_tensors(method: Callable) -> Callable:
+    """Runs ``method`` with ``torch.inference_mode`` off, for methods that make tensors a component
+    keeps and later updates in place (storage, trees, tables, a loaded state). Made inside
+    ``torch.inference_mode()`` they would be inference tensors, which no in-place update outside
+    it may touch, so a first call or a load there would break every later call outside it."""
+    return torch.inference_mode(False)(method)
 
 
 ########################################################################

@@ -40,7 +40,7 @@ from typing import Any, Sequence
 
 import torch
 
-from torchrl_ext._checks import bounds, check_int, read_only
+from torchrl_ext._checks import bounds, check_int, makes_kept_tensors, read_only
 
 __all__ = ["MaxSegmentTree", "MinSegmentTree", "SegmentTree", "SumSegmentTree"]
 
@@ -236,6 +236,7 @@ class SegmentTree:
             "levels": [level.clone() for level in self._levels],
         }
 
+    @makes_kept_tensors
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restores a :meth:`state_dict` of a tree with the same geometry."""
         for key in ("capacity", "fanout", "top_size"):
@@ -536,6 +537,7 @@ class SumSegmentTree(SegmentTree):
     def state_dict(self) -> dict[str, Any]:
         return super().state_dict() | {"nnz": self.nnz}
 
+    @makes_kept_tensors
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
         self._nnz.copy_(torch.count_nonzero(self.leaves))

@@ -166,6 +166,20 @@ def test_state_dict_round_trip_restores_data_and_counters():
     assert fresh.storage.read(torch.tensor([1]), torch.tensor([3]))["obs"][0, 0] == 999.0
 
 
+@pytest.mark.parametrize("time_major", [True, False])
+def test_storages_loaded_from_one_state_share_nothing(time_major):
+    rb = filled_buffer()
+    state = rb.state_dict()
+    first, second = (EnvRingReplayBuffer(storage=EnvRingStorage(3, 4, time_major=time_major)) for _ in range(2))
+    first.load_state_dict(state)
+    second.load_state_dict(state)
+    env, oldest = torch.tensor([0]), torch.tensor([2])  # env 0 holds positions 2..5 of a 4-slot ring
+    before = second.storage.read(env, oldest)["obs"].clone()
+    first.extend(steps([0, 1, 2], [7, 8, 9]))  # env 0's position 6 takes position 2's slot
+    assert torch.equal(second.storage.read(env, oldest)["obs"], before)
+    assert torch.equal(rb.storage.read(env, oldest)["obs"], before)
+
+
 def test_dumps_loads_round_trip(tmp_path):
     rb = filled_buffer()
     rb.dumps(tmp_path / "rb")

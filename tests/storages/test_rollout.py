@@ -257,6 +257,19 @@ def test_state_dict_round_trip_without_carried_keys(tmp_path):
     assert fresh.carry_keys == ["x"]
 
 
+def test_rollouts_loaded_from_one_state_share_nothing():
+    rollout = RolloutStorage(2)
+    rollout.insert(_uncarried_step(1.0))
+    state = rollout.state_dict()
+    first, second = RolloutStorage(2), RolloutStorage(2)
+    first.load_state_dict(state)
+    second.load_state_dict(state)
+    first.insert(_uncarried_step(5.0))  # writes slot 1
+    first.data["x"].fill_(-1.0)
+    assert second.data["x"][:2, 0].tolist() == [1.0, 0.0]
+    assert state["data"]["leaves"][0][:2, 0].tolist() == [1.0, 0.0]  # the caller's state, unchanged
+
+
 def test_get_coordinates_are_bounds_checked():
     rollout = RolloutStorage(3)
     for t in range(2):

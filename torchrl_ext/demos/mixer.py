@@ -15,7 +15,7 @@ import torch
 from tensordict import TensorDictBase
 from torch import Tensor
 
-from torchrl_ext._checks import check_int
+from torchrl_ext._checks import check_int, makes_kept_tensors
 from torchrl_ext._keys import nested_key, next_key
 from torchrl_ext.demos._demo import DEMO_KEYS
 from torchrl_ext.demos.store import DemoStore, EpisodeOutcome
@@ -348,6 +348,7 @@ class DemoMixer:
                           for d in demos],
         }
 
+    @makes_kept_tensors
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores :meth:`state_dict` output (``num_envs`` must match)."""
         if state.get("num_envs") != self.num_envs or len(state.get("source", ())) != self.num_envs:

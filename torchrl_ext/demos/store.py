@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable, Literal, NamedTuple, Sequence
 import torch
 from torch import Tensor
 
-from torchrl_ext._checks import check_int, check_real
+from torchrl_ext._checks import check_int, check_real, makes_kept_tensors
 from torchrl_ext.demos._demo import (
     DEMO_KEYS,
     check_settings,
@@ -410,6 +410,7 @@ class DemoStore:
                 "running": running_state(self._running),
                 "generator_state": [] if self.generator is None else [self.generator.get_state()]}
 
+    @makes_kept_tensors
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restores what :meth:`state_dict` returned (the id factory and device stay as built)."""
         missing = sorted({*_SCALARS, "reward_demos", "value_demos", "running"} - set(state))

@@ -272,12 +272,13 @@ def tensordict_state(data: TensorDictBase | None) -> dict[str, Any]:
 
 
 def tensordict_from_state(state: dict[str, Any], device: torch.device) -> TensorDictBase | None:
-    """Inverse of :func:`tensordict_state` (``None`` when it held no TensorDict)."""
+    """Inverse of :func:`tensordict_state` (``None`` when it held no TensorDict), with leaves of
+    its own: a storage that loads the same state twice, or whose caller reuses it, shares nothing."""
     if not state["keys"]:
         return None
     keys = [tuple(key) if len(key) > 1 else key[0] for key in state["keys"]]
     data = TensorDict(
-        {key: leaf.to(device) for key, leaf in zip(keys, state["leaves"])},
+        {key: leaf.to(device, copy=True) for key, leaf in zip(keys, state["leaves"])},
         batch_size=state["batch"],
         device=device,
     )

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from torchrl_ext._checks import makes_kept_tensors
 from torchrl_ext.storages._numpy_rows import ColumnCache, numpy_view
 from torchrl_ext.segment_tree import SumSegmentTree, _store
 
@@ -277,6 +278,7 @@ class PrioritySegmentTree(SumSegmentTree):
             else [level.clone() for level in self._max_levels],
         }
 
+    @makes_kept_tensors
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         # The minimum keys and maxima are recomputed from the leaves with the sums
         # (SegmentTree.load_state_dict refreshes every level): only their presence is checked.

@@ -30,7 +30,7 @@ import torch
 from torchrl.data.replay_buffers.samplers import Sampler
 
 from torchrl_ext import _compat
-from torchrl_ext._checks import CheckedSetting, check_indices, check_int
+from torchrl_ext._checks import CheckedSetting, check_indices, check_int, makes_kept_tensors
 from torchrl_ext.io.state_files import StateFiles
 
 __all__ = [
@@ -196,6 +196,7 @@ class _EpochMinibatchSampler(StateFiles, Sampler):
             "splits": [s.clone() for s in self._splits or []],
         }
 
+    @makes_kept_tensors
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         missing = sorted({"next", "ran_out", "units", "splits"} - set(state_dict))
         if missing:

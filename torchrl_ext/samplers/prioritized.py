@@ -22,7 +22,8 @@ from torchrl.data.replay_buffers.storages import Storage
 
 from torchrl_ext import _compat
 from torchrl_ext._checks import (
-    CheckedSetting, bounds, check_batch_size, check_int, check_priorities, check_real, read_only,
+    CheckedSetting, bounds, check_batch_size, check_int, check_priorities, check_real, makes_kept_tensors,
+    read_only,
 )
 from torchrl_ext.io.state_files import StateFiles, load_json
 from torchrl_ext.samplers._priority_tree import PrioritySegmentTree, reduce_per_item
@@ -464,6 +465,7 @@ class PrioritizedSampler(StateFiles, _TorchRLPrioritizedSampler):
             "_sum_tree": self._tree.state_dict(),
         }
 
+    @makes_kept_tensors
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restores a :meth:`state_dict`, or the ``state_dict()`` of TorchRL's
         ``PrioritizedSampler`` (priorities kept); everything is checked before anything changes."""

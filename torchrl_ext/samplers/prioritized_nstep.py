@@ -21,7 +21,7 @@ import torch
 from torchrl.data.replay_buffers.storages import Storage, TensorStorage
 
 from torchrl_ext import _compat
-from torchrl_ext._checks import check_batch_size, read_only
+from torchrl_ext._checks import check_batch_size, makes_kept_tensors, read_only
 from torchrl_ext.samplers._streams import storage_layout, streams_of
 from torchrl_ext.samplers.nstep import NStepSampler
 from torchrl_ext.samplers.prioritized import PrioritizedSampler
@@ -230,6 +230,7 @@ class PrioritizedNStepSampler(PrioritizedSampler):
     def state_dict(self) -> dict[str, Any]:
         return super().state_dict() | {"n_step": self.n_step, "gamma": self.gamma}
 
+    @makes_kept_tensors
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         chains = None
         if "n_step" in state_dict:  # a plain PrioritizedSampler's state keeps the current ones

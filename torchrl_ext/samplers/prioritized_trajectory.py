@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from torchrl_ext import _compat
-from torchrl_ext._checks import CheckedSetting, check_indices, check_priorities, check_real
+from torchrl_ext._checks import CheckedSetting, check_indices, check_priorities, check_real, makes_kept_tensors
 from torchrl_ext.io.state_files import StateFiles
 from torchrl_ext.samplers._priority_tree import PrioritySegmentTree
 from torchrl_ext.samplers.prioritized import priority_tensor
@@ -357,6 +357,7 @@ class PrioritizedTrajectorySampler(StateFiles, TrajectorySampler):
             "seen_geometry": list(self._seen_geometry or ()),
         }
 
+    @makes_kept_tensors
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not state_dict["initialized"]:
             self._empty()

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
-from torchrl_ext._checks import check_indices, check_int
+from torchrl_ext._checks import check_indices, check_int, makes_kept_tensors
 from torchrl_ext.storages._numpy_rows import NUMPY_DTYPES
 from torchrl_ext._keys import nested_key, next_key
 from torchrl_ext.storages.episodes import EpisodicEnvRingStorage
@@ -398,6 +398,7 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
         }
         return state
 
+    @makes_kept_tensors
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
         dedup = state_dict["dedup"]

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
-from torchrl_ext._checks import bounds, check_real
+from torchrl_ext._checks import bounds, check_real, makes_kept_tensors
 from torchrl_ext._keys import nested_key
 from torchrl_ext.storages.ring import EnvRingStorage
 from torchrl_ext.value.functional import discounted_cumsum
@@ -341,6 +341,7 @@ class EpisodicEnvRingStorage(EnvRingStorage):
     def state_dict(self) -> dict[str, Any]:
         return super().state_dict() | {"episodes": [t.clone() for t in self._episode_index()]}
 
+    @makes_kept_tensors
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
         for dest, src in zip(self._episode_index(), state_dict["episodes"]):

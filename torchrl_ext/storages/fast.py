@@ -43,7 +43,7 @@ from torchrl.data import LazyMemmapStorage, LazyTensorStorage
 from torchrl.data.replay_buffers.writers import RoundRobinWriter
 
 from torchrl_ext import _compat
-from torchrl_ext._checks import bounds, check_int
+from torchrl_ext._checks import bounds, check_int, makes_kept_tensors
 from torchrl_ext.storages._layouts import (
     StorageLayoutError, _check_common_keys, _layout, _newest_rows, _raise_key_mismatch, _refuse_non_tensors,
     has_lazy_stack,
@@ -104,6 +104,7 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
             super()._init(data)
         self._note_layout()
 
+    @makes_kept_tensors
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
         self._note_layout()

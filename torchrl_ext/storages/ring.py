@@ -29,7 +29,7 @@ from torchrl.data.replay_buffers.checkpointers import StorageCheckpointerBase
 from torchrl.data.replay_buffers.storages import Storage
 
 from torchrl_ext import _compat
-from torchrl_ext._checks import check_indices, check_int, read_only
+from torchrl_ext._checks import check_indices, check_int, makes_kept_tensors, read_only
 from torchrl_ext._fastpath import fastpath_enabled
 from torchrl_ext.io.state_files import (
     load_component,
@@ -494,6 +494,7 @@ class EnvRingStorage(PinnedOutputs, Storage):
             "counters": [rings.pos.clone(), rings.size.clone(), rings.resets.clone()],
         }
 
+    @makes_kept_tensors
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         for name in ("num_envs", "max_length"):
             if state_dict[name] != getattr(self, name):

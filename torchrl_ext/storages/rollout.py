@@ -29,7 +29,7 @@ from torchrl.data.replay_buffers.checkpointers import StorageCheckpointerBase
 from torchrl.data.replay_buffers.storages import Storage
 
 from torchrl_ext import _compat
-from torchrl_ext._checks import bounds, check_int, read_only, resolve_time_dim
+from torchrl_ext._checks import bounds, check_int, makes_kept_tensors, read_only, resolve_time_dim
 from torchrl_ext._keys import next_key
 from torchrl_ext.io.state_files import (
     load_component,
@@ -392,6 +392,7 @@ class RolloutStorage(PinnedOutputs, Storage):
             "data": tensordict_state(self._storage),
         }
 
+    @makes_kept_tensors
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if state_dict["num_steps"] != self._num_steps:
             raise ValueError(
