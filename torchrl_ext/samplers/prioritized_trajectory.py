@@ -334,8 +334,11 @@ class PrioritizedTrajectorySampler(StateFiles, TrajectorySampler):
         self._storage_ref = storage
 
     def __getstate__(self) -> dict[str, Any]:
-        state = super().__getstate__()
+        state = dict(super().__getstate__())  # a copy: object's is this sampler's own __dict__
         state.pop("_storage_ref", None)  # the buffer holds the storage
+        # The storage's id means nothing in a copy, which goes with a copy of the storage: the
+        # copy's next sync takes the storage it is given as the one seen, as after a load.
+        state["_seen_source"] = None
         return state
 
     # ------------------------------------------------------------------
