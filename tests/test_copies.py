@@ -40,3 +40,19 @@ def test_a_copied_buffer_and_its_original_go_on_as_one_never_copied(case: str, h
     assert_same([original.run(k) for k in range(ROUNDS // 2, ROUNDS)], want[ROUNDS // 2:])
     torch.set_rng_state(halfway)
     assert_same([twin.run(k) for k in range(ROUNDS // 2, ROUNDS)], want[ROUNDS // 2:])
+
+
+@pytest.mark.parametrize("case", RUNS)
+def test_a_buffer_saved_and_loaded_from_files_goes_on_as_the_original(case: str, tmp_path) -> None:
+    torch.manual_seed(0)
+    reference = RUNS[case]()
+    want = [reference.run(k) for k in range(ROUNDS)]
+
+    torch.manual_seed(0)
+    run = RUNS[case]()
+    got = [run.run(k) for k in range(ROUNDS // 2)]
+    run.buffer.dumps(tmp_path / "buffer")
+    run.buffer = RUNS[case]().buffer
+    run.buffer.loads(tmp_path / "buffer")
+    got += [run.run(k) for k in range(ROUNDS // 2, ROUNDS)]
+    assert_same(got, want)
