@@ -17,6 +17,7 @@ from torchrl_ext.replay_buffers import EnvRingReplayBuffer, TensorDictReplayBuff
 from torchrl_ext.samplers import NStepSampler, PrioritizedSampler, TrajectorySampler
 from torchrl_ext.storages import DedupEnvRingStorage, EnvRingStorage, FastTensorStorage
 
+from tests._buffer_runs import ROUNDS, RUNS, assert_same
 from tests.storages.test_dedup import Streams, to_td
 
 
@@ -121,14 +122,6 @@ def _run_rings(storage_factory, sampler_factory, seed: int) -> list[TensorDict]:
     return out
 
 
-def _assert_same(on: list[TensorDict], off: list[TensorDict]) -> None:
-    assert len(on) == len(off)
-    for a, b in zip(on, off):
-        assert set(a.keys(True, True)) == set(b.keys(True, True))
-        for key in a.keys(True, True):
-            assert torch.equal(a[key], b[key]), key
-
-
 @pytest.mark.parametrize("make_sampler", [RandomSampler, lambda: PrioritizedSampler(50, alpha=0.7, beta=0.5)],
                          ids=["random", "prioritized"])
 def test_a_flat_buffer_stores_and_samples_the_same_with_the_fast_paths_on_or_off(make_sampler, monkeypatch):
@@ -142,7 +135,7 @@ def test_a_flat_buffer_stores_and_samples_the_same_with_the_fast_paths_on_or_off
     with torchrl_ext.fastpath(False):
         off = _run_flat(make_sampler, seed=3)
     assert not lean
-    _assert_same(on, off)
+    assert_same(on, off)
 
 
 @pytest.mark.parametrize(
@@ -162,4 +155,15 @@ def test_the_rings_store_and_sample_the_same_with_the_fast_paths_on_or_off(stora
     # The frame-deduplicating storage writes its own way; the plain rings take the step path.
     dedup = isinstance(storage_factory(), DedupEnvRingStorage)
     assert bool(on[-1]["step_path"]) is not dedup and not bool(off[-1]["step_path"])
-    _assert_same(on[:-1], off[:-1])
+    assert_same(on[:-1], off[:-1])
+
+
+@pytest.mark.parametrize("case", RUNS)
+def test_every_buffer_family_gives_the_same_data_with_the_fast_paths_on_or_off(case):
+    def whole_run(enabled: bool) -> list[TensorDict]:
+        torch.manual_seed(0)
+        with torchrl_ext.fastpath(enabled):
+            run = RUNS[case]()
+            return [run.run(k) for k in range(ROUNDS)]
+
+    assert_same(whole_run(True), whole_run(False))
