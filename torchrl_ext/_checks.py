@@ -37,6 +37,7 @@ __all__ = [
     "check_reals",
     "check_same_shape",
     "check_signals",
+    "is_int_tensor",
     "makes_kept_tensors",
     "read_only",
     "resolve_time_dim",
@@ -247,6 +248,12 @@ def check_indices(name: str, value: Any, what: str = "indices") -> torch.Tensor:
             f"(e.g. {name}.long() if they are whole numbers)."
         )
     return tensor.long()
+
+
+def is_int_tensor(obj: Any) -> bool:
+    """Whether ``obj`` is a tensor a gather can take as indices: neither floats nor bools
+    (a mask), which the fast paths leave to TorchRL's indexing and its errors."""
+    return isinstance(obj, torch.Tensor) and not (obj.dtype.is_floating_point or obj.dtype is torch.bool)
 
 
 def check_priorities(name: str, values: torch.Tensor) -> float:

@@ -29,7 +29,7 @@ from torchrl.data import TensorDictReplayBuffer as _TorchRLTensorDictReplayBuffe
 from torchrl.data.replay_buffers.storages import Storage, TensorStorage
 
 from torchrl_ext import _compat
-from torchrl_ext._checks import check_int, makes_kept_tensors
+from torchrl_ext._checks import check_int, is_int_tensor, makes_kept_tensors
 from torchrl_ext._fastpath import fastpath_enabled
 from torchrl_ext.io.atomic_dir import atomic_save_dir, committed_dir, verify_checkpoint
 from torchrl_ext.io.state_files import load_state, save_state
@@ -113,9 +113,7 @@ def _gather_sample(storage: Any, index: Any, rows: Any, info: dict) -> Any:
         if isinstance(rows, torch.Tensor) and rows.ndim == 1 and storage.ndim == 1:
             return gather_rows(stored, rows, extra=_info_entries(info, rows.numel()), leaves=leaves)
         # One integer tensor per dim of an ndim >= 2 storage (a TensorStorage: leaves were listed).
-        if isinstance(index, tuple) and len(index) == storage.ndim >= 2 and all(
-            isinstance(i, torch.Tensor) and not i.dtype.is_floating_point and i.dtype is not torch.bool for i in index
-        ):
+        if isinstance(index, tuple) and len(index) == storage.ndim >= 2 and all(map(is_int_tensor, index)):
             batch = torch.broadcast_shapes(*(i.shape for i in index))[0]
             return gather_coordinates(stored, index, extra=_info_entries(info, batch), leaves=leaves)
     data = storage.get(_compat.storage_index(index, storage))  # non-tensor leaves, other layouts

@@ -43,7 +43,7 @@ from torchrl.data import LazyMemmapStorage, LazyTensorStorage
 from torchrl.data.replay_buffers.writers import RoundRobinWriter
 
 from torchrl_ext import _compat
-from torchrl_ext._checks import bounds, check_int, makes_kept_tensors
+from torchrl_ext._checks import bounds, check_int, is_int_tensor, makes_kept_tensors
 from torchrl_ext.storages._layouts import (
     StorageLayoutError, _check_common_keys, _layout, _newest_rows, _raise_key_mismatch, _refuse_non_tensors,
     has_lazy_stack,
@@ -343,10 +343,8 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
         """``(start, stop, data_first, data_last)`` slices equivalent to writing
         ``data`` at ``cursor``, or ``None`` when ``cursor`` is not a ring range."""
         if not (
-            isinstance(cursor, torch.Tensor)
+            is_int_tensor(cursor)
             and cursor.ndim == 1
-            and not cursor.dtype.is_floating_point
-            and cursor.dtype is not torch.bool
             and cursor.numel() > 1
             and self.ndim == 1
             and (is_tensor_collection(data) or isinstance(data, torch.Tensor))
@@ -366,11 +364,9 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
     def get(self, index: Any) -> Any:
         stored = _compat.stored_data(self)
         if (
-            isinstance(index, torch.Tensor)
+            is_int_tensor(index)
             and index.ndim == 1
             and index.numel() > 0
-            and not index.dtype.is_floating_point
-            and index.dtype is not torch.bool
             and self.initialized
             and isinstance(stored, TensorDictBase)
             and not self._torchrl_path()

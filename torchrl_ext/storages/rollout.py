@@ -29,7 +29,9 @@ from torchrl.data.replay_buffers.checkpointers import StorageCheckpointerBase
 from torchrl.data.replay_buffers.storages import Storage
 
 from torchrl_ext import _compat
-from torchrl_ext._checks import bounds, check_int, makes_kept_tensors, read_only, resolve_time_dim
+from torchrl_ext._checks import (
+    bounds, check_int, is_int_tensor, makes_kept_tensors, read_only, resolve_time_dim,
+)
 from torchrl_ext._keys import next_key
 from torchrl_ext.io.state_files import (
     load_component,
@@ -341,8 +343,7 @@ class RolloutStorage(PinnedOutputs, Storage):
         batch = stored.batch_size
         if (
             isinstance(index, tuple) and len(index) == len(batch)
-            and all(isinstance(i, torch.Tensor) and not i.dtype.is_floating_point
-                    and i.dtype is not torch.bool for i in index)
+            and all(map(is_int_tensor, index))
         ):
             # Coordinates from a sampler: flat rows gathered with index_select, which
             # beats TensorDict's advanced indexing (benchmarks/bench_storage.py).
