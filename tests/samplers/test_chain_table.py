@@ -27,7 +27,7 @@ def assert_table_matches_a_rebuild(sampler: NStepSampler, storage) -> None:
     streams = streams_of(sampler, storage)
     table = sampler._chain_table
     assert table.current(streams, sampler._chain_settings())
-    fresh = ChainTable(streams, (sampler.n_step, sampler.gamma), sampler._chain_values)
+    fresh = ChainTable(streams, (sampler.n_step, sampler.gamma), sampler._chain_values, sampler._counts)
     env, start = streams.all_starts()
     flat = streams.flat(env, start)
     got, want = table.lookup(flat), fresh.lookup(flat)

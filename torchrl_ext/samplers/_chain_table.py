@@ -42,6 +42,7 @@ class ChainTable:
         settings: ``(n_step, gamma, ...)`` the chains were computed with (the sampler's
             keys follow: a change of any rebuilds the table).
         chains: ``chains(streams, env, start) -> (m [K], reward [K, *reward_shape])``.
+        counts: ``counts(m, reward_shape, device) -> (steps_to_next_obs, nstep_discount)``.
 
     Shape contract:
         ``lookup(flat [B])`` returns ``m`` int64 ``[B]``, the reward
@@ -50,8 +51,8 @@ class ChainTable:
         reward, all on the reward leaf's device.
     """
 
-    def __init__(self, streams: Any, settings: tuple, chains: ChainFn) -> None:
-        self.streams, self.settings, self._chains = streams, settings, chains
+    def __init__(self, streams: Any, settings: tuple, chains: ChainFn, counts: Callable) -> None:
+        self.streams, self.settings, self._chains, self._counts = streams, settings, chains, counts
         self.storage = streams.storage
         self.revision = _compat.mutation_revision(self.storage)
         self.served = 0  # rows looked up since the build: what the build has paid for
@@ -114,12 +115,9 @@ class ChainTable:
                 self.stop = torch.zeros(rows, dtype=dtype, device=reward.device)
                 self.reward = torch.zeros(rows, *reward.shape[1:], dtype=reward.dtype, device=reward.device)
             # Row m: what a chain stopping at m gives, shaped like one reward.
-            n_step, gamma = self.settings[:2]
-            shape = (n_step, *reward.shape[1:])
-            steps = torch.arange(1, n_step + 1).reshape(-1, *(1,) * (len(shape) - 1))
-            discount = (gamma ** steps.double()).float()
-            self._steps_by_stop, self._discount_by_stop = (
-                t.expand(shape).contiguous().to(reward.device) for t in (steps, discount)
+            stops = torch.arange(self.settings[0])
+            self._steps_by_stop, self._discount_by_stop = self._counts(
+                stops, (stops.numel(), *reward.shape[1:]), reward.device
             )
         flat = self.streams.flat(env, start).to(self.stop.device)
         self.stop.index_copy_(0, flat, m.to(device=self.stop.device, dtype=self.stop.dtype))

@@ -236,7 +236,7 @@ class NStepSampler(StatelessSampler):
         stored = streams.stored()
         walked = self.__dict__.get("_walked", 0)
         if table is None or table.served >= stored or walked >= stored:
-            table = self._chain_table = ChainTable(streams, settings, self._chain_values)
+            table = self._chain_table = ChainTable(streams, settings, self._chain_values, self._counts)
             self._walked = 0
             table.served += batch_size
             return table
