@@ -171,19 +171,18 @@ class PrioritizedSampler(StateFiles, _TorchRLPrioritizedSampler):
 
     # ------------------------------------------------------------------
     # Trees
+    @makes_kept_tensors  # sample() may rebuild the tree inside torch.inference_mode()
     def _init(self) -> None:
         device = self._tree_device or torch.device("cpu")
         options = {"fanout": self._fanout, "dtype": self.dtype, "device": device}
         # One tree holds the sums, the minimum over the sampleable (non-zero)
-        # priorities for the weights, and the maximum for new data. Built outside inference
-        # mode (sample() may rebuild it inside one): its tensors are written in place later.
-        with torch.inference_mode(False):
-            self._tree = PrioritySegmentTree(
-                self._capacity,
-                track_nnz=self._weights == "alf",
-                track_max=self._max_in_buffer,
-                **options,
-            )
+        # priorities for the weights, and the maximum for new data.
+        self._tree = PrioritySegmentTree(
+            self._capacity,
+            track_nnz=self._weights == "alf",
+            track_max=self._max_in_buffer,
+            **options,
+        )
         self._max_seen = -math.inf
         # Every leaf at or above this index is zero. A leaf can be written for an item
         # that is not stored (a standalone update_priority, a write-back of a batch sampled
