@@ -445,8 +445,7 @@ class PrioritizedSampler(StateFiles, _TorchRLPrioritizedSampler):
                              .replace("nothing was written", "alpha and the priorities were kept"))
         self._tree._write(written, new)
 
-    def _empty(self) -> None:
-        self._init()
+    _empty = _init  # TorchRL's empty(): fresh, empty trees
 
     # ------------------------------------------------------------------
     # Checkpoints: state dicts (the key names of earlier releases: "_alpha", "_sum_tree", ...),
