@@ -251,8 +251,7 @@ def check_indices(name: str, value: Any, what: str = "indices") -> torch.Tensor:
 
 
 def is_int_tensor(obj: Any) -> bool:
-    """Whether ``obj`` is a tensor a gather can take as indices: neither floats nor bools
-    (a mask), which the fast paths leave to TorchRL's indexing and its errors."""
+    """Whether ``obj`` is an int tensor the fast gathers take (floats and bool masks go to TorchRL)."""
     return isinstance(obj, torch.Tensor) and not (obj.dtype.is_floating_point or obj.dtype is torch.bool)
 
 
