@@ -24,11 +24,13 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from tensordict import TensorDict, TensorDictBase
+from torchrl.data.replay_buffers.checkpointers import StorageCheckpointerBase
 
 __all__ = [
     "METADATA_DIGEST_KEY",
     "NoState",
     "StateFiles",
+    "StateFilesCheckpointer",
     "TENSORS_DIGEST_KEY",
     "apply_state",
     "atomic_write",
@@ -130,6 +132,21 @@ class StateFiles:
         """Restores what :meth:`dumps` wrote, all or nothing (:func:`load_component`)."""
         tensors, metadata = self.state_files
         load_component(self, path, tensors_file=tensors, metadata_file=metadata)
+
+
+class StateFilesCheckpointer(StorageCheckpointerBase):
+    """TorchRL storage checkpointer: the storage's ``state_dict()`` as the class's ``state_files``
+    (tensors file, metadata file), through :func:`save_state` / :func:`load_component`."""
+
+    state_files: tuple[str, str]
+
+    def dumps(self, storage: Any, path: str | Path) -> None:
+        tensors, metadata = self.state_files
+        save_state(path, storage.state_dict(), tensors_file=tensors, metadata_file=metadata)
+
+    def loads(self, storage: Any, path: str | Path) -> None:
+        tensors, metadata = self.state_files
+        load_component(storage, path, tensors_file=tensors, metadata_file=metadata)
 
 
 class NoState:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import functools
 from multiprocessing.context import get_spawning_popen
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,8 +31,7 @@ from torchrl_ext import _compat
 from torchrl_ext._checks import check_indices, check_int, makes_kept_tensors, read_only
 from torchrl_ext._fastpath import fastpath_enabled
 from torchrl_ext.io.state_files import (
-    load_component,
-    save_state,
+    StateFilesCheckpointer,
     tensordict_from_state,
     tensordict_state,
 )
@@ -43,8 +41,6 @@ from torchrl_ext.storages._output_memory import PinnedOutputs
 from torchrl_ext.storages._ring_data import RingData
 
 __all__ = ["EnvRingStorage", "EnvRingStorageCheckpointer"]
-
-_TENSORS, _METADATA = "ring_storage.safetensors", "ring_storage.json"
 
 
 @functools.cache
@@ -65,14 +61,10 @@ def _numpy_view(attr: str, doc: str) -> property:
     return property(get, doc=doc)
 
 
-class EnvRingStorageCheckpointer(StorageCheckpointerBase):
+class EnvRingStorageCheckpointer(StateFilesCheckpointer):
     """Saves an :class:`EnvRingStorage` as safetensors + JSON (no pickle, atomic files)."""
 
-    def dumps(self, storage: EnvRingStorage, path: str | Path) -> None:
-        save_state(path, storage.state_dict(), tensors_file=_TENSORS, metadata_file=_METADATA)
-
-    def loads(self, storage: EnvRingStorage, path: str | Path) -> None:
-        load_component(storage, path, tensors_file=_TENSORS, metadata_file=_METADATA)
+    state_files = ("ring_storage.safetensors", "ring_storage.json")
 
 
 class EnvRingStorage(PinnedOutputs, Storage):

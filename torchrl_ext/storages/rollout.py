@@ -20,12 +20,10 @@ minibatch samplers work on it directly.
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 from tensordict import TensorDictBase
-from torchrl.data.replay_buffers.checkpointers import StorageCheckpointerBase
 from torchrl.data.replay_buffers.storages import Storage
 
 from torchrl_ext import _compat
@@ -34,8 +32,7 @@ from torchrl_ext._checks import (
 )
 from torchrl_ext._keys import next_key
 from torchrl_ext.io.state_files import (
-    load_component,
-    save_state,
+    StateFilesCheckpointer,
     tensordict_from_state,
     tensordict_state,
 )
@@ -46,15 +43,9 @@ from torchrl_ext.storages._output_memory import PinnedOutputs
 
 __all__ = ["RolloutStorage"]
 
-_TENSORS, _METADATA = "rollout.safetensors", "rollout.json"
 
-
-class _RolloutCheckpointer(StorageCheckpointerBase):
-    def dumps(self, storage: RolloutStorage, path: str | Path) -> None:
-        save_state(path, storage.state_dict(), tensors_file=_TENSORS, metadata_file=_METADATA)
-
-    def loads(self, storage: RolloutStorage, path: str | Path) -> None:
-        load_component(storage, path, tensors_file=_TENSORS, metadata_file=_METADATA)
+class _RolloutCheckpointer(StateFilesCheckpointer):
+    state_files = ("rollout.safetensors", "rollout.json")
 
 
 class RolloutStorage(PinnedOutputs, Storage):
