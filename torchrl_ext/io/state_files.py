@@ -293,9 +293,8 @@ def tensordict_from_state(state: dict[str, Any], device: torch.device) -> Tensor
     its own: a storage that loads the same state twice, or whose caller reuses it, shares nothing."""
     if not state["keys"]:
         return None
-    keys = [tuple(key) if len(key) > 1 else key[0] for key in state["keys"]]
-    data = TensorDict(
-        {key: leaf.to(device, copy=True) for key, leaf in zip(keys, state["leaves"])},
+    data = TensorDict(  # a one-part key ("obs",) is the key "obs" to TensorDict
+        {tuple(key): leaf.to(device, copy=True) for key, leaf in zip(state["keys"], state["leaves"])},
         batch_size=state["batch"],
         device=device,
     )
