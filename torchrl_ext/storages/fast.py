@@ -95,12 +95,11 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
         super().__init__(max_size, *args, **kwargs)
         self.strict = strict
 
+    @makes_kept_tensors  # the stored leaves, even at a first write inside torch.inference_mode()
     def _init(self, data: Any) -> None:
         # TorchRL's hook that allocates the leaves at the first write. Its log line names
         # TorchRL's class ("Initialized LazyTensorStorage ..."): this storage's names itself.
-        # Normal tensors even at a first write inside torch.inference_mode(): later writes
-        # outside it could not update inference tensors in place.
-        with _own_name_in_init_log(type(self).__name__), torch.inference_mode(False):
+        with _own_name_in_init_log(type(self).__name__):
             super()._init(data)
         self._note_layout()
 
