@@ -621,6 +621,22 @@ def _(tmp: Path) -> Built:
     return buffer_state(rb), lambda: rb.storage.read(torch.tensor([0]), torch.tensor([7]))
 
 
+@row("ring-read-shapes", "`EnvRingStorage.read`", "`read(torch.tensor([0, 1]), torch.tensor([0, 1, 2]))`",
+     ValueError, r"env_ids of shape \(2,\) and positions of shape \(3,\) do not broadcast together",
+     "pass one position per env id (or a single one)", RING)
+def _(tmp: Path) -> Built:
+    rb = ring_buffer()
+    return buffer_state(rb), lambda: rb.storage.read(torch.tensor([0, 1]), torch.tensor([0, 1, 2]))
+
+
+@row("ring-get-shapes", "`EnvRingStorage.get` / `set`", "`storage[torch.tensor([0, 1]), torch.tensor([0, 1, 2])]`",
+     ValueError, r"index\[0\] of shape \(2,\) and index\[1\] of shape \(3,\) do not broadcast together",
+     "pass one position per env id (or a single one)", RING)
+def _(tmp: Path) -> Built:
+    rb = ring_buffer()
+    return buffer_state(rb), lambda: rb.storage[torch.tensor([0, 1]), torch.tensor([0, 1, 2])]
+
+
 @row("ring-dequeue-too-many", "`EnvRingReplayBuffer.dequeue`", "`dequeue(4)` when every env holds 3 steps",
      ValueError, r"cannot dequeue n=4 steps: env 0 holds only 3", "dequeue fewer, or wait for more data",
      RING)

@@ -429,13 +429,7 @@ class EnvRingStorage(PinnedOutputs, Storage):
         every ``(env, position)`` is stored; ``TypeError`` for non-integer ones."""
         env = check_indices("env_ids", env_ids, "env ids").cpu()
         position = check_indices("positions", positions, "positions").cpu()
-        try:
-            env, position = torch.broadcast_tensors(env, position)
-        except RuntimeError:
-            raise ValueError(
-                f"env_ids of shape {tuple(env.shape)} and positions of shape {tuple(position.shape)} "
-                "do not broadcast together; pass one position per env id (or a single one)."
-            ) from None
+        env, position = _broadcast(("env_ids", env), ("positions", position))
         self.check_env_ids(env)
         self._rings.check_stored(env, position)
         return env, position
@@ -549,7 +543,7 @@ class EnvRingStorage(PinnedOutputs, Storage):
             )
         env = check_indices("index[0]", cursor[0], "env ids")
         position = check_indices("index[1]", cursor[1], "positions")
-        env, position = torch.broadcast_tensors(env, position)
+        env, position = _broadcast(("index[0]", env), ("index[1]", position))
         if env.numel():
             self.check_env_ids(env)
             if int(position.min()) < 0:
@@ -566,3 +560,15 @@ class EnvRingStorage(PinnedOutputs, Storage):
                 f"env_ids must lie in [0, {self.num_envs - 1}], got values in "
                 f"[{int(env_ids.min())}, {int(env_ids.max())}]."
             )
+
+
+def _broadcast(env: tuple[str, torch.Tensor], position: tuple[str, torch.Tensor]) -> list[torch.Tensor]:
+    """The ``(name, tensor)`` env ids and positions broadcast together, or a ``ValueError``
+    naming both (``torch.broadcast_tensors`` would raise a bare ``RuntimeError``)."""
+    try:
+        return torch.broadcast_tensors(env[1], position[1])
+    except RuntimeError:
+        raise ValueError(
+            f"{env[0]} of shape {tuple(env[1].shape)} and {position[0]} of shape {tuple(position[1].shape)} "
+            "do not broadcast together; pass one position per env id (or a single one)."
+        ) from None
