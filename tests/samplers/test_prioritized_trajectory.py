@@ -273,6 +273,25 @@ def test_a_storage_loaded_back_to_an_earlier_state_is_synced_afresh():
     assert set(batch["t"].flatten().tolist()) <= {0.0, 1.0, 2.0}
 
 
+def test_a_new_storage_under_a_reused_id_is_synced_afresh(monkeypatch):
+    # Was: storages were told apart by id(), which CPython reuses once a storage is freed;
+    # a sampler moved to a new storage under the old id kept the old one's window priorities.
+    import torchrl_ext.samplers.prioritized_trajectory as module
+
+    monkeypatch.setattr(module, "id", lambda obj: 0, raising=False)  # every storage the same id
+    sampler = PrioritizedTrajectorySampler(batch_length=2)
+    old = EnvRingReplayBuffer(num_envs=1, max_length=8, sampler=sampler)
+    for t in range(3):
+        write(old, [0], t)
+    old.sample(4)
+    sampler.update_window_priority(torch.tensor([0]), torch.tensor([0]), torch.tensor([0.0]))
+    new = EnvRingReplayBuffer(num_envs=1, max_length=8, sampler=sampler)
+    for t in range(5):  # past the old storage's positions: no counter went back
+        write(new, [0], t)
+    new.sample(4)
+    assert sampler._tree.leaves[:4].tolist() == [1.0, 1.0, 1.0, 1.0]  # start 0 no longer 0
+
+
 # --------------------------------------------------------------------------- refused priorities and settings
 def _filled(**kwargs):
     rb, sampler = make(num_envs=1, max_length=6, batch_length=2, **kwargs)

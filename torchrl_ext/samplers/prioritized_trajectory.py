@@ -23,6 +23,7 @@ Differences from ALF, all deliberate:
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
@@ -163,12 +164,13 @@ class PrioritizedTrajectorySampler(StateFiles, TrajectorySampler):
         self._ignored = self.ignored_frames(storage)
         geometry = (self._batch_length, self._ignored)
         # Counters only move forward between clears; another storage, a load or a position
-        # that went back means the steps (and their priorities) are not the ones seen.
-        source = (id(storage), storage.load_count)
+        # that went back means the steps (and their priorities) are not the ones seen. The
+        # storage is known by a weak reference: an id can be reused once a storage is freed.
         replaced = (now[2] != self._seen[2]) | (now[0] < self._seen[0])
-        if self._seen_source is not None and source != self._seen_source:
+        seen = self._seen_source
+        if seen is not None and (seen[0]() is not storage or seen[1] != storage.load_count):
             replaced[:] = True
-        self._seen_source = source
+        self._seen_source = (weakref.ref(storage), storage.load_count)
         if geometry != self._seen_geometry or bool(replaced.any()):
             cleared = replaced.nonzero().squeeze(1)
             self._stored.view(storage.num_envs, -1)[cleared] = _UNSET
@@ -336,8 +338,8 @@ class PrioritizedTrajectorySampler(StateFiles, TrajectorySampler):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(super().__getstate__())  # a copy: object's is this sampler's own __dict__
         state.pop("_storage_ref", None)  # the buffer holds the storage
-        # The storage's id means nothing in a copy, which goes with a copy of the storage: the
-        # copy's next sync takes the storage it is given as the one seen, as after a load.
+        # A copy goes with a copy of the storage (and a weak reference cannot be pickled):
+        # the copy's next sync takes the storage it is given as the one seen, as after a load.
         state["_seen_source"] = None
         return state
 
@@ -347,7 +349,7 @@ class PrioritizedTrajectorySampler(StateFiles, TrajectorySampler):
         self._stored: torch.Tensor | None = None  # transformed priority per slot, or _UNSET
         self._seen: torch.Tensor | None = None  # [3, E] pos, size, resets at the last sync
         self._seen_geometry: tuple[int, int] | None = None
-        self._seen_source: tuple[int, int] | None = None  # (storage id, its load count) at the last sync
+        self._seen_source: tuple[Any, int] | None = None  # (weakref to the storage, its load count) at the last sync
 
     def state_dict(self) -> dict[str, Any]:
         if self._tree is None:
