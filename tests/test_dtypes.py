@@ -1,0 +1,65 @@
+"""Every buffer family fed float64 or bfloat16 data (numpy has no bfloat16, so the numpy write and
+gather paths step aside): the same data with the fast paths on or off, every written float kept in
+its dtype, and where a family stores what it is given, the values of the float32 run."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+from tensordict import TensorDict
+
+import torchrl_ext
+
+from tests._buffer_runs import ROUNDS, RUNS, assert_same
+
+WRITES = ("extend", "add", "insert", "store")
+# Families that compute floats in the data's dtype (n-step returns, advantages), where float64 or
+# bfloat16 arithmetic rounds differently from float32: compared with the fast paths on and off only.
+COMPUTES = ("nstep", "on-policy", "path-gae")
+
+
+class CastWrites:
+    """A buffer whose writes get the float leaves of their data cast to ``dtype``."""
+
+    def __init__(self, buffer: Any, dtype: torch.dtype) -> None:
+        self.__dict__.update(buffer=buffer, dtype=dtype)
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.buffer, name)
+        if name not in WRITES:
+            return attr
+
+        def write(data: TensorDict, *args: Any, **kwargs: Any) -> Any:
+            return attr(data.apply(lambda t: t.to(self.dtype) if t.is_floating_point() else t), *args, **kwargs)
+        return write
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.buffer[index]
+
+
+def _whole_run(case: str, dtype: torch.dtype, fast: bool) -> list[TensorDict]:
+    torch.manual_seed(0)
+    with torchrl_ext.fastpath(fast):
+        run = RUNS[case]()
+        if dtype is not torch.float32:
+            run.buffer = CastWrites(run.buffer, dtype)
+        return [run.run(k) for k in range(ROUNDS)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("case", RUNS)
+def test_every_buffer_family_keeps_the_dtype_it_is_given(case: str, dtype: torch.dtype) -> None:
+    got = _whole_run(case, dtype, fast=True)
+    assert_same(got, _whole_run(case, dtype, fast=False))
+    float32 = _whole_run(case, torch.float32, fast=True)
+    compares_values = not any(word in case for word in COMPUTES)
+    for rounds, (seen, want) in enumerate(zip(got, float32)):
+        for key in want.keys(True, True):
+            if not want[key].is_floating_point():
+                continue
+            where = f"round {rounds}, {key}"
+            # Sampler outputs (importance weights) keep their own dtype; data leaves take the data's.
+            assert seen[key].dtype in (dtype, want[key].dtype), where
+            if compares_values and seen[key].dtype == dtype:
+                assert torch.equal(seen[key], want[key].to(dtype)), where
