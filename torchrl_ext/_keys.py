@@ -4,7 +4,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["nested_key", "next_key"]
+from tensordict import TensorDictBase, unravel_key
+
+__all__ = ["has_leaf", "nested_key", "next_key"]
 
 
 def nested_key(key: Any, name: str) -> str | tuple[str, ...]:
@@ -29,3 +31,19 @@ def nested_key(key: Any, name: str) -> str | tuple[str, ...]:
 def next_key(key: Any) -> tuple[str, ...]:
     """``("next", *key)``: where a step keeps ``key`` of the following step."""
     return ("next", *key) if isinstance(key, tuple) else ("next", key)
+
+
+def has_leaf(data: TensorDictBase, key: Any) -> bool:
+    """Whether ``data`` holds a leaf (not a sub-TensorDict) under the nested ``key``.
+
+    The keys are listed: ``key in data.keys(True, True)`` misses the nested leaves of a lazy
+    stack and takes a one-part key of a sub-TensorDict for a leaf (tensordict 0.14).
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import LazyStackedTensorDict, TensorDict
+        >>> td = TensorDict({"next": {"reward": torch.zeros(2, 1)}}, [2])
+        >>> has_leaf(LazyStackedTensorDict.lazy_stack(list(td.unbind(0))), ("next", "reward"))
+        True
+    """
+    return unravel_key(key) in set(data.keys(True, True))

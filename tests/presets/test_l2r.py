@@ -53,6 +53,27 @@ def test_runner_style_bootstrap_is_the_callers_choice():
     close(rb.storage._storage["value_target"][:n], data["runner_style_ret"][:n])
 
 
+def test_advantages_of_values_that_require_grad_carry_no_graph():
+    # Was: finish_path ran with grad on, so values straight from a critic (not detached) gave
+    # advantages and returns holding the critic's graph, which a PPO loss then backpropagated.
+    critic = torch.nn.Linear(2, 1)
+    obs, last = torch.randn(4, 2), torch.randn(1, 2)
+    buffers = []
+    for detach in (False, True):
+        rb = l2r_ppo_buffer(2, 1, 8, 4, 0.9, 0.8, 1e-8)
+        value, last_val = critic(obs), critic(last).squeeze()
+        if detach:
+            value, last_val = value.detach(), last_val.detach()
+        rb.store(TensorDict({"observation": obs, "action": torch.zeros(4, 1), "state_value": value,
+                             "action_log_prob": torch.zeros(4, 1), "next": {"reward": torch.ones(4, 1)}}, [4]))
+        rb.finish_path(last_val)
+        buffers.append(rb.storage[:])
+    graph, plain = buffers
+    for key in ("advantage", "value_target"):
+        assert graph[key].grad_fn is None and not graph[key].requires_grad, key
+        assert torch.equal(graph[key], plain[key]), key
+
+
 def test_sample_batch_returns_gae_returns_and_leaves_the_buffer_alone():
     """l2r returns rewards as `ret` and re-normalises the whole array in place on every call."""
     rb, data = fill_vectors(lambda d: (d["path_ends"], d["last_vals"]))

@@ -16,7 +16,7 @@ from tensordict import TensorDictBase
 from torch import Tensor
 
 from torchrl_ext._checks import check_int, makes_kept_tensors
-from torchrl_ext._keys import nested_key, next_key
+from torchrl_ext._keys import has_leaf, nested_key, next_key
 from torchrl_ext.demos._demo import DEMO_KEYS
 from torchrl_ext.demos.store import DemoStore, EpisodeOutcome
 
@@ -298,7 +298,7 @@ class DemoMixer:
         reset_mask = self._real_done | to_env
         if bool(reset_mask.any()):
             fresh = reset_fn(reset_mask.to(obs.device))
-            if not isinstance(fresh, TensorDictBase) or self.observation_key not in fresh.keys(True, True):
+            if not isinstance(fresh, TensorDictBase) or not has_leaf(fresh, self.observation_key):
                 raise TypeError(
                     f"reset_fn(mask) must return a TensorDict [{self.num_envs}] holding "
                     f"{self.observation_key!r}, got {type(fresh).__name__}."
@@ -317,7 +317,7 @@ class DemoMixer:
         self._ended = torch.zeros(self.num_envs, dtype=torch.bool)
         for key in (self.done_key, self.terminated_key, self.truncated_key):
             root = key[1:] if len(key) > 2 else key[1]
-            if root in td.keys(True, True):
+            if has_leaf(td, root):
                 td.set(root, torch.zeros_like(td.get(root)))
         return td.set(self.observation_key, obs)
 

@@ -11,6 +11,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from torchrl_ext._keys import has_leaf
 from torchrl_ext.io.velora import VELORA_KEYS
 
 NAMES = tuple(VELORA_KEYS)  # velora's field order
@@ -107,7 +108,7 @@ def warm_torchrl(rb: Any, policy: Callable, target: int, env: Any,
     while added < target:
         out = policy(td)
         td = td if out is None else out
-        if hidden_out not in td.keys(True, True):
+        if not has_leaf(td, hidden_out):
             raise KeyError(
                 f"warm: the policy must write {hidden_out!r} (the new hidden state, "
                 f"[..., hidden_dim={rb.hidden_dim}]) next to 'action'; it wrote "

@@ -25,7 +25,7 @@ from tensordict import TensorDictBase
 
 from torchrl_ext import _compat
 from torchrl_ext._checks import check_finite, check_int, check_real, read_only
-from torchrl_ext._keys import nested_key, next_key
+from torchrl_ext._keys import has_leaf, nested_key, next_key
 from torchrl_ext.replay_buffers.tensordict import TensorDictReplayBuffer
 from torchrl_ext.samplers.minibatch import FeedForwardMinibatchSampler, NaiveRecurrentMinibatchSampler
 from torchrl_ext.storages.rollout import RolloutStorage
@@ -223,7 +223,7 @@ class OnPolicyReplayBuffer(TensorDictReplayBuffer):
             boot = value_network(data[filled].clone())
             for key, leaf in ((keys.value, value), (keys.intrinsic_value, ivalue)):
                 # keys.value first: _network_values raises if the network returned no TensorDict
-                if leaf is not None and (key == keys.value or key in boot.keys(True, True)):
+                if leaf is not None and (key == keys.value or has_leaf(boot, key)):
                     leaf[filled] = _network_values(boot, key, leaf[filled].shape, "value_network")
                     updates[key] = leaf[filled]
         steps = data[:filled]
@@ -366,7 +366,7 @@ class VTraceReplayBuffer(OnPolicyReplayBuffer):
         if filled == 0:
             raise RuntimeError("the rollout is empty: insert steps before compute_returns().")
         data = self.storage.data
-        if keys.log_prob not in data.keys(True, True):
+        if not has_leaf(data, keys.log_prob):
             raise ValueError(
                 f"the steps carry no {keys.log_prob!r}: insert the behaviour policy's log-prob of each "
                 "action there (or set keys=OnPolicyKeys(log_prob=...) to where your actor writes it)."
@@ -402,7 +402,7 @@ class VTraceReplayBuffer(OnPolicyReplayBuffer):
 
 def _network_values(out: Any, key: Any, shape: torch.Size, source: str) -> torch.Tensor:
     """``out[key]`` reshaped to ``shape``; a missing key, another size or a non-finite value raises."""
-    if not isinstance(out, TensorDictBase) or key not in out.keys(True, True):
+    if not isinstance(out, TensorDictBase) or not has_leaf(out, key):
         raise ValueError(
             f"{source} must return the steps with {key!r} set (the TensorDict it was given); "
             f"got {type(out).__name__} without it."

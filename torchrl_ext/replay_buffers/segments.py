@@ -17,6 +17,7 @@ from tensordict import TensorDictBase
 
 from torchrl_ext import _compat
 from torchrl_ext._checks import check_finite, check_int, check_real
+from torchrl_ext._keys import has_leaf
 from torchrl_ext.replay_buffers.tensordict import TensorDictReplayBuffer
 from torchrl_ext.samplers.uniform import DistinctUniformSampler
 from torchrl_ext.storages.fast import FastTensorStorage
@@ -98,7 +99,7 @@ class PathGAEReplayBuffer(TensorDictReplayBuffer):
             raise TypeError(f"step must be a TensorDict, got {type(step).__name__}.")
         batch = step if step.batch_dims else step.unsqueeze(0)
         for key in (self.reward_key, self.value_key):
-            if key not in batch.keys(True, True):
+            if not has_leaf(batch, key):
                 raise ValueError(
                     f"step has no {key!r}; store the reward under reward_key and V(s) under value_key."
                 )
@@ -109,6 +110,7 @@ class PathGAEReplayBuffer(TensorDictReplayBuffer):
         self._finished[index] = False
         self._path_length += batch.shape[0]
 
+    @torch.no_grad()  # targets, as OnPolicyReplayBuffer.compute_returns: no graph through V
     def finish_path(self, last_val: float | torch.Tensor = 0.0) -> None:
         """GAE and rewards-to-go over the steps stored since the previous call.
 

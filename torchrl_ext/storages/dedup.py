@@ -419,5 +419,5 @@ def _equal(expected: torch.Tensor, got: torch.Tensor) -> bool:
     CPU, where strided frames compare with less overhead."""
     expected = expected.to(got.device)
     if got.is_cpu and got.dtype in NUMPY_DTYPES and expected.dtype == got.dtype:
-        return bool(np.array_equal(expected.numpy(), got.numpy()))
+        return bool(np.array_equal(expected.detach().numpy(), got.detach().numpy()))
     return torch.equal(expected, got)

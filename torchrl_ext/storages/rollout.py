@@ -30,7 +30,7 @@ from torchrl_ext import _compat
 from torchrl_ext._checks import (
     bounds, check_int, is_int_tensor, makes_kept_tensors, read_only, resolve_time_dim,
 )
-from torchrl_ext._keys import next_key
+from torchrl_ext._keys import has_leaf, next_key
 from torchrl_ext.io.state_files import (
     StateFilesCheckpointer,
     tensordict_from_state,
@@ -246,7 +246,7 @@ class RolloutStorage(PinnedOutputs, Storage):
             nested_next = step.get("next", None)
             self._carry_keys = [] if nested_next is None else [
                 key for key in nested_next.keys(True, True)
-                if key in step.keys(True, True) and key != "next"
+                if has_leaf(step, key) and key != "next"
             ]
         for key in self._carry_keys:
             if step.get(next_key(key), None) is None:

@@ -1,0 +1,68 @@
+"""Every buffer family written the same data in other forms: non-contiguous leaves, leaves
+that require grad, a lazy stack of rows. Each stores and draws exactly what the plain data gives,
+with the fast paths on or off (the numpy paths cannot view some of these forms)."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import pytest
+import torch
+from tensordict import LazyStackedTensorDict, TensorDict
+
+import torchrl_ext
+
+from tests._buffer_runs import ROUNDS, RUNS, assert_same
+
+WRITES = ("extend", "add", "insert", "store")
+
+
+def _strided(data: TensorDict) -> TensorDict:
+    return data.apply(lambda t: torch.stack([t, t], -1)[..., 1])  # same values, every stride doubled
+
+
+def _requiring_grad(data: TensorDict) -> TensorDict:
+    return data.apply(lambda t: t.clone().requires_grad_() if t.is_floating_point() else t)
+
+
+def _lazy_stack(data: TensorDict) -> TensorDict:
+    return LazyStackedTensorDict.lazy_stack(list(data.unbind(0)), 0) if data.batch_dims else data
+
+
+FORMS: dict[str, Callable[[TensorDict], TensorDict]] = {
+    "strided": _strided,
+    "requires-grad": _requiring_grad,
+    "lazy-stack": _lazy_stack,
+}
+
+
+class RewriteWrites:
+    """A buffer whose writes get their data rewritten by ``form`` first."""
+
+    def __init__(self, buffer: Any, form: Callable[[TensorDict], TensorDict]) -> None:
+        self.__dict__.update(buffer=buffer, form=form)
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.buffer, name)
+        if name not in WRITES:
+            return attr
+        return lambda data, *args, **kwargs: attr(self.form(data), *args, **kwargs)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.buffer[index]
+
+
+def _whole_run(case: str, form: str | None, fast: bool) -> list[TensorDict]:
+    torch.manual_seed(0)
+    with torchrl_ext.fastpath(fast):
+        run = RUNS[case]()
+        if form is not None:
+            run.buffer = RewriteWrites(run.buffer, FORMS[form])
+        return [run.run(k).apply(lambda t: t.detach()) for k in range(ROUNDS)]
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("case", RUNS)
+def test_every_buffer_family_takes_data_in_any_form(case: str, form: str) -> None:
+    want = _whole_run(case, None, fast=True)
+    assert_same(_whole_run(case, form, fast=True), want)
+    assert_same(_whole_run(case, form, fast=False), want)
