@@ -495,3 +495,46 @@ def test_vtrace_threshold_tensors_that_broadcast_match_the_loop():
                                       "reward", "done", "terminated")), float(rho[k]), 1.0)
         assert_close_to_reference(adv[k], ref_adv)
         assert_close_to_reference(vs[k], ref_vs)
+
+
+# ---------------------------------------------------------------------------
+# Memory layouts: the scan copies into flat workspaces, so strides must not matter
+# ---------------------------------------------------------------------------
+
+LAYOUTS = {
+    "transposed": lambda t: t.transpose(0, 1).contiguous().transpose(0, 1),  # same values, other strides
+    "strided": lambda t: torch.stack([t, t], -1)[..., 1],  # every stride doubled
+    "expanded": lambda t: t[:, :1].expand_as(t),  # stride 0 along time: one step repeated
+    "feature-expanded": lambda t: t[..., :1].expand_as(t),  # stride 0 along the features
+}
+ESTIMATORS = {
+    "gae": lambda d, g: F.generalized_advantage_estimate(g, 0.9, d["value"], d["next_value"], d["reward"],
+                                                         d["done"], d["terminated"]),
+    "td_lambda": lambda d, g: (F.td_lambda_return_estimate(g, 0.9, d["next_value"], d["reward"], d["done"],
+                                                           d["terminated"]),),
+    "vtrace": lambda d, g: F.vtrace_advantage_estimate(g, d["log_pi"], d["log_mu"], d["value"], d["next_value"],
+                                                       d["reward"], d["done"], d["terminated"]),
+    "cumsum": lambda d, g: (F.discounted_cumsum(d["reward"], g, d["done"]),),
+}
+
+
+@pytest.mark.parametrize("tensor_gamma", [False, True])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("estimator", ESTIMATORS)
+def test_any_memory_layout_gives_the_results_of_its_contiguous_copy(estimator, layout, tensor_gamma):
+    data = make_rollout((4, 30, 3), seed=7)
+    gamma = torch.full((4, 30, 3), 0.97) if tensor_gamma else 0.97
+    laid_out = {key: LAYOUTS[layout](value) for key, value in data.items()}
+    if tensor_gamma:
+        gamma = LAYOUTS[layout](gamma)
+    assert not all(value.is_contiguous() for value in laid_out.values())
+    got = ESTIMATORS[estimator](laid_out, gamma)
+    want = ESTIMATORS[estimator]({key: value.contiguous() for key, value in laid_out.items()},
+                                 gamma.contiguous() if tensor_gamma else gamma)
+    for ours, theirs in zip(got, want):
+        assert torch.equal(ours, theirs)
+    if estimator == "gae":  # and the layout is read right: against the float64 loop
+        adv, ret = gae_loop(gamma, 0.9, *(laid_out[k] for k in ("value", "next_value", "reward", "done",
+                                                                  "terminated")))
+        assert_close_to_reference(got[0], adv)
+        assert_close_to_reference(got[1], ret)
