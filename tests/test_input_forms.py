@@ -1,6 +1,7 @@
 """Every buffer family written the same data in other forms: non-contiguous leaves, leaves
-that require grad, a lazy stack of rows. Each stores and draws exactly what the plain data gives,
-with the fast paths on or off (the numpy paths cannot view some of these forms)."""
+that require grad, a lazy stack of rows, shared or memory-mapped memory, a locked TensorDict.
+Each stores and draws exactly what the plain data gives, with the fast paths on or off (the
+numpy paths cannot view some of these forms)."""
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -32,6 +33,9 @@ FORMS: dict[str, Callable[[TensorDict], TensorDict]] = {
     "strided": _strided,
     "requires-grad": _requiring_grad,
     "lazy-stack": _lazy_stack,
+    "shared": lambda data: data.clone().share_memory_(),  # as multiprocess collectors hand it over
+    "memmap": lambda data: data.clone().memmap_(),  # read from disk
+    "locked": lambda data: data.clone().lock_(),
 }
 
 
