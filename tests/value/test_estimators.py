@@ -7,7 +7,7 @@ import copy
 
 import pytest
 import torch
-from tensordict import TensorDict
+from tensordict import LazyStackedTensorDict, TensorDict
 from tensordict.nn import NormalParamExtractor, TensorDictModule
 from torchrl.modules import ProbabilisticActor, ValueOperator
 from torchrl.objectives import ClipPPOLoss
@@ -329,3 +329,20 @@ def test_modules_inside_and_outside_inference_mode(first_inside, monkeypatch):
         torch.testing.assert_close(results[0], results[1], rtol=0, atol=0)
         if theirs is not None:
             torch.testing.assert_close(results[0], theirs(td.clone())["value_target"], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("form", ["lazy-stack", "strided"])
+def test_gae_gives_the_same_on_other_forms_of_the_rollout(form):
+    # A collector may hand over a lazy stack of env rollouts, or a non-contiguous one.
+    net = value_net()
+    dense = rollout()
+    if form == "lazy-stack":
+        other = LazyStackedTensorDict.lazy_stack(list(dense.clone().unbind(0)), 0)
+    else:
+        other = dense.apply(lambda t: torch.stack([t, t], -1)[..., 1])
+    got = GAE(gamma=0.97, lmbda=0.9, value_network=net)(other)
+    want = GAE(gamma=0.97, lmbda=0.9, value_network=net)(dense.clone())
+    theirs = TorchRLGAE(gamma=0.97, lmbda=0.9, value_network=net)(dense.clone())
+    for key in ("advantage", "value_target", "state_value"):
+        assert torch.equal(got[key], want[key]), key
+        torch.testing.assert_close(got[key], theirs[key], rtol=1e-5, atol=1e-5)
