@@ -39,6 +39,9 @@ from torchrl_ext.storages import (
     FastTensorStorage,
 )
 
+from torchrl_ext.presets import harl_off_policy_buffer, velora_replay_buffer
+
+from tests.presets.test_harl_off_policy import harl_step
 from tests.storages.test_dedup import Streams
 
 ROUNDS = 6
@@ -219,6 +222,30 @@ def path_gae_run() -> BufferRun:
     return BufferRun(PathGAEReplayBuffer(12, 4, gamma=0.5, lam=0.9), play)
 
 
+# ---------------------------------------------------------------- presets with their own paths
+
+def harl_fp_run() -> BufferRun:
+    """HARL's FP layout: per-agent n-step chains under an agent group."""
+    def play(rb: Any, k: int) -> TensorDict:
+        for t in range(3 * k, 3 * k + 3):
+            rb.extend(harl_step(t, num_threads=2, num_agents=3, fp=True, done_at=7))
+        return rb.sample()
+
+    return BufferRun(harl_off_policy_buffer(16, 2, batch_size=5, n_step=2, gamma=0.5, state_type="FP"), play)
+
+
+def velora_run() -> BufferRun:
+    """velora's add_multi (overfull in round 3) and sample, with hidden states."""
+    def play(rb: Any, k: int) -> TensorDict:
+        n = 12 if k == 3 else 4
+        ids = torch.arange(10.0 * k, 10.0 * k + n)
+        rb.add_multi(ids[:, None].expand(n, 2), ids, ids, ids[:, None].expand(n, 2) + 1, ids % 3 == 0,
+                     ids[:, None].expand(n, 3) / 10)
+        return TensorDict({"batch": rb.sample(4), "stored": rb[:]}, [])
+
+    return BufferRun(velora_replay_buffer(10, state_dim=2, action_dim=1, hidden_dim=3), play)
+
+
 # Every case: id -> a function making a fresh run.
 RUNS: dict[str, Callable[[], BufferRun]] = {
     **{f"flat-{st}-{sa}": (lambda st=st, sa=sa: flat_run(st, sa)) for st in FLAT_STORAGES for sa in FLAT_SAMPLERS},
@@ -228,4 +255,6 @@ RUNS: dict[str, Callable[[], BufferRun]] = {
     **{f"{st}-{sa}": (lambda st=st, sa=sa: ring_run(st, sa)) for st in RING_STORAGES for sa in RING_SAMPLERS},
     **{f"on-policy-{b}": (lambda b=b: on_policy_run(b)) for b in ON_POLICY},
     "path-gae": path_gae_run,
+    "harl-fp": harl_fp_run,
+    "velora": velora_run,
 }

@@ -16,7 +16,7 @@ from tests._buffer_runs import ROUNDS, RUNS, assert_same
 WRITES = ("extend", "add", "insert", "store")
 # Families that compute floats in the data's dtype (n-step returns, advantages), where float64 or
 # bfloat16 arithmetic rounds differently from float32: compared with the fast paths on and off only.
-COMPUTES = ("nstep", "on-policy", "path-gae")
+COMPUTES = ("nstep", "on-policy", "path-gae", "harl-fp")
 
 
 class CastWrites:
