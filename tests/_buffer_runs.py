@@ -39,7 +39,7 @@ from torchrl_ext.storages import (
     FastTensorStorage,
 )
 
-from torchrl_ext.presets import harl_off_policy_buffer, velora_replay_buffer
+from torchrl_ext.presets import harl_off_policy_buffer, harl_rollout_buffer, velora_replay_buffer
 
 from tests.presets.test_harl_off_policy import harl_step
 from tests.storages.test_dedup import Streams
@@ -55,6 +55,31 @@ class BufferRun:
 
     def run(self, k: int) -> TensorDict:
         return self._play(self.buffer, k).clone()  # a copy now: a round may return views of stored rows
+
+
+class RewrittenWrites:
+    """``buffer`` whose writes (``extend``, ``add``, ``insert``, ``store``) get their TensorDict
+    rewritten by ``form`` first; everything else is the buffer's own."""
+
+    WRITES = ("extend", "add", "insert", "store")
+
+    def __init__(self, buffer: Any, form: Callable[[TensorDict], TensorDict]) -> None:
+        self.__dict__.update(buffer=buffer, form=form)
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.buffer, name)
+        if name not in self.WRITES:
+            return attr
+        return lambda data, *args, **kwargs: attr(self.form(data), *args, **kwargs)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.buffer[index]
+
+    def __iter__(self) -> Any:
+        return iter(self.buffer)
+
+    def __len__(self) -> int:
+        return len(self.buffer)
 
 
 def assert_same(got: list[TensorDict], want: list[TensorDict]) -> None:
@@ -234,6 +259,28 @@ def harl_fp_run() -> BufferRun:
     return BufferRun(harl_off_policy_buffer(16, 2, batch_size=5, n_step=2, gamma=0.5, state_type="FP"), play)
 
 
+HARL_ROLLOUTS = {
+    "feed-forward": {"num_mini_batch": 3},
+    "chunked": {"num_mini_batch": 2, "use_recurrent_policy": True, "data_chunk_length": 2},
+    "naive": {"num_mini_batch": 3, "use_naive_recurrent_policy": True},
+}
+
+
+def harl_rollout_run(sampler: str) -> BufferRun:
+    """HARL's rollout buffer: one epoch of minibatches per rollout, steps carried over."""
+    def play(rb: Any, k: int) -> TensorDict:
+        for t in range(4):
+            v = torch.full((3, 1), 10.0 * k + t)
+            rb.storage.insert(TensorDict({"obs": v + torch.arange(3.0).unsqueeze(1), "agents": {"x": v.unsqueeze(1)},
+                                          "next": {"obs": v + 1}}, [3]))
+        batches = torch.cat([batch.reshape(-1) for batch in rb])
+        stored = rb.storage.data.clone()
+        rb.storage.after_update()
+        return TensorDict({"batches": batches, "stored": stored}, [])
+
+    return BufferRun(harl_rollout_buffer(4, **HARL_ROLLOUTS[sampler]), play)
+
+
 def velora_run() -> BufferRun:
     """velora's add_multi (overfull in round 3) and sample, with hidden states."""
     def play(rb: Any, k: int) -> TensorDict:
@@ -256,5 +303,6 @@ RUNS: dict[str, Callable[[], BufferRun]] = {
     **{f"on-policy-{b}": (lambda b=b: on_policy_run(b)) for b in ON_POLICY},
     "path-gae": path_gae_run,
     "harl-fp": harl_fp_run,
+    **{f"harl-rollout-{sa}": (lambda sa=sa: harl_rollout_run(sa)) for sa in HARL_ROLLOUTS},
     "velora": velora_run,
 }

@@ -3,39 +3,17 @@ gather paths step aside): the same data with the fast paths on or off, every wri
 its dtype, and where a family stores what it is given, the values of the float32 run."""
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import torch
 from tensordict import TensorDict
 
 import torchrl_ext
 
-from tests._buffer_runs import ROUNDS, RUNS, assert_same
+from tests._buffer_runs import ROUNDS, RUNS, RewrittenWrites, assert_same
 
-WRITES = ("extend", "add", "insert", "store")
 # Families that compute floats in the data's dtype (n-step returns, advantages), where float64 or
 # bfloat16 arithmetic rounds differently from float32: compared with the fast paths on and off only.
 COMPUTES = ("nstep", "on-policy", "path-gae", "harl-fp")
-
-
-class CastWrites:
-    """A buffer whose writes get the float leaves of their data cast to ``dtype``."""
-
-    def __init__(self, buffer: Any, dtype: torch.dtype) -> None:
-        self.__dict__.update(buffer=buffer, dtype=dtype)
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self.buffer, name)
-        if name not in WRITES:
-            return attr
-
-        def write(data: TensorDict, *args: Any, **kwargs: Any) -> Any:
-            return attr(data.apply(lambda t: t.to(self.dtype) if t.is_floating_point() else t), *args, **kwargs)
-        return write
-
-    def __getitem__(self, index: Any) -> Any:
-        return self.buffer[index]
 
 
 def _whole_run(case: str, dtype: torch.dtype, fast: bool) -> list[TensorDict]:
@@ -43,7 +21,8 @@ def _whole_run(case: str, dtype: torch.dtype, fast: bool) -> list[TensorDict]:
     with torchrl_ext.fastpath(fast):
         run = RUNS[case]()
         if dtype is not torch.float32:
-            run.buffer = CastWrites(run.buffer, dtype)
+            run.buffer = RewrittenWrites(run.buffer, lambda data: data.apply(
+                lambda t: t.to(dtype) if t.is_floating_point() else t))
         return [run.run(k) for k in range(ROUNDS)]
 
 

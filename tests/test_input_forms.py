@@ -4,7 +4,7 @@ Each stores and draws exactly what the plain data gives, with the fast paths on 
 numpy paths cannot view some of these forms)."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import pytest
 import torch
@@ -12,10 +12,7 @@ from tensordict import LazyStackedTensorDict, TensorDict
 
 import torchrl_ext
 
-from tests._buffer_runs import ROUNDS, RUNS, assert_same
-
-WRITES = ("extend", "add", "insert", "store")
-
+from tests._buffer_runs import ROUNDS, RUNS, RewrittenWrites, assert_same
 
 def _strided(data: TensorDict) -> TensorDict:
     return data.apply(lambda t: torch.stack([t, t], -1)[..., 1])  # same values, every stride doubled
@@ -39,28 +36,12 @@ FORMS: dict[str, Callable[[TensorDict], TensorDict]] = {
 }
 
 
-class RewriteWrites:
-    """A buffer whose writes get their data rewritten by ``form`` first."""
-
-    def __init__(self, buffer: Any, form: Callable[[TensorDict], TensorDict]) -> None:
-        self.__dict__.update(buffer=buffer, form=form)
-
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self.buffer, name)
-        if name not in WRITES:
-            return attr
-        return lambda data, *args, **kwargs: attr(self.form(data), *args, **kwargs)
-
-    def __getitem__(self, index: Any) -> Any:
-        return self.buffer[index]
-
-
 def _whole_run(case: str, form: str | None, fast: bool) -> list[TensorDict]:
     torch.manual_seed(0)
     with torchrl_ext.fastpath(fast):
         run = RUNS[case]()
         if form is not None:
-            run.buffer = RewriteWrites(run.buffer, FORMS[form])
+            run.buffer = RewrittenWrites(run.buffer, FORMS[form])
         return [run.run(k).apply(lambda t: t.detach()) for k in range(ROUNDS)]
 
 
