@@ -3,6 +3,8 @@ gather paths step aside): the same data with the fast paths on or off, every wri
 its dtype, and where a family stores what it is given, the values of the float32 run."""
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from tensordict import TensorDict
@@ -26,12 +28,17 @@ def _whole_run(case: str, dtype: torch.dtype, fast: bool) -> list[TensorDict]:
         return [run.run(k) for k in range(ROUNDS)]
 
 
+@functools.lru_cache(maxsize=None)  # one float32 run per case and worker, read only
+def _float32_run(case: str) -> list[TensorDict]:
+    return _whole_run(case, torch.float32, fast=True)
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("case", RUNS)
 def test_every_buffer_family_keeps_the_dtype_it_is_given(case: str, dtype: torch.dtype) -> None:
     got = _whole_run(case, dtype, fast=True)
     assert_same(got, _whole_run(case, dtype, fast=False))
-    float32 = _whole_run(case, torch.float32, fast=True)
+    float32 = _float32_run(case)
     compares_values = not any(word in case for word in COMPUTES)
     for rounds, (seen, want) in enumerate(zip(got, float32)):
         for key in want.keys(True, True):

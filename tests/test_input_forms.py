@@ -4,6 +4,7 @@ Each stores and draws exactly what the plain data gives, with the fast paths on 
 numpy paths cannot view some of these forms)."""
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import pytest
@@ -45,9 +46,14 @@ def _whole_run(case: str, form: str | None, fast: bool) -> list[TensorDict]:
         return [run.run(k).apply(lambda t: t.detach()) for k in range(ROUNDS)]
 
 
+@functools.lru_cache(maxsize=None)  # one plain run per case and worker, read only
+def _plain_run(case: str) -> list[TensorDict]:
+    return _whole_run(case, None, fast=True)
+
+
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("case", RUNS)
 def test_every_buffer_family_takes_data_in_any_form(case: str, form: str) -> None:
-    want = _whole_run(case, None, fast=True)
+    want = _plain_run(case)
     assert_same(_whole_run(case, form, fast=True), want)
     assert_same(_whole_run(case, form, fast=False), want)
