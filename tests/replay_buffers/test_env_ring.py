@@ -108,3 +108,18 @@ def test_fast_paths_on_and_off_accept_and_refuse_the_same(ids, data, accepted):
     assert accepted == (not isinstance(on[0], type))
     if not accepted:
         assert on[0] is ValueError and on[1] == state(filled())  # refused, nothing written
+
+
+@pytest.mark.parametrize("blocking", [False, True])
+@pytest.mark.parametrize("fast", [True, False], ids=["fast", "plain"])
+def test_a_batch_of_no_rows_writes_nothing_with_or_without_env_ids(fast, blocking):
+    # Was: without env ids, a [0] batch was refused for not holding every env's step.
+    with torchrl_ext.fastpath(fast):
+        rb = filled()
+        before = state(rb)
+        for kwargs in ({}, {"env_ids": torch.tensor([], dtype=torch.long)}):
+            index = rb.extend(TensorDict({"x": torch.zeros(0)}, [0]), blocking=blocking, **kwargs)
+            assert index.shape == (0, 2)
+        assert state(rb) == before
+        with pytest.raises(ValueError):  # the ids are still checked: two ids for no rows
+            rb.extend(TensorDict({"x": torch.zeros(0)}, [0]), env_ids=torch.tensor([0, 1]))

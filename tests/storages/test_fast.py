@@ -386,6 +386,28 @@ def test_a_zero_row_extend_keeps_a_two_dim_buffer_checkpointable(storage_cls, tm
     assert len(restored) == 8
 
 
+@pytest.mark.parametrize("ours", [True, False], ids=["torchrl_ext buffer", "torchrl buffer"])
+@pytest.mark.parametrize("storage_cls", FAST)
+def test_a_first_write_of_no_rows_writes_nothing(storage_cls, ours):
+    # Was: IndexError from TorchRL's lazy allocation, which reads row 0 (LazyTensorStorage still fails).
+    buffer_cls = ExtTensorDictReplayBuffer if ours else TensorDictReplayBuffer
+    rb = buffer_cls(storage=storage_cls(4), batch_size=2)
+    assert rb.extend(TensorDict({"obs": torch.zeros(0, 2)}, [0])).numel() == 0
+    assert len(rb) == 0 and not rb.storage.initialized
+    rb.extend(TensorDict({"obs": torch.ones(3, 2)}, [3]))
+    assert rb[:]["obs"].tolist() == [[1.0, 1.0]] * 3
+
+
+@pytest.mark.parametrize("storage_cls", FAST)
+def test_a_first_write_of_no_steps_into_a_two_dim_buffer_writes_nothing(storage_cls):
+    # Was: TypeError from TorchRL's writer, which reads the shape of the storage not yet allocated.
+    rb = ExtTensorDictReplayBuffer(storage=storage_cls(40, ndim=2), batch_size=2)
+    assert rb.extend(TensorDict({"obs": torch.zeros(2, 0)}, [2, 0])).shape == (0, 2)
+    assert len(rb) == 0
+    rb.extend(TensorDict({"obs": torch.arange(8.0).view(2, 4)}, [2, 4]))
+    assert len(rb) == 8
+
+
 def test_gather_equals_get_and_carries_the_extra_entries():
     storage = FastTensorStorage(10)
     data = TensorDict({"a": torch.arange(20.0).reshape(10, 2), ("b", "c"): torch.arange(10)}, [10])

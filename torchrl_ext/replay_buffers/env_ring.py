@@ -130,7 +130,7 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
         if not isinstance(data, TensorDictBase):
             raise TypeError(f"data must be a TensorDict, got {type(data).__name__}.")
         self._check_priority_entry(data, update_priority)  # before any step is stored
-        if not blocking:
+        if not blocking or data.batch_size.numel() == 0:  # no step needs room
             return self._write(data, env_ids, update_priority)
         ids = writer._env_ids_of(data, env_ids)[0]  # checked as the write checks them
         steps = 1 if data.batch_dims == 1 else data.shape[1]

@@ -170,6 +170,11 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
         """TorchRL's ``extend``; a write the storage refuses leaves the writer's cursor unmoved,
         and a priority entry the sampler would refuse is refused before any row is stored."""
         self._check_priority_entry(tensordicts, update_priority)
+        if isinstance(tensordicts, TensorDictBase) and tensordicts.batch_size.numel() == 0 \
+                and not self._has_transform():
+            # Nothing to write. TorchRL fails on a first write of no rows: its lazy
+            # allocation reads row 0, and its writer then reads the unset storage shape.
+            return torch.zeros((0, self.storage.ndim) if self.storage.ndim > 1 else (0,), dtype=torch.long)
         if self._lean_extend_applies(tensordicts):
             return self._lean_extend(tensordicts, update_priority)
         with _compat.replay_lock(self), self._writer_restored_on_error():

@@ -139,9 +139,10 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
     def set(self, cursor: Any, data: Any, *, set_cursor: bool = True) -> None:
         if torch.compiler.is_compiling():
             return self._torchrl_set(cursor, data, set_cursor)
-        if isinstance(cursor, torch.Tensor) and cursor.numel() == 0 and self.initialized:
+        if isinstance(cursor, torch.Tensor) and cursor.numel() == 0:
             # Nothing to write. TorchRL would record the empty cursor as the last one
-            # written, and its checkpointer then fails on the next dumps().
+            # written (its checkpointer then fails on the next dumps()), and a first write
+            # of no rows fails in its lazy allocation (IndexError).
             return
         if has_lazy_stack(data) or self._torchrl_path():
             leaves = _TORCHRL_WRITE

@@ -89,6 +89,10 @@ class EnvRingWriter(Writer):
             raise TypeError(
                 f"{type(self).__name__} writes TensorDicts, got {type(data).__name__}."
             )
+        if data.batch_size.numel() == 0:  # no step: nothing to write (the ids are still checked)
+            if env_ids is not None:
+                self.check_row_env_ids(env_ids, data)
+            return torch.empty(0, 2, dtype=torch.long)
         index = self._write_every_env(storage, data, env_ids)
         if index is None:
             index = self._write_rows(storage, data, env_ids)
