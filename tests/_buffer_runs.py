@@ -70,7 +70,10 @@ class RewrittenWrites:
         attr = getattr(self.buffer, name)
         if name not in self.WRITES:
             return attr
-        return lambda data, *args, **kwargs: attr(self.form(data), *args, **kwargs)
+        return lambda data, *args, **kwargs: self.write(attr, data, *args, **kwargs)
+
+    def write(self, write: Callable[..., Any], data: TensorDict, *args: Any, **kwargs: Any) -> Any:
+        return write(self.form(data), *args, **kwargs)
 
     def __getitem__(self, index: Any) -> Any:
         return self.buffer[index]

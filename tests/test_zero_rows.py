@@ -3,7 +3,7 @@ env was ready, a filter that kept nothing): the empty write changes nothing, wit
 on or off, and the run goes on exactly as without it."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 import torch
@@ -11,38 +11,29 @@ from tensordict import TensorDict
 
 import torchrl_ext
 
-from tests._buffer_runs import ROUNDS, RUNS, assert_same
+from tests._buffer_runs import ROUNDS, RUNS, RewrittenWrites, assert_same
 
 
-class EmptyWritesFirst:
+class EmptyWritesFirst(RewrittenWrites):
     """``buffer`` whose ``extend`` and ``store`` first write the batch's first zero rows
-    (with the matching zero env ids); everything else is the buffer's own."""
+    (with the matching zero env ids), and keep what those empty writes returned."""
+
+    WRITES = ("extend", "store")
 
     def __init__(self, buffer: Any) -> None:
-        self.__dict__.update(buffer=buffer, empty_writes=[])
+        super().__init__(buffer, form=lambda data: data)
+        self.__dict__["empty_writes"] = []
 
-    def __getattr__(self, name: str) -> Any:
-        attr = getattr(self.buffer, name)
-        if name not in ("extend", "store"):
-            return attr
-
-        def write(data: TensorDict, *args: Any, **kwargs: Any) -> Any:
-            empty_kwargs = dict(kwargs)
-            if getattr(self.buffer, "dim_extend", 0) == 1:  # [envs, steps] into a 2-D storage
-                empty = data[:, :0]
-            else:
-                empty = data[:0]
-                if isinstance(kwargs.get("env_ids"), torch.Tensor):
-                    empty_kwargs["env_ids"] = kwargs["env_ids"][:0]
-            self.empty_writes.append(attr(empty, *args, **empty_kwargs))
-            return attr(data, *args, **kwargs)
-        return write
-
-    def __getitem__(self, index: Any) -> Any:
-        return self.buffer[index]
-
-    def __iter__(self) -> Any:
-        return iter(self.buffer)
+    def write(self, write: Callable[..., Any], data: TensorDict, *args: Any, **kwargs: Any) -> Any:
+        empty_kwargs = dict(kwargs)
+        if getattr(self.buffer, "dim_extend", 0) == 1:  # [envs, steps] into a 2-D storage
+            empty = data[:, :0]
+        else:
+            empty = data[:0]
+            if isinstance(kwargs.get("env_ids"), torch.Tensor):
+                empty_kwargs["env_ids"] = kwargs["env_ids"][:0]
+        self.empty_writes.append(write(empty, *args, **empty_kwargs))
+        return write(data, *args, **kwargs)
 
 
 def _whole_run(case: str, empty_first: bool, fast: bool) -> tuple[list[TensorDict], list[Any]]:
