@@ -352,7 +352,7 @@ WRAPPED = {
     "_expand_to_match", "_group_ids", "_storage_index", "_last_cursor_index", "_set_last_cursor",
     "_len_along_dim0", "_mutation_revision", "_attached_entities_iter", "_save_hooks", "_load_hooks",
     "_maybe_init_from_storage", "_REPLACEMENT_DISPATCH", "_tensordict",
-    "_new_unsafe", "_dim_extend", "_cursor",
+    "_new_unsafe", "_dim_extend", "_cursor", "_next_value", "_last_cursor_index_value",
 }
 
 

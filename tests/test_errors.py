@@ -56,9 +56,10 @@ from torchrl_ext.samplers import (
 from torchrl_ext.samplers.prioritized_nstep import PrioritizedNStepSampler
 from torchrl_ext.segment_tree import SumSegmentTree
 from torchrl_ext.storages import (
-    DedupEnvRingStorage, EpisodicEnvRingStorage, FastTensorStorage, RolloutStorage, StorageLayoutError,
+    DedupEnvRingStorage, EnvRingStorage, EpisodicEnvRingStorage, FastTensorStorage, RolloutStorage,
+    StorageLayoutError,
 )
-from torchrl_ext.value import GAE, ValueNorm, VTrace
+from torchrl_ext.value import GAE, TDLambda, ValueNorm, VTrace
 from torchrl_ext.value import functional as F
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "errors.md"
@@ -318,6 +319,16 @@ def _(tmp: Path) -> Built:
     return buffer_state(rb), lambda: rb.extend(rows(5, 2).exclude(("next", "obs")))
 
 
+@row("fast-dtype-2d", "`FastTensorStorage(ndim=2)` in `TensorDictReplayBuffer`",
+     "`rb.extend(td)` of `[3, 2]` steps with `obs` float64 after float32 ones", StorageLayoutError,
+     r"key 'obs': stored dtype is torch\.float32, got torch\.float64",
+     "convert the data, e.g. `tensor.to(torch.float32)`", FAST)
+def _(tmp: Path) -> Built:
+    rb = TensorDictReplayBuffer(storage=FastTensorStorage(12, ndim=2), dim_extend=1)
+    rb.extend(TensorDict({"obs": torch.zeros(3, 2, 2)}, [3, 2]))
+    return buffer_state(rb), lambda: rb.extend(TensorDict({"obs": torch.zeros(3, 2, 2, dtype=torch.float64)}, [3, 2]))
+
+
 @row("fast-extra-key", "`FastTensorStorage(strict=True)` in `TensorDictReplayBuffer`",
      "`rb.extend(td)` with a new key `extra`", StorageLayoutError,
      r"data keys differ from the stored keys \(missing: \[\], extra: \['extra'\]\)",
@@ -501,6 +512,39 @@ def _ring_write(env_ids: Any = None, data: TensorDict | None = None) -> Built:
     if env_ids is None:
         return buffer_state(rb), lambda: rb.extend(data)
     return buffer_state(rb), lambda: rb.extend(data, env_ids=env_ids)
+
+
+@row("ring-flat-prioritized", "`EnvRingReplayBuffer`", "`sampler=PrioritizedSampler(8, 0.7, 0.5)`", TypeError,
+     r"PrioritizedSampler keeps a priority per row of a tensor storage, got an EnvRingStorage; for per-env "
+     r"rings use PrioritizedTrajectorySampler", "use `PrioritizedTrajectorySampler` on rings")
+def _(tmp: Path) -> Built:
+    return pure(lambda: EnvRingReplayBuffer(num_envs=2, max_length=4, sampler=PrioritizedSampler(8, 0.7, 0.5)))
+
+
+@row("ring-load-other-sampler", "`alf_replay_buffer(prioritized_sampling=True).load_state_dict`",
+     "the state of a uniform-sampling `alf_replay_buffer`", ValueError,
+     r"state_dict\['_sampler'\] cannot be loaded into this buffer's PrioritizedTrajectorySampler "
+     r"\(KeyError: 'initialized'\); the buffer is unchanged", "build the buffer as the saved one was built",
+     "len, storage, writer cursor")
+def _(tmp: Path) -> Built:
+    rb = alf_replay_buffer(3, 6, prioritized_sampling=True)
+    other = alf_replay_buffer(3, 6)
+    other.extend(TensorDict({"x": torch.ones(3)}, [3]))
+    return (lambda: freeze({"len": len(rb), "storage": rb.storage.state_dict(), "writer": rb.writer.state_dict()}),
+            lambda: rb.load_state_dict(other.state_dict()))
+
+
+@row("episodic-load-plain-ring", "`EpisodicEnvRingStorage.load_state_dict`", "an `EnvRingStorage` state",
+     ValueError, r"the checkpoint has no episode index \('episodes'\), which this EpisodicEnvRingStorage needs",
+     "build the storage as the saved one was built", "storage")
+def _(tmp: Path) -> Built:
+    storage = EpisodicEnvRingStorage(2, 6)
+    storage.set((torch.tensor([0, 1]), torch.tensor([0, 0])),
+                TensorDict({"step_type": torch.zeros(2, dtype=torch.int32), "x": torch.ones(2)}, [2]))
+    other = EnvRingStorage(2, 6)
+    for t in range(3):
+        other.set((torch.tensor([0, 1]), torch.tensor([t, t])), TensorDict({"x": torch.ones(2)}, [2]))
+    return (lambda: freeze(storage.state_dict())), lambda: storage.load_state_dict(other.state_dict())
 
 
 @row("ring-duplicate-env-ids", "`EnvRingReplayBuffer.extend`", "`env_ids=[0, 0]`", ValueError,
@@ -927,6 +971,23 @@ def _(tmp: Path) -> Built:
     return (lambda: freeze(td)), lambda: GAE(gamma=0.9, lmbda=0.9, value_network=None)(td)
 
 
+@row("gae-reward-feature-dim", "`GAE` estimator", "values `[B, T, 1]` with `('next', 'reward')` of shape `[B, T]`",
+     ValueError, r"\('next', 'reward'\) of shape \(2, 5\) fits neither .* it lacks the trailing feature dim: pass it "
+     r"with \.unsqueeze\(-1\)", "give the reward its feature dim, `reward.unsqueeze(-1)`", "input TensorDict")
+def _(tmp: Path) -> Built:
+    td = estimator_input()
+    td["next", "reward"] = torch.ones(2, 5)
+    return (lambda: freeze(td)), lambda: GAE(gamma=0.9, lmbda=0.9, value_network=None)(td)
+
+
+@row("tdlambda-next-value-type", "`TDLambda.value_estimate`", "`next_value=1.0`", TypeError,
+     r"next_value must be a tensor shaped like the values, got float", "pass a tensor, or None to evaluate them",
+     "input TensorDict")
+def _(tmp: Path) -> Built:
+    td = estimator_input()
+    return (lambda: freeze(td)), lambda: TDLambda(gamma=0.9, lmbda=0.7, value_network=None).value_estimate(td, next_value=1.0)
+
+
 # ---- value functional core, estimators, on-policy buffers, n-step samplers
 @row("gae-gamma", "`functional.generalized_advantage_estimate`", "`gamma=1.5`", ValueError,
      r"gamma must be a number in \[0, 1\], got gamma=1\.5", "use gamma in [0, 1]")
@@ -1119,6 +1180,26 @@ def _(tmp: Path) -> Built:
     return on_policy_state(rb), lambda: rb.compute_returns(critic)
 
 
+@row("onpolicy-derived-key", "`OnPolicyReplayBuffer.compute_returns`",
+     "steps inserted with a `value_target` entry", ValueError,
+     r"'value_target' is written by inserted steps; store derived results under another key",
+     "leave the estimator's outputs out of the steps (or set `keys=` to other names)",
+     "rollout data, gamma, gae_lambda")
+def _(tmp: Path) -> Built:
+    rb = OnPolicyReplayBuffer(3)
+    for _ in range(3):
+        rb.insert(on_policy_step(2).set("value_target", torch.zeros(2, 1)))
+    critic = lambda td: td.set("state_value", torch.ones(*td.shape, 1))  # noqa: E731
+    return on_policy_state(rb), lambda: rb.compute_returns(critic)
+
+
+@row("rollout-carry-str", "`RolloutStorage`", "`RolloutStorage(4, carry_keys='hidden')`", TypeError,
+     r"carry_keys must be a list of keys, got carry_keys='hidden'; pass \['hidden'\]",
+     "pass a list of keys")
+def _(tmp: Path) -> Built:
+    return pure(lambda: RolloutStorage(4, carry_keys="hidden"))
+
+
 @row("nstep-gamma", "`NStepSampler`", "`NStepSampler(3, gamma=1.5)`", ValueError,
      r"gamma must be a number in \[0, 1\], got gamma=1\.5", "use gamma in [0, 1]")
 def _(tmp: Path) -> Built:
@@ -1275,6 +1356,13 @@ def _(tmp: Path) -> Built:
      r"L2RPPOBufferConfig: bad entry 'size': .*Valid keys", "give `size` an int")
 def _(tmp: Path) -> Built:
     return pure(lambda: instantiate_from_config({"size": "big"}, name="ext_l2r_ppo"))
+
+
+@row("config-missing-required", "`instantiate_from_config`", "`({'obs_dim': 3, 'act_dim': 2}, name='ext_l2r_ppo')`",
+     ValueError, r"L2RPPOBufferConfig: missing required 'size', 'batch_size'\. Valid keys: ",
+     "give every required key (l2r's schema requires them)")
+def _(tmp: Path) -> Built:
+    return pure(lambda: instantiate_from_config({"obs_dim": 3, "act_dim": 2}, name="ext_l2r_ppo"))
 
 
 @row("config-unknown-name", "`instantiate_from_config`", "`({}, name='ext_nope')`", ValueError,

@@ -267,7 +267,11 @@ BAD_WRITES = [
     (torch.tensor([0]), torch.tensor([math.inf]), ValueError, "finite values >= 0"),
     (torch.tensor([10]), torch.tensor([1.0]), ValueError, "out of range"),
     (torch.tensor([-1]), torch.tensor([1.0]), ValueError, "out of range"),
-    (torch.tensor([0.0]), torch.tensor([1.0]), TypeError, "indices must be integers"),
+    (torch.tensor([0.0]), torch.tensor([1.0]), TypeError, "indices must hold integer leaf indices"),
+    ([1.5], 1.0, TypeError, "indices must hold integer leaf indices, got dtype=torch.float32"),
+    (np.array([2.7]), 1.0, TypeError, "indices must hold integer leaf indices, got dtype=torch.float64"),
+    (np.array([True, False]), [1.0, 2.0], TypeError, "got dtype=torch.bool; .*mask.nonzero"),
+    (1.5, 1.0, TypeError, "indices must hold integer leaf indices"),
     (torch.tensor([0, 1]), torch.tensor([1.0, 2.0, 3.0]), ValueError, "one value per index"),
     (torch.tensor([0]), torch.tensor([True]), TypeError, "real numbers"),
 ]

@@ -251,8 +251,10 @@ def check_indices(name: str, value: Any, what: str = "indices") -> torch.Tensor:
 
 
 def is_int_tensor(obj: Any) -> bool:
-    """Whether ``obj`` is an int tensor the fast gathers take (floats and bool masks go to TorchRL)."""
-    return isinstance(obj, torch.Tensor) and not (obj.dtype.is_floating_point or obj.dtype is torch.bool)
+    """Whether ``obj`` is an index tensor the fast gathers take: int64 or int32, the dtypes
+    ``index_select`` takes. Others go to TorchRL, whose torch indexing reads uint8 as a mask
+    (as bool) and refuses int8 / int16 with an ``IndexError``."""
+    return isinstance(obj, torch.Tensor) and obj.dtype in (torch.int64, torch.int32)
 
 
 def check_priorities(name: str, values: torch.Tensor) -> float:

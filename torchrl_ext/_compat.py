@@ -52,6 +52,12 @@ def call_value_nets(estimator: Any, data: TensorDictBase, **kwargs: Any) -> tupl
     return estimator._call_value_nets(data=data, **kwargs)
 
 
+def next_state_value(estimator: Any, data: TensorDictBase, target_params: Any, kwargs: dict) -> Any:
+    """The critic's value of ``data``'s next states alone (with ``target_params`` when given), as
+    TorchRL's ``value_estimate`` bootstraps without ``next_value=``."""
+    return estimator._next_value(data, target_params, kwargs)
+
+
 def time_dim_of(estimator: Any, time_dim: int | None, data: TensorDictBase) -> int:
     """The time dimension ``estimator`` uses for ``data`` (its own setting when ``time_dim`` is None)."""
     return estimator._get_time_dim(time_dim, data)
@@ -222,6 +228,17 @@ def set_last_written(storage: Any, cursor: Any, *, cursor_as_written: Any = None
         storage._last_cursor = cursor_as_written
 
 
+def set_last_cursor_copied(storage: Any, cursor: Any) -> None:
+    """TorchRL's ``_set_last_cursor`` (a :data:`HOOKS` override of it), keeping a copy of the
+    last row a ``compilable=True`` storage records: TorchRL keeps ``cursor[-1]``, a view into
+    the caller's index (the tensor ``extend`` returned), and its next int cursor ``fill_``s
+    that view, rewriting the caller's tensor."""
+    _Storage._set_last_cursor(storage, cursor)
+    last = storage._last_cursor_index_value
+    if isinstance(last, torch.Tensor):
+        storage._last_cursor_index_value = last.clone()
+
+
 def filled_rows(storage: Any) -> int:
     """Rows along dim 0 of a ``TensorStorage`` that hold data."""
     return int(storage._len_along_dim0)
@@ -302,6 +319,7 @@ HOOKS: tuple[tuple[type, str], ...] = (
     (_LazyMemmapStorage, "_init"),
     (_Storage, "_default_checkpointer"),
     (_Storage, "_is_full"),
+    (_Storage, "_set_last_cursor"),  # the fast storages keep no view of a caller's cursor
     (_Storage, "_rand_given_ndim"),  # RandomSampler's draws on the per-env rings
     (_GAE, "_broadcast_optional"),  # per-agent values with team-level signals
     (_GAE, "_normalize_advantage"),

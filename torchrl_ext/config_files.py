@@ -7,11 +7,12 @@ built.
 """
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from hydra.utils import instantiate
+from hydra.utils import get_object, instantiate
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -51,6 +52,10 @@ def _read(source: str | Path | Mapping[str, Any]) -> dict[str, Any]:
 def validated_config(source: str | Path | Mapping[str, Any], name: str | None = None) -> Any:
     """The merged, type-checked config (an OmegaConf node) without building anything.
 
+    Every argument the component requires must be given: the registered config holds a
+    placeholder for it (so that a Hydra node instantiates), a file or dict does not (l2r's
+    schemas make ``obs_dim``, ``act_dim``, ``size``, ... required).
+
     Args:
         source: a YAML file or dict: either the config's fields, or l2r's
             wrapper ``{"name": <config name>, "config": {fields}}``.
@@ -58,9 +63,14 @@ def validated_config(source: str | Path | Mapping[str, Any], name: str | None = 
             wrapper's ``name`` when omitted.
 
     Raises:
-        ValueError: naming the unknown key, the wrongly typed value or the
-            missing name, and the valid keys.
+        ValueError: naming the unknown key, the wrongly typed value, the missing
+            required key or the missing name, and the valid keys.
     """
+    return _validated(source, name, given=())
+
+
+def _validated(source: str | Path | Mapping[str, Any], name: str | None, given: Any) -> Any:
+    """:func:`validated_config`, with the keys in ``given`` passed apart (``overrides``)."""
     data = _read(source)
     wrapped = set(data) == {"name", "config"}
     if name is None and not wrapped:
@@ -76,7 +86,7 @@ def validated_config(source: str | Path | Mapping[str, Any], name: str | None = 
     schema = OmegaConf.structured(node)
     valid = sorted(key for key in schema.keys() if not str(key).startswith("_"))
     try:
-        return OmegaConf.merge(schema, data)
+        merged = OmegaConf.merge(schema, data)
     except OmegaConfBaseException as err:
         key = getattr(err, "full_key", None) or getattr(err, "key", None)
         reason = str(getattr(err, "msg", err)).splitlines()[0]
@@ -84,6 +94,13 @@ def validated_config(source: str | Path | Mapping[str, Any], name: str | None = 
             f"{node.__name__}: bad entry {key!r}: {reason}. Valid keys: "
             f"{', '.join(valid)}."
         ) from None
+    required = [p.name for p in inspect.signature(get_object(node._target_)).parameters.values()
+                if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    missing = [key for key in required if key not in data and key not in given]
+    if missing:
+        raise ValueError(f"{node.__name__}: missing required {', '.join(map(repr, missing))}. Valid keys: "
+                         f"{', '.join(valid)}.")
+    return merged
 
 
 def instantiate_from_config(source: str | Path | Mapping[str, Any], name: str | None = None, **overrides: Any) -> Any:
@@ -101,6 +118,5 @@ def instantiate_from_config(source: str | Path | Mapping[str, Any], name: str | 
         ...
         ValueError: L2RPPOBufferConfig: bad entry 'gama': Key 'gama' not in 'L2RPPOBufferConfig'. Valid keys: act_dim, batch_size, device, eps, gamma, generator, lam, obs_dim, size.
     """
-    cfg = validated_config(source, name)
-    return instantiate(cfg, **overrides)
+    return instantiate(_validated(source, name, given=overrides), **overrides)
 

@@ -40,7 +40,7 @@ from typing import Any, Sequence
 
 import torch
 
-from torchrl_ext._checks import bounds, check_int, makes_kept_tensors, read_only
+from torchrl_ext._checks import bounds, check_indices, check_int, makes_kept_tensors, read_only
 
 __all__ = ["MaxSegmentTree", "MinSegmentTree", "SegmentTree", "SumSegmentTree"]
 
@@ -312,16 +312,7 @@ class SegmentTree:
 
     # ------------------------------------------------------------------
     def _as_index(self, indices: IndexLike) -> torch.Tensor:
-        if isinstance(indices, torch.Tensor):
-            if indices.dtype.is_floating_point or indices.dtype is torch.bool:
-                raise TypeError(
-                    f"indices must be integers, got dtype={indices.dtype}; "
-                    "convert with indices.long()."
-                )
-            return indices.to(device=self._device, dtype=torch.long)
-        if isinstance(indices, (bool, float)):
-            raise TypeError(f"indices must be integers, got {indices!r}.")
-        return torch.as_tensor(indices, dtype=torch.long, device=self._device)
+        return check_indices("indices", indices, "leaf indices").to(self._device)
 
     def _as_values(self, values: ValueLike, index: torch.Tensor) -> torch.Tensor:
         # Values are data: a written tensor's autograd history must not reach the levels

@@ -220,3 +220,26 @@ def test_bad_input_raises_clear_errors() -> None:
         mixer.process(env.step(bad))
     with pytest.raises(ValueError, match="observations of shape"):
         DemoMixer(store, 2).reset(TensorDict({"observation": torch.zeros(2, 5)}, [2]))
+
+
+@pytest.mark.parametrize("sources", [["reward_demo", "reward_demo"], ["env", "reward_demo"]])
+def test_a_refused_step_changes_nothing_and_can_be_retried(sources) -> None:
+    """A step whose last demo row is wrong is refused before any row is replayed or tracked."""
+    for seed in range(100):  # the first draw of the sources wanted
+        store = DemoStore(rho=0.5, phi=0.0, capacity=2, generator=torch.Generator().manual_seed(seed))
+        store.add_initial_demos([make_demo(7.0)])
+        mixer, env = DemoMixer(store, 2), FakeEnv(n=2)
+        td = mixer.reset(env.reset())
+        if mixer.sources == sources:
+            break
+    assert mixer.sources == sources
+    good = env.step(policy(td.clone()))
+    bad = good.clone()
+    bad["observation"][1] = 42.0
+    with pytest.raises(ValueError, match="env 1 is replaying demo .* not the demo's observation"):
+        mixer.process(bad)
+    assert mixer._k == [0, 0] and store.running_length(0) == 0
+    assert (bad.exclude("observation") == good.exclude("observation")).all()
+    mixer.process(good)
+    assert mixer._k == ([1, 1] if sources[0] != "env" else [0, 1])
+    assert store.running_length(0) == (1 if sources[0] == "env" else 0)

@@ -497,3 +497,13 @@ def test_capacity_never_exceeded_and_humans_kept(capacity, humans, episodes) -> 
             assert 0.0 <= store.rho and 0.0 <= store.phi and store.rho + store.phi <= 0.5 + 1e-12
             probs = store.value_demo_probabilities()
             assert torch.isfinite(probs).all() and (probs >= 0).all()
+
+
+def test_a_reward_demo_evicted_at_once_is_reported_rejected() -> None:
+    """A qualifying episode that is the longest agent demo when the store is full is evicted by
+    the capacity check (as in pytorchrl); its outcome says so, as for value demos."""
+    store = DemoStore(rho=0.1, phi=0.3, capacity=2, initial_reward_threshold=1.0)
+    assert [_episode(store, [0.0, 5.0], [0.0, 0.0]).outcome for _ in range(2)] == ["reward_demo"] * 2
+    outcome = _episode(store, [0.0] * 5 + [5.0], [0.0] * 6)
+    assert outcome.outcome == "rejected"
+    assert outcome.demo_id not in {d["id"] for d in store.reward_demos} and len(store.reward_demos) == 2

@@ -80,3 +80,18 @@ def test_a_batch_with_a_bad_priority_stores_nothing(bad):
     with pytest.raises(ValueError, match="priorities must be finite and >= 0"):
         rb.extend(TensorDict({"x": torch.ones(2), "td_error": torch.tensor([1.0, bad])}, [2]))
     assert len(rb) == 2 and rb.storage.current_size.tolist() == [1, 1]
+
+
+def test_gather_all_takes_alfs_flag_as_well_as_a_count():
+    """ALF's ``gather_all(ignore_earliest_frames=True)`` leaves out the sampler's
+    ``num_earliest_frames_ignored`` oldest steps; a count does the same; False leaves out none."""
+    rb = alf_replay_buffer(2, 5, num_earliest_frames_ignored=2, keep_episodic_info=False)
+    for k in range(7):
+        rb.extend(TensorDict({"x": torch.tensor([1000.0 * e + k for e in range(2)])}, [2]))
+    flagged, start = rb.gather_all(ignore_earliest_frames=True)
+    counted, _ = rb.gather_all(2)
+    assert flagged["x"].tolist() == counted["x"].tolist() == [[4.0, 5.0, 6.0], [1004.0, 1005.0, 1006.0]]
+    assert start.tolist() == [4, 4]
+    assert rb.gather_all(ignore_earliest_frames=False)[0]["x"][0].tolist() == [2.0, 3.0, 4.0, 5.0, 6.0]
+    with pytest.raises(ValueError, match="ignore_earliest_frames must be an int >= 0, got ignore_earliest_frames=-1"):
+        rb.gather_all(-1)

@@ -1,6 +1,9 @@
 """EnvRingReplayBuffer.extend: env ids are checked once, before anything is written, and
-the fast paths and TorchRL's path accept and refuse the same inputs."""
+the fast paths and TorchRL's path accept and refuse the same inputs; a sampler that cannot
+read rings is refused when the buffer is built, before any write."""
 from __future__ import annotations
+
+import functools
 
 import pytest
 import torch
@@ -8,6 +11,8 @@ from tensordict import TensorDict
 
 import torchrl_ext
 from torchrl_ext.replay_buffers import EnvRingReplayBuffer
+from torchrl_ext.samplers import NStepSampler, PrioritizedNStepSampler
+from torchrl_ext.storages import EnvRingStorage
 
 
 def filled() -> EnvRingReplayBuffer:
@@ -123,3 +128,27 @@ def test_a_batch_of_no_rows_writes_nothing_with_or_without_env_ids(fast, blockin
         assert state(rb) == before
         with pytest.raises(ValueError):  # the ids are still checked: two ids for no rows
             rb.extend(TensorDict({"x": torch.zeros(0)}, [0]), env_ids=torch.tensor([0, 1]))
+
+
+def test_a_sampler_that_cannot_read_rings_is_refused_when_the_buffer_is_built():
+    # Was: the buffer was built, and its first extend stored the batch before the sampler refused it.
+    storage = EnvRingStorage(2, 4)
+    message = (r"PrioritizedNStepSampler supports tensor storages with ndim=2 .* got EnvRingStorage; "
+               r"for per-env rings \(EnvRingStorage\) use NStepSampler\.")
+    for sampler in (PrioritizedNStepSampler(8, 1.0, 0.5, n_step=2),
+                    functools.partial(PrioritizedNStepSampler, 8, 1.0, 0.5)):  # a factory too
+        with pytest.raises(TypeError, match=message):
+            EnvRingReplayBuffer(storage=storage, sampler=sampler)
+    # Nothing was stored or attached: the storage still serves a buffer with the advised sampler.
+    rb = EnvRingReplayBuffer(storage=storage, sampler=NStepSampler(2))
+    done = torch.zeros(2, dtype=torch.bool)
+    rb.extend(TensorDict({"x": torch.zeros(2), "next": {"reward": torch.zeros(2), "done": done}}, [2]))
+    assert storage.current_pos.tolist() == [1, 1] and rb.sample(2).shape == (2,)
+
+
+def test_a_flat_prioritized_sampler_is_refused_when_the_buffer_is_built():
+    from torchrl_ext.samplers import PrioritizedSampler
+
+    with pytest.raises(TypeError, match="PrioritizedSampler keeps a priority per row of a tensor storage, got an "
+                                        "EnvRingStorage; for per-env rings use PrioritizedTrajectorySampler"):
+        EnvRingReplayBuffer(num_envs=2, max_length=4, sampler=PrioritizedSampler(8, 0.7, 0.5))

@@ -316,3 +316,61 @@ def test_non_finite_parameters_are_refused(name, value):
     rb = VTraceReplayBuffer(2)
     with pytest.raises(ValueError, match=f"{name} must be"):
         rb.update_storage_parameter(name, value)
+
+
+@pytest.mark.parametrize("cls", [OnPolicyReplayBuffer, VTraceReplayBuffer])
+@pytest.mark.parametrize("intrinsic", [False, True])
+def test_a_derived_key_written_by_the_steps_is_refused_before_anything_changes(cls, intrinsic):
+    """Steps that carry ``value_target`` (an output of compute_returns) are refused before the
+    bootstrap, the refreshed log-probs or the intrinsic normalizer change."""
+    rb = cls(2, normalize_advantage=False)
+    for t in range(2):
+        data = step([1.0 + t, 2.0], [0.1, 0.2], [1.0, 1.0], [False, False],
+                    ireward=[1.0, 2.0] if intrinsic else None, ivalue=[0.0, 0.0] if intrinsic else None,
+                    log_prob=[-1.0, -1.0])
+        rb.insert(data.set("value_target", torch.zeros(2, 1)))
+    before, behaviour = _stored(rb)
+    normalizer = {k: v.clone() for k, v in rb.intrinsic_normalizer.state_dict().items()}
+    values = {"state_value": torch.full((2,), 7.0), "intrinsic_state_value": torch.ones(2)}
+    refresh = {"refresh": lambda td: td.set("action_log_prob", torch.zeros(*td.shape, 1))} if cls is VTraceReplayBuffer else {}
+    with pytest.raises(ValueError, match="'value_target' is written by inserted steps"):
+        rb.compute_returns(critic(values), **refresh)
+    after, kept = _stored(rb)
+    assert set(after.keys(True, True)) == set(before.keys(True, True)) and (before == after).all()
+    assert kept is behaviour
+    assert all(torch.equal(v, normalizer[k]) for k, v in rb.intrinsic_normalizer.state_dict().items())
+
+
+@pytest.mark.parametrize("filled", [1, 2, 3])
+def test_after_update_carries_the_slot_after_the_last_step(filled):
+    """pytorchrl's after_gradients: row 0 takes the row after the last inserted step (row T only
+    after a full rollout), after a first rollout and after an earlier full one."""
+    rb = OnPolicyReplayBuffer(3, normalize_advantage=False)
+    for rollout in range(2):
+        length = 3 if rollout == 0 else filled
+        for t in range(length):
+            rb.insert(step([10.0 * rollout + t, 0.0], [0.0, 0.0], [1.0, 1.0], [False, False]))
+        rb.after_update()
+        # step() stores obs + 0.5 as the next observation of the last step
+        assert rb.storage.data["observation"][0, 0].item() == 10.0 * rollout + length - 1 + 0.5
+
+
+def test_after_update_of_an_empty_rollout_keeps_slot_0():
+    rb = OnPolicyReplayBuffer(3, normalize_advantage=False)
+    for t in range(3):
+        rb.insert(step([float(t), 0.0], [0.0, 0.0], [1.0, 1.0], [False, False]))
+    rb.after_update()
+    carried = rb.storage.data[0].clone()
+    rb.after_update()
+    assert (rb.storage.data[0] == carried).all()
+
+
+def test_generate_batches_without_a_split_returns_to_the_constructors():
+    rb = OnPolicyReplayBuffer(4, num_mini_batch=1, normalize_advantage=False)
+    for t in range(4):
+        rb.insert(step([float(t), 1.0], [0.0, 0.0], [1.0, 1.0], [False, False]))
+    sizes = lambda **split: [b.numel() for b in rb.generate_batches(**split)]  # noqa: E731
+    assert sizes() == [8]
+    assert sizes(num_mini_batch=4) == [2, 2, 2, 2]
+    assert sizes(mini_batch_size=3) == [3, 3, 2]
+    assert sizes() == [8]

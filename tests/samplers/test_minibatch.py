@@ -273,3 +273,19 @@ def test_empty_multi_dimensional_storage_says_it_is_empty():
                                 sampler=FeedForwardMinibatchSampler(2), batch_size=1)
     with pytest.raises(RuntimeError, match="Cannot sample from an empty storage."):
         rb.sample()
+
+
+def test_a_refused_epoch_keeps_the_injected_permutation():
+    """set_permutation is HARL's parity hook: an epoch refused for its split must not use it up."""
+    sampler = FeedForwardMinibatchSampler(10, shuffle=True)
+    rb = make_buffer(numbered((3, 2)), sampler)
+    order = torch.arange(6).flip(0)
+    sampler.set_permutation(order)
+    with pytest.raises(ValueError, match="num_mini_batch=10 is larger than the 6 steps"):
+        rb.sample()
+    sampler.num_mini_batch = 1
+    assert rb.sample()["id"].reshape(-1).tolist() == order.tolist()
+    sampler.set_permutation(torch.tensor([0, 1, 1, 2, 3, 4]))
+    for _ in range(2):  # a bad permutation stays refused until another is set
+        with pytest.raises(ValueError, match="call set_permutation\\(\\) with such a permutation"):
+            rb.sample()

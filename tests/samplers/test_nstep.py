@@ -152,6 +152,31 @@ def test_works_on_the_dedup_storage():
     assert torch.equal(batch["next", "observation"][:, 0], end.float() + 1)
 
 
+def test_dedup_storage_with_only_unreadable_steps_says_why():
+    # Was: "Cannot sample from an empty storage." with 5 steps stored, all inside the lookback.
+    storage = DedupEnvRingStorage(2, 8, obs_key="observation", num_stack=4)
+    rb = EnvRingReplayBuffer(storage=storage, sampler=NStepSampler(2, gamma=0.9))
+    stack = lambda t: [float(max(0, t - 3 + i)) for i in range(4)]  # noqa: E731  frames 0, 1, ...
+    written = [0, 0]
+
+    def write(env):
+        step = transition([0.0], [0.0], [1.0], [False])
+        step["observation"] = torch.tensor([stack(written[env])])
+        step["next", "observation"] = torch.tensor([stack(written[env] + 1)])
+        rb.extend(step, env_ids=[env])
+        written[env] += 1
+
+    for env in (0, 0, 0, 1, 1):
+        write(env)
+    message = (r"no env holds a step to start a transition from after ignoring 3 earliest steps, whose "
+               r"frame stacks the storage cannot rebuild \(steps per env: \[3, 2\]\); add more data.")
+    with pytest.raises(ValueError, match=message):
+        rb.sample(1)
+    write(1)
+    write(1)  # env 1: 4 steps, the newest one readable
+    assert rb.sample(3)["index"][:, :2].tolist() == [[1, 3]] * 3
+
+
 def test_bad_input():
     with pytest.raises(ValueError, match="n_step must be an int >= 1, got n_step=0"):
         NStepSampler(0)

@@ -4,8 +4,8 @@ A hypothesis state machine extends a small ``FastTensorStorage`` buffer
 (wrapping around), updates priorities (by index, with repeats, and through
 ``update_tensordict_priority`` on a sample), samples, empties and round-trips
 ``state_dict``. The model keeps the raw priority of every stored row and the
-documented rules: new items get ``max(largest raw priority seen, initial_priority)``
-(or the largest one still stored, with ``max_priority_within_buffer``), a
+documented rules: new items get the largest raw priority seen (or the largest one
+still stored, with ``max_priority_within_buffer``), ``initial_priority`` before one, a
 leaf is ``(priority + eps) ** alpha``, the last write of a repeated index
 wins, sampling draws non-zero leaves of stored rows, and the PER weight is
 ``(N P_i) ** -beta / max_j (N P_j) ** -beta`` (ALF: ``q_i * nnz / sum q``).
@@ -60,8 +60,8 @@ class PriorityModel:
         if self.within and self.alpha > 0:
             stored = [p for p in self.priority[: self.filled()] if p is not None]
             top = max(stored) if stored and max(self.leaf(r) for r in range(self.filled())) > 0 else -math.inf
-            return max(top, self.initial)
-        return max(self.max_seen, self.initial)
+            return self.initial if top == -math.inf else top
+        return self.initial if self.max_seen == -math.inf else self.max_seen
 
     def set(self, rows: list[int], priorities: list[float]) -> None:
         for r, p in zip(rows, priorities):

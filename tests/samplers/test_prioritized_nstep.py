@@ -304,10 +304,10 @@ def test_bad_arguments_raise(kwargs, error, match):
 
 
 def test_bad_storages_and_sizes_raise():
-    ring = EnvRingReplayBuffer(num_envs=1, max_length=8, sampler=PrioritizedNStepSampler(8, 0.6, 0.4))
+    # Refused when the ring buffer is built: at its first extend, the batch was already stored.
     with pytest.raises(TypeError, match=r"supports tensor storages with ndim=2 .* got EnvRingStorage; "
                                         r"for per-env rings \(EnvRingStorage\) use NStepSampler"):
-        ring.extend(TensorDict({"obs": torch.zeros(1, 1)}, [1]))
+        EnvRingReplayBuffer(num_envs=1, max_length=8, sampler=PrioritizedNStepSampler(8, 0.6, 0.4))
     flat = TensorDictReplayBuffer(storage=FastTensorStorage(8), sampler=PrioritizedNStepSampler(8, 0.6, 0.4))
     with pytest.raises(TypeError, match="got a 1-D FastTensorStorage"):
         flat.extend(TensorDict({"obs": torch.zeros(4, 1)}, [4]))

@@ -7,7 +7,7 @@ through ``state_dict``. The model is the documented contract:
 
 * storage: the round-robin ring of ``tests/storages/test_fast_model.py``,
   time row ``k`` (counted since the start) lands in row ``k % rows``;
-* priorities: a new cell gets ``max(largest priority seen, initial_priority)``,
+* priorities: a new cell gets the largest priority seen (``initial_priority`` = 1 before one),
   ``update_priority`` sets the raw priority of the cells ``(row, env)``; the
   sum-tree leaf of cell ``(row, env)`` (flat ``row * num_envs + env``) is
   ``(p + eps) ** alpha`` and 0 for never-written cells;

@@ -133,6 +133,26 @@ def test_new_windows_get_the_current_maximum():
     assert sampler._tree.leaves[:2].tolist() == [7.0, 7.0]
 
 
+@pytest.mark.parametrize("before_sync", ["clear another env", "new batch_length", "nothing"])
+def test_a_new_step_never_takes_the_priority_of_the_step_it_overwrote(before_sync):
+    # Was: when an env was cleared or the geometry changed before the next sync, the
+    # steps written since the last sync kept the priority stored for their ring slot.
+    rb, sampler = make(num_envs=2, max_length=3, batch_length=1)
+    write(rb, [0, 1], 0)
+    sampler.update_window_priority([0], [0], [0.001])  # syncs
+    for t in range(1, 5):
+        write(rb, [0], t)  # env 0 holds 2, 3, 4; position 3 reuses the slot of position 0
+    if before_sync == "clear another env":
+        rb.clear(env_ids=[1])
+    elif before_sync == "new batch_length":
+        sampler.batch_length = 2  # valid starts 2 and 3
+    batch = rb.sample(600)
+    # None of env 0's starts was given a priority: each gets the new-window priority 1.
+    assert batch["priority_weight"].unique().tolist() == [1.0]
+    slots = [sampler._tree.leaves[p % 3].item() for p in (2, 3, 4)]  # env 0's leaves
+    assert slots == ([1.0, 1.0, 1.0] if sampler.batch_length == 1 else [1.0, 1.0, 0.0])
+
+
 def test_stale_or_invalid_updates_are_skipped_without_error():
     # ALF raises when every position is stale (Q14) and re-enables ignored ones (Q15).
     rb, sampler = make(num_envs=1, max_length=3, batch_length=2, num_earliest_frames_ignored=1)

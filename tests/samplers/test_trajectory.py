@@ -97,6 +97,59 @@ def test_uniform_with_replacement_matches_a_chi_square_bound():
     assert chi2 < 27.9  # 99.9% quantile, 9 degrees of freedom
 
 
+def assert_uniform(counts, draws, probability):
+    """Each count within 5 standard deviations of ``draws * probability`` (binomial, or fewer:
+    distinct windows of one draw are negatively correlated)."""
+    expected = draws * probability
+    bound = 5 * math.sqrt(draws * max(probability * (1 - probability), probability))
+    assert all(abs(c - expected) < bound for c in counts), (counts, expected, bound)
+
+
+@pytest.mark.parametrize("starts, windows", [(3, 2), (5, 3), (7, 4), (4, 3), (9, 9), (2, 3), (3, 5)])
+def test_without_replacement_every_start_is_equally_likely_and_windows_distinct(starts, windows):
+    # Was: integer strata of unequal width ([0, 1) and [1, 3) for 3 starts, 2 windows) drew
+    # the start of a narrow stratum every time, those of wide ones half as often.
+    sampler = TrajectorySampler(2)
+    rb = ring_buffer([starts + 1], max_length=starts + 1, sampler=sampler)
+    counts, draws = [0] * starts, 3000
+    for _ in range(draws):
+        own = sampler.sample(rb.storage, windows)[1]["positions"].tolist()
+        if starts >= windows:
+            assert len(set(own)) == windows, own
+        for s in own:
+            counts[s] += 1
+    assert_uniform(counts, draws, windows / starts)
+
+
+def test_env_balanced_draws_are_uniform_within_each_env():
+    # batch 7 over 3 envs: one random env takes a third window. Valid starts: 5, 3, 4.
+    sampler = TrajectorySampler(1)
+    rb = ring_buffer([5, 3, 4], max_length=5, sampler=sampler)
+    counts, draws = [[0] * n for n in (5, 3, 4)], 3000
+    for _ in range(draws):
+        info = sampler.sample(rb.storage, 7)[1]
+        for e in range(3):
+            own = info["positions"][info["env_ids"] == e].tolist()
+            assert len(set(own)) == len(own) in (2, 3)
+            for s in own:
+                counts[e][s] += 1
+    for e, n in enumerate((5, 3, 4)):
+        assert_uniform(counts[e], draws, (2 + 1 / 3) / n)
+
+
+def test_recent_windows_are_uniform_over_the_newest_starts():
+    # 2 recent windows among the newest 3 of 10 starts: each of those is drawn 2/3 of the time.
+    sampler = TrajectorySampler(1, recent_data_steps=3, recent_data_ratio=0.5)
+    rb = ring_buffer([10], max_length=10, sampler=sampler)
+    counts, draws = [0] * 3, 3000
+    for _ in range(draws):
+        recent = sampler.sample(rb.storage, 4)[1]["positions"][:2].tolist()
+        assert len(set(recent)) == 2 and min(recent) >= 7
+        for s in recent:
+            counts[s - 7] += 1
+    assert_uniform(counts, draws, 2 / 3)
+
+
 def test_recent_windows_come_first_and_start_among_the_newest():
     sampler = TrajectorySampler(2, recent_data_steps=3, recent_data_ratio=0.25)
     rb = ring_buffer([40, 40], max_length=40, sampler=sampler)

@@ -409,3 +409,22 @@ def test_reset_refuses_a_boolean_mask_before_any_change():
         rb.storage.reset(torch.tensor([True, False]))
     after = (rb.storage.current_size, rb.storage._terminal_row, rb.storage._last_done)
     assert all(torch.equal(a, b) for a, b in zip(after, before))
+
+
+def test_a_state_without_frame_tables_is_refused_before_anything_changes():
+    rng = random.Random(5)
+    streams = Streams(2, 3, 0, "reset", rng)
+    storage = DedupEnvRingStorage(2, 6, num_stack=3)
+    for _ in range(3):
+        td, ids = to_td([0, 1], [[streams.step(0)], [streams.step(1)]], blocks=False)
+        EnvRingReplayBuffer(storage=storage).extend(td, env_ids=ids)
+    counters = (storage.positions.clone(), storage.sizes.clone())
+    index = (torch.tensor([0, 1]), torch.tensor([2, 2]))
+    stored = storage.get(index).clone()
+    other = EnvRingStorage(2, 6)  # a checkpoint of another storage: no frame tables
+    other.set((torch.tensor([0, 1]), torch.tensor([0, 0])), TensorDict({"x": torch.ones(2)}, [2]))
+    other.set((torch.tensor([0, 1]), torch.tensor([1, 1])), TensorDict({"x": torch.ones(2)}, [2]))
+    with pytest.raises(ValueError, match=r"the checkpoint has no frame tables \('dedup'\)"):
+        storage.load_state_dict(other.state_dict())
+    assert torch.equal(storage.positions, counters[0]) and torch.equal(storage.sizes, counters[1])
+    assert (storage.get(index) == stored).all()

@@ -146,7 +146,8 @@ def check_sample(rb, m, length, ignored, replacement, recent_steps, ratio, batch
     valid start; the recent part (first ``ceil(B * ratio)`` windows, when
     triggered) starts among the last ``min(count, recent_steps)`` valid starts;
     each part is env-balanced (eligible envs tiled, then distinct extras);
-    without replacement the j-th window of an env lies in stratum j.
+    without replacement the j-th window of an env lies in stratum j of its
+    valid starts, rotated by one offset per env when it has enough of them.
     """
     sampler = rb.sampler
     assert isinstance(sampler, TrajectorySampler)
@@ -197,16 +198,17 @@ def check_sample(rb, m, length, ignored, replacement, recent_steps, ratio, batch
             assert all(first <= s for s in own)
             if replacement:
                 continue
-            # without replacement: the j-th window lies in stratum j of the valid starts
+            # without replacement, with at least as many valid starts as windows: the j-th
+            # window lies in integer stratum j of the valid starts rotated by one offset per
+            # env, so the windows are distinct; with fewer, in ALF's real-valued stratum j.
+            windows = len(own)
+            if valid >= windows:
+                assert len(set(own)) == windows, own
+                assert any(all(j * valid // windows <= (s - first - turn) % valid < (j + 1) * valid // windows
+                               for j, s in enumerate(own)) for turn in range(valid)), own
+                continue
             for j, s in enumerate(own):
-                offset = s - first
-                assert j * valid // len(own) <= offset
-                assert offset < -(-(j + 1) * valid // len(own))
-            # Strata of width valid / len(own) >= 1 still share an integer at their
-            # boundary unless the width is whole, so only then are starts sure to
-            # be distinct (see test_strata_distinct_when_enough_valid_starts).
-            if own and valid % len(own) == 0:
-                assert len(set(own)) == len(own)
+                assert j * valid // windows <= s - first < -(-(j + 1) * valid // windows)
 
 
 # --------------------------------------------------------------------------- state machine

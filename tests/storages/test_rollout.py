@@ -322,3 +322,26 @@ def test_insert_refuses_lossy_dtype_casts_before_any_write(entry, value):
     # Widening casts are exact and pass: float64 observations into the float32 slot.
     rollout.insert(first.clone().set("obs", torch.tensor([0.5, 1.5], dtype=torch.float64)))
     assert rollout.data["obs"][1].tolist() == [0.5, 1.5] and rollout.data["obs"].dtype is torch.float32
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_a_block_of_no_steps_writes_nothing(first):
+    """As every write of no rows: nothing stored, nothing moved (TorchRL's collectors can hand
+    over empty batches)."""
+    rollout = RolloutStorage(T) if first else filled()
+    before = None if first else rollout.data.clone()
+    rollout.insert_steps(collector_batch(0, 2)[:, :0])
+    assert rollout.step == (0 if first else T)
+    if first:
+        with pytest.raises(RuntimeError, match="the rollout is empty: insert a step first"):
+            rollout.data  # noqa: B018 - nothing was allocated
+    else:
+        assert (rollout.data == before).all()
+
+
+def test_carry_keys_must_be_a_list_of_keys():
+    with pytest.raises(TypeError, match=r"carry_keys must be a list of keys, got carry_keys='hidden'; pass \['hidden'\]"):
+        RolloutStorage(2, carry_keys="hidden")
+    with pytest.raises(TypeError, match=r"carry_keys\[0\] must be a key"):
+        RolloutStorage(2, carry_keys=[3])
+    assert RolloutStorage(2, carry_keys=[["agents", "hidden"], ["obs"]]).carry_keys == [("agents", "hidden"), "obs"]

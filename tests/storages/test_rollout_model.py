@@ -5,8 +5,8 @@ A hypothesis state machine fills a ``[T + 1, N]`` rollout with ``insert``,
 ``after_update``, ``empty`` and checkpoint round trips, and runs minibatch
 epochs (sometimes checkpointing buffer and sampler mid-epoch). The model keeps
 the documented slot contract: step ``t`` goes to slot ``t``, its carried
-``("next", "observation")`` to slot ``t + 1``, and ``after_update`` copies slot
-``T``'s carried entries to slot 0 and restarts at step 0. Invariants: every
+``("next", "observation")`` to slot ``t + 1``, and ``after_update`` copies the carried
+entries of the slot after the last step (``T`` when full) to slot 0 and restarts at step 0. Invariants: every
 slot equals the model's, ``len == step * N``, and one epoch yields every
 filled ``(t, n)`` exactly once with the data stored there.
 """
@@ -48,7 +48,7 @@ class RolloutModel:
             self.step += 1
 
     def after_update(self) -> None:
-        self.obs[0] = list(self.obs[self.T])
+        self.obs[0] = list(self.obs[self.step])  # slot T after a full rollout
         self.step = 0
 
     def filled(self) -> list[tuple[int, int]]:

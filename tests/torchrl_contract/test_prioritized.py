@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from tensordict import TensorDict
-from torchrl.data import LazyTensorStorage, TensorDictPrioritizedReplayBuffer
+from torchrl.data import LazyTensorStorage, TensorDictPrioritizedReplayBuffer, TensorDictReplayBuffer
 from torchrl.data import PrioritizedSampler as TorchRLPrioritizedSampler
 
 from torchrl_ext.replay_buffers import PrioritizedReplayBuffer
@@ -148,3 +148,23 @@ def test_buffer_arguments_torchrl_accepts(sync, unit):
 def test_sync_must_be_a_bool():
     with pytest.raises(TypeError, match="sync must be True or False, got 'no'"):
         PrioritizedReplayBuffer(alpha=0.7, beta=0.5, sync="no")
+
+
+@pytest.mark.parametrize("within", [False, True])
+@pytest.mark.parametrize("alpha", [0.5, 1.0])
+def test_new_data_gets_torchrls_default_priority(within, alpha):
+    """Drop-in: after any sequence of writes and priority updates (below and above 1), new rows
+    get the priority TorchRL's sampler gives them, with and without max_priority_within_buffer."""
+    generator = torch.Generator().manual_seed(0)
+    samplers = [cls(8, alpha, 0.4, eps=0.0, max_priority_within_buffer=within)
+                for cls in (TorchRLPrioritizedSampler, PrioritizedSampler)]
+    buffers = [TensorDictReplayBuffer(storage=LazyTensorStorage(8), sampler=sampler) for sampler in samplers]
+    for step in range(12):
+        rows = torch.randint(1, 4, (), generator=generator).item()
+        written = [rb.extend(TensorDict({"obs": torch.zeros(rows)}, [rows])) for rb in buffers]
+        scale = 0.5 if step < 6 else 3.0  # first below TorchRL's 1.0, then above it
+        priority = torch.rand(rows, generator=generator) * scale
+        for rb, index in zip(buffers, written):
+            rb.update_priority(index, priority)
+        reference, ours = (float(s.default_priority) for s in samplers)
+        assert ours == pytest.approx(reference, rel=1e-5), step

@@ -205,12 +205,13 @@ class DemoMixer:
                 self.reward_key, self.done_key, self.terminated_key,
                 next_key(self.observation_key)]
         self._check(step, keys, "process()")
+        demo_rows = [i for i in range(self.num_envs) if self._demos[i] is not None]
+        real_rows = [i for i in range(self.num_envs) if self._demos[i] is None]
+        self._check_demo_rows(step, demo_rows)  # before anything changes: a refused step can be retried
         done = step.get(self.done_key).reshape(self.num_envs, -1).any(-1)
         self._real_done = done.cpu()  # a new tensor (any), never written in place
         self._ended = torch.zeros(self.num_envs, dtype=torch.bool)
         self.outcomes = []
-        demo_rows = [i for i in range(self.num_envs) if self._demos[i] is not None]
-        real_rows = [i for i in range(self.num_envs) if self._demos[i] is None]
         obs = step.get(self.observation_key)
         value = step.get(self.value_key).reshape(self.num_envs, -1)[:, 0]
         reward = step.get(self.reward_key)
@@ -230,29 +231,35 @@ class DemoMixer:
             self._replay(step, demo_rows, value)
         return step
 
-    def _replay(self, step: TensorDictBase, rows: list[int], value: Tensor) -> None:
+    def _check_demo_rows(self, step: TensorDictBase, rows: list[int]) -> None:
+        """Refuses a step whose demo rows are not the observations handed out, or whose actions
+        cannot take the demos' (``ValueError``)."""
         obs, action = step.get(self.observation_key), step.get(self.action_key)
-        log_prob, reward = step.get(self.log_prob_key), step.get(self.reward_key)
-        next_obs = step.get(next_key(self.observation_key))
-        flags = [step.get(self.done_key), step.get(self.terminated_key)]
-        truncated = step.get(self.truncated_key, None)
         for i in rows:
             demo, k = self._demos[i], self._k[i]
-            length = demo["length"]
             if not torch.equal(obs[i], demo["observation"][k].to(obs.device, obs.dtype)):
                 raise ValueError(
                     f"env {i} is replaying demo {demo['id']!r} (step {k}) but the step's "
                     f"{self.observation_key!r} is not the demo's observation; feed the policy the "
                     "TensorDict returned by reset()/next_observation()."
                 )
-            demo_action = demo["action"][k]
-            if demo_action.numel() != action[i].numel():
+            if demo["action"][k].numel() != action[i].numel():
                 raise ValueError(
-                    f"demo {demo['id']!r} has actions of shape {tuple(demo_action.shape)} but the "
+                    f"demo {demo['id']!r} has actions of shape {tuple(demo['action'][k].shape)} but the "
                     f"step's {self.action_key!r} rows are {tuple(action[i].shape)}; record demos "
                     "in the env's action format (e.g. one-hot)."
                 )
-            action[i] = demo_action.reshape(action[i].shape).to(action.device, action.dtype)
+
+    def _replay(self, step: TensorDictBase, rows: list[int], value: Tensor) -> None:
+        action, log_prob = step.get(self.action_key), step.get(self.log_prob_key)
+        reward = step.get(self.reward_key)
+        next_obs = step.get(next_key(self.observation_key))
+        flags = [step.get(self.done_key), step.get(self.terminated_key)]
+        truncated = step.get(self.truncated_key, None)
+        for i in rows:
+            demo, k = self._demos[i], self._k[i]
+            length = demo["length"]
+            action[i] = demo["action"][k].reshape(action[i].shape).to(action.device, action.dtype)
             log_prob[i] = 0.0
             reward[i] = demo["reward"][k].reshape(reward[i].shape).to(reward.device, reward.dtype)
             last = k + 1 >= length

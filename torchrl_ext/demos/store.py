@@ -287,20 +287,22 @@ class DemoStore:
         demo = make_demo(obs, act, rew, demo_id=self.id_factory())
         total = demo["total_reward"]
         if total >= self.reward_threshold:
-            self._add_reward_demo(demo)
-            outcome = "reward_demo"
+            # The capacity check may evict the new demo at once (the longest agent demo goes).
+            outcome = "reward_demo" if self._add_reward_demo(demo) else "rejected"
         else:
             demo["max_value"] = max_value
             outcome = "value_demo" if self._offer_value_demo(demo) else "rejected"
         return EpisodeOutcome(env, outcome, demo["id"], total, demo["length"], max_value)
 
-    def _add_reward_demo(self, demo: dict[str, Any]) -> None:
+    def _add_reward_demo(self, demo: dict[str, Any]) -> bool:
+        """Adds ``demo`` as pytorchrl does; whether it is still stored afterwards."""
         if demo["total_reward"] > self.max_demo_reward:
             self._reward_demos = [d for d in self._reward_demos if d["human"]]
         self._reward_demos.append(demo)
         self.check_capacity()
         self.anneal()
         self._update_thresholds(self.reward_threshold)
+        return any(d is demo for d in self._reward_demos)
 
     def _update_thresholds(self, floor: float) -> None:
         """``reward_threshold``: the lowest reward-demo total (at least ``floor``); ``max_demo_reward``: the highest."""

@@ -5,8 +5,9 @@
 ...``; then ``rb.dumps(path)`` / ``rb.loads(path)``, which save the storage
 under ``path/storage``). Tensors are stored whole (all ``capacity`` rows) under
 their nested key joined by dots (``("next", "obs")`` -> ``"next.obs"``); the
-JSON holds the capacity, size, ring position, device and key map. Nothing is
-pickled.
+JSON holds the capacity, size, ring position, device, key map and the batch
+sizes of sub-TensorDicts with batch dims of their own (multi-agent groups).
+Nothing is pickled.
 
 The two files are written and replaced atomically as a pair
 (:mod:`torchrl_ext.io.checkpoint_pair`): a save never leaves the previous checkpoint
@@ -25,6 +26,7 @@ from torchrl.data.replay_buffers.checkpointers import StorageCheckpointerBase
 
 from torchrl_ext import _compat
 from torchrl_ext.io.checkpoint_pair import CheckpointPair, check_prefix, read_pair, write_pair
+from torchrl_ext.io.state_files import nested_batch, set_nested_batch
 
 __all__ = ["SafetensorsCheckpointer", "restore_storage", "ring_fields", "storage_position"]
 
@@ -137,7 +139,8 @@ class SafetensorsCheckpointer(StorageCheckpointerBase):
         """``(tensors, metadata)`` describing an initialised storage."""
         names: dict[str, list[str]] = {}
         tensors: dict[str, torch.Tensor] = {}
-        for key, tensor in _compat.stored_data(storage).items(include_nested=True, leaves_only=True):
+        stored = _compat.stored_data(storage)
+        for key, tensor in stored.items(include_nested=True, leaves_only=True):
             key = (key,) if isinstance(key, str) else tuple(key)
             name = ".".join(key)
             if not isinstance(tensor, torch.Tensor):
@@ -160,6 +163,7 @@ class SafetensorsCheckpointer(StorageCheckpointerBase):
             "position": storage_position(storage),
             "device": None if storage.device is None else str(storage.device),
             "keys": names,
+            "nested_batch": nested_batch(stored),
         }
         return tensors, metadata
 
@@ -186,6 +190,13 @@ class SafetensorsCheckpointer(StorageCheckpointerBase):
                     f"{pair.metadata} says capacity={capacity}; the files come from different saves."
                 )
         data = TensorDict({tuple(names[n]): t for n, t in tensors.items()}, batch_size=[capacity])
+        try:  # files saved before "nested_batch" was recorded load as they did: leaves only
+            set_nested_batch(data, metadata.get("nested_batch", []))
+        except (KeyError, TypeError, ValueError, RuntimeError) as err:
+            raise ValueError(
+                f"{pair.metadata}: 'nested_batch' does not fit the tensors in {pair.state} ({err}); "
+                "the files come from different saves."
+            ) from err
         return data, size, position
 
 

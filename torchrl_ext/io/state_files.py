@@ -37,7 +37,9 @@ __all__ = [
     "load_component",
     "load_json",
     "load_state",
+    "nested_batch",
     "save_state",
+    "set_nested_batch",
     "sha256",
     "tensordict_from_state",
     "tensordict_state",
@@ -66,7 +68,7 @@ def save_state(
     directory = Path(directory).absolute()
     directory.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, torch.Tensor] = {}
-    text = json.dumps(_split_tensors(state, "", tensors)).encode("utf-8")
+    text = json.dumps(_split_tensors(state, (), tensors)).encode("utf-8")
     digests = {METADATA_DIGEST_KEY: sha256(text), TENSORS_DIGEST_KEY: tensors_digest(tensors)}
     atomic_write(directory / tensors_file, lambda tmp: save_file(tensors, tmp, metadata=digests))
     atomic_write(directory / metadata_file, lambda tmp: Path(tmp).write_bytes(text))
@@ -272,15 +274,9 @@ def tensordict_state(data: TensorDictBase | None) -> dict[str, Any]:
     if data is None:
         return {"batch": [], "keys": [], "leaves": []}
     keys = list(data.keys(include_nested=True, leaves_only=True))
-    # Sub-TensorDicts with batch dims of their own (("agents", ...) of [E, L, n_agents]).
-    nested = [
-        [list(key) if isinstance(key, tuple) else [key], list(value.batch_size)]
-        for key, value in data.items(include_nested=True)
-        if isinstance(value, TensorDictBase) and value.batch_dims > data.batch_dims
-    ]
     return {
         "batch": list(data.batch_size),
-        "nested_batch": nested,
+        "nested_batch": nested_batch(data),
         "keys": [list(key) if isinstance(key, tuple) else [key] for key in keys],
         # Contiguous clones: a leaf that is a view (the rings' transposed memory) is
         # copied once, in the order its shape says, which is how the files store it.
@@ -298,7 +294,22 @@ def tensordict_from_state(state: dict[str, Any], device: torch.device) -> Tensor
         batch_size=state["batch"],
         device=device,
     )
-    for key, batch in sorted(state.get("nested_batch", []), key=lambda entry: -len(entry[0])):  # children first
+    return set_nested_batch(data, state.get("nested_batch", []))
+
+
+def nested_batch(data: TensorDictBase) -> list[list[Any]]:
+    """``[key parts, batch size]`` of each sub-TensorDict with batch dims of its own
+    (``("agents", ...)`` of ``[E, L, n_agents]``): a TensorDict rebuilt from its leaves lacks them."""
+    return [
+        [list(key) if isinstance(key, tuple) else [key], list(value.batch_size)]
+        for key, value in data.items(include_nested=True)
+        if isinstance(value, TensorDictBase) and value.batch_dims > data.batch_dims
+    ]
+
+
+def set_nested_batch(data: TensorDictBase, entries: list[list[Any]]) -> TensorDictBase:
+    """Gives ``data``'s sub-TensorDicts the batch sizes :func:`nested_batch` recorded; returns ``data``."""
+    for key, batch in sorted(entries, key=lambda entry: -len(entry[0])):  # children first
         data.get(tuple(key)).batch_size = batch
     return data
 
@@ -306,13 +317,22 @@ def tensordict_from_state(state: dict[str, Any], device: torch.device) -> Tensor
 _TENSOR_LIST = "__tensor_list__"
 
 
-def _split_tensors(state: Any, prefix: str, tensors: dict[str, torch.Tensor]) -> Any:
+def _split_tensors(state: Any, path: tuple[Any, ...], tensors: dict[str, torch.Tensor]) -> Any:
     """JSON-able copy of ``state`` with each list of tensors moved to ``tensors``."""
     if isinstance(state, dict):
-        return {k: _split_tensors(v, f"{prefix}{k}.", tensors) for k, v in state.items()}
+        return {k: _split_tensors(v, (*path, k), tensors) for k, v in state.items()}
     if isinstance(state, list) and state and all(isinstance(t, torch.Tensor) for t in state):
-        for k, tensor in enumerate(state):
-            tensors[f"{prefix}{k}"] = tensor.detach().contiguous().cpu()
+        prefix = "".join(f"{part}." for part in path)
+        names = [f"{prefix}{k}" for k in range(len(state))]
+        clash = [name for name in names if name in tensors]
+        if clash:  # names join key parts with dots: ("a.b",) and ("a", "b") would share tensors
+            raise ValueError(
+                f"state{''.join(f'[{part!r}]' for part in path)} and another entry of the state "
+                f"both map to the tensor name {clash[0]!r}; rename the keys so that none contains "
+                "a dot. Nothing was written."
+            )
+        for name, tensor in zip(names, state):
+            tensors[name] = tensor.detach().contiguous().cpu()
         return {_TENSOR_LIST: prefix, "length": len(state)}
     return state
 

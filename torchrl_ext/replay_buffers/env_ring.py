@@ -9,6 +9,7 @@ from tensordict.utils import expand_as_right
 from torchrl.data.replay_buffers.samplers import Sampler
 
 from torchrl_ext import _compat
+from torchrl_ext._checks import check_int
 from torchrl_ext._fastpath import fastpath_enabled
 from torchrl_ext.replay_buffers.tensordict import TensorDictReplayBuffer
 from torchrl_ext.samplers.trajectory import TrajectorySampler
@@ -82,15 +83,14 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
         for name, part, kind in (("storage", storage, EnvRingStorage), ("writer", writer, EnvRingWriter)):
             if not isinstance(part, kind):
                 raise TypeError(f"{name} must be an {kind.__name__}, got {type(part).__name__}.")
+        sampler = TrajectorySampler() if sampler is None else sampler
+        check_storage = getattr(sampler, "_check_storage", None)
+        if check_storage is not None:  # it would refuse the rings only at the first write, once stored
+            check_storage(storage)
         if kwargs.get("dim_extend") is None:
             # TorchRL reads None as storage.ndim - 1 = 1 (time); the rings extend along envs.
             kwargs["dim_extend"] = 0
-        super().__init__(
-            storage=storage,
-            writer=writer,
-            sampler=TrajectorySampler() if sampler is None else sampler,
-            **kwargs,
-        )
+        super().__init__(storage=storage, writer=writer, sampler=sampler, **kwargs)
         if hasattr(self.sampler, "update_window_priority"):
             # Window priorities index the rings: the sampler can take updates
             # (sampler.update_window_priority) before its first sample.
@@ -180,7 +180,8 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
         include_info: bool | None = None,
     ) -> Any:
         """Samples like ``TensorDictReplayBuffer.sample``: ``[B, batch_length]`` windows with
-        ``index`` (per step ``(env, position)``) and the sampler's info, broadcast over time."""
+        ``index`` (per step ``(env, position)``) and the sampler's info, broadcast over time
+        (added after the transform, and left out with ``include_info=False``, as TorchRL does)."""
         size = self._plain_batch_size(batch_size, include_info, lambda: not self.writer.tracks_generations)
         if size is None:
             return super().sample(batch_size, return_info=return_info, include_info=include_info)
@@ -198,9 +199,6 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
                 data = storage.gather_chain(env, position, index[2], extra)
             else:
                 data = storage.gather(env, position, extra)
-        if self._has_transform():
-            with data.unlock_():
-                data = self.transform(data)
         return (data, info) if return_info else data
 
     def _set_index_in_td(self, tensordict: TensorDictBase, index: torch.Tensor | None) -> None:
@@ -271,9 +269,15 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
         with _compat.replay_lock(self):
             self.writer.clear(env_ids)
 
-    def gather_all(self, ignore_earliest_frames: int = 0) -> tuple[TensorDictBase, torch.Tensor]:
-        """All stored steps ``[E, n]`` in order, and the start positions ``[E]``."""
+    def gather_all(self, ignore_earliest_frames: int | bool = 0) -> tuple[TensorDictBase, torch.Tensor]:
+        """All stored steps ``[E, n]`` in order, and the start positions ``[E]``, without the
+        ``ignore_earliest_frames`` oldest steps of each env; ``True`` (ALF's flag) leaves out
+        those no window starts at (the sampler's ``num_earliest_frames_ignored``)."""
         with _compat.replay_lock(self):
+            if isinstance(ignore_earliest_frames, bool):
+                ignored = getattr(self.sampler, "ignored_frames", lambda storage: storage.required_lookback)
+                ignore_earliest_frames = ignored(self.storage) if ignore_earliest_frames else 0
+            check_int("ignore_earliest_frames", ignore_earliest_frames, minimum=0)
             return self.storage.gather_all(ignore_earliest_frames)
 
     def read(self, env_ids: Any, positions: Any) -> TensorDictBase:

@@ -137,6 +137,7 @@ class OnPolicyReplayBuffer(TensorDictReplayBuffer):
             batch_size=1,
             generator=generator,
         )
+        self._constructor_sampler = self.sampler  # generate_batches() without a split returns to it
 
     # ------------------------------------------------------------------
     def _make_sampler(self, num_mini_batch: int | None, mini_batch_size: int | None, shuffle: bool) -> Any:
@@ -216,6 +217,10 @@ class OnPolicyReplayBuffer(TensorDictReplayBuffer):
         keys, filled = self.keys, self.storage.step
         stored = data.keys(True, True)
         intrinsic = keys.intrinsic_reward in stored and keys.intrinsic_value in stored
+        derived_keys = (keys.advantage, keys.value_target) + (
+            (keys.intrinsic_advantage, keys.intrinsic_value_target) if intrinsic else ())
+        for key in derived_keys:  # before anything changes: the normalizer, the bootstrap, V-trace's refresh
+            self.storage.check_derived_key(key)
         value = data.get(keys.value)[: filled + 1].clone()
         ivalue = data.get(keys.intrinsic_value)[: filled + 1].clone() if intrinsic else None
         updates: dict[Any, torch.Tensor] = {}
@@ -300,6 +305,8 @@ class OnPolicyReplayBuffer(TensorDictReplayBuffer):
         self.intrinsic_normalizer.load_state_dict(dict(zip(saved["names"], saved["values"])))
         if state.get("behaviour_log_prob"):
             self.behaviour_log_prob = state["behaviour_log_prob"][0]
+        else:  # saved before compute_returns: a previous rollout's must not outlive the load
+            vars(self).pop("behaviour_log_prob", None)
 
     def generate_batches(
         self,
@@ -320,6 +327,9 @@ class OnPolicyReplayBuffer(TensorDictReplayBuffer):
             _compat.set_generator(sampler, _compat.generator(self))
             self.set_sampler(sampler)
         else:
+            constructed = getattr(self, "_constructor_sampler", self.sampler)  # older pickles lack it
+            if self.sampler is not constructed:
+                self.set_sampler(constructed)
             self.sampler.shuffle = bool(shuffle)
         for _ in range(num_epochs):
             self.sampler.new_epoch()

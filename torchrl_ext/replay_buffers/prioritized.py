@@ -41,7 +41,7 @@ class PrioritizedReplayBuffer(TensorDictReplayBuffer):
             (``"max"``, ``"min"``, ``"mean"``, ``"median"``, ``"sum"``).
         weights: ``"per"`` (standard, default) or ``"alf"`` importance weights;
             see :class:`~torchrl_ext.samplers.PrioritizedSampler`.
-        initial_priority: lower bound of the priority of new data. Defaults to 1.
+        initial_priority: priority of new data while none is known. Defaults to 1.
         max_priority_within_buffer: new data gets the max priority still stored
             rather than the max ever seen.
         replacement: ``False`` draws one index per equal-mass stratum.

@@ -17,7 +17,7 @@ from tensordict import TensorDictBase
 
 from torchrl_ext import _compat
 from torchrl_ext._checks import check_finite, check_int, check_real
-from torchrl_ext._keys import has_leaf
+from torchrl_ext._keys import has_leaf, nested_key
 from torchrl_ext.replay_buffers.tensordict import TensorDictReplayBuffer
 from torchrl_ext.samplers.uniform import DistinctUniformSampler
 from torchrl_ext.storages.fast import FastTensorStorage
@@ -79,7 +79,7 @@ class PathGAEReplayBuffer(TensorDictReplayBuffer):
         self.gamma = check_real("gamma", gamma, low=0.0, high=1.0)
         self.lam = check_real("lam", lam, low=0.0, high=1.0)
         self.eps = check_real("eps", eps, low=0.0)
-        self.reward_key, self.value_key = reward_key, value_key
+        self.reward_key, self.value_key = nested_key(reward_key, "reward_key"), nested_key(value_key, "value_key")
         self._finished = torch.zeros(size, dtype=torch.bool)
         self._path_length = 0  # steps stored since the last finish_path
         super().__init__(

@@ -126,8 +126,9 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
     Same constructor and behaviour (any sampler, writer, storage, transform);
     on a 1-D tensor storage without sample units or generation tracking,
     ``sample`` gathers with ``index_select`` and writes the sampler's info
-    (``index``, weights, ...) straight into the result. Prefetch, pinned
-    memory and every other layout take TorchRL's own path.
+    (``index``, weights, ...) straight into the result. A transform,
+    ``include_info``, prefetch, pinned memory and every other layout take
+    TorchRL's own ``sample`` (the info joins after the transform).
 
     Examples:
         >>> import torch
@@ -265,7 +266,7 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
         size = self._plain_batch_size(batch_size, include_info, self._lean_path)
         if size is None:
             return super().sample(batch_size, return_info=return_info, include_info=include_info)
-        data, info = self._lean_sample(size)  # _lean_path() held just above
+        data, info = self._lean_sample(size, with_info=True)  # _lean_path() held just above
         return (data, info) if return_info else data
 
     def _plain_batch_size(self, batch_size: Any, include_info: bool | None, lean: Callable[[], bool]) -> int | None:
@@ -274,7 +275,9 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
         if batch_size is not None:  # None: the buffer's batch_size
             check_int("batch_size", batch_size, minimum=0)
         _compat.ensure_initialized(self)
-        if not lean() or include_info is not None or not _compat.samples_plainly(self):
+        # The one layer gathers the info with the rows; TorchRL adds it after the transform,
+        # and not at all for include_info=False.
+        if not lean() or include_info is not None or self._has_transform() or not _compat.samples_plainly(self):
             return None
         if batch_size is None:
             return self.batch_size
@@ -290,17 +293,19 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
             return data, info
         return self._lean_sample(batch_size)
 
-    def _lean_sample(self, batch_size: int) -> tuple[Any, dict]:
-        """TorchRL's ``_sample`` in one layer, for buffers where :meth:`_lean_path` holds."""
+    def _lean_sample(self, batch_size: int, with_info: bool = False) -> tuple[Any, dict]:
+        """TorchRL's ``_sample`` in one layer, for buffers where :meth:`_lean_path` holds;
+        ``with_info`` (only without a transform) also puts the info in the sample, as
+        TorchRL's ``sample`` would after ``_sample``."""
         storage = self.storage
         with _compat.replay_lock(self), _compat.write_lock(self):
             index, info = self.sampler.sample(storage, batch_size)
             info["index"] = index
             # Samplers may hand back a 1-tuple of coordinates for a 1-D storage.
             rows = index[0] if isinstance(index, tuple) and len(index) == 1 else index
-            data = _gather_sample(storage, index, rows, info)
+            data = _gather_sample(storage, index, rows, info if with_info else {})
         data = _compat.collate(self, data)
-        if self._has_transform():
+        if not with_info and self._has_transform():  # with_info: sample() found no transform
             with data.unlock_():
                 data = self.transform(data)
         return data, info
@@ -357,9 +362,12 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
 
     @makes_kept_tensors
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """TorchRL's ``load_state_dict``; also restores ``"_torchrl_ext"`` when present."""
+        """TorchRL's ``load_state_dict``; also restores ``"_torchrl_ext"`` when present. A sampler
+        or writer state that does not fit raises a ``ValueError`` before anything changes."""
         state_dict = dict(state_dict)
         extra = state_dict.pop("_torchrl_ext", None)
+        self._try_on_copies(lambda part, name: part.load_state_dict(state_dict[f"_{name}"]),
+                            lambda name: f"state_dict['_{name}']")
         super().load_state_dict(state_dict)
         if extra is not None:
             self._load_extra_state(extra)
@@ -394,27 +402,28 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
         state = None
         if (folder / _EXTRA_METADATA).is_file():
             state = load_state(folder, tensors_file=_EXTRA_TENSORS, metadata_file=_EXTRA_METADATA)
-        self._try_loads_on_copies(folder)
+        # A missing file is skipped here: TorchRL's loads names it.
+        self._try_on_copies(lambda part, name: (folder / name).exists() and part.loads(folder / name),
+                            lambda name: folder / name)
         super().loads(folder)
         if state is not None:
             with _compat.replay_lock(self):
                 self._load_extra_state(state)
 
-    def _try_loads_on_copies(self, folder: Path) -> None:
-        """Loads the sampler's and writer's files into copies of them (sharing the storage),
-        so a file they refuse raises before TorchRL's ``loads`` has replaced the storage."""
+    def _try_on_copies(self, load: Callable[[Any, str], Any], source: Callable[[str], Any]) -> None:
+        """``load(copy, name)`` the sampler's and writer's saved state into copies of them (sharing
+        the storage): TorchRL loads the storage first, so a state they refuse must raise before."""
         shared = {id(self): self, id(self.storage): self.storage}
         for name, part in (("sampler", self.sampler), ("writer", self.writer)):
-            if not (folder / name).exists():
-                continue  # TorchRL's loads names what is missing
             try:
                 trial = copy.deepcopy(part, memo=dict(shared))
             except Exception:  # a part that cannot be copied is loaded as TorchRL would
                 continue
             try:
-                trial.loads(folder / name)
+                load(trial, name)
             except Exception as err:
                 raise ValueError(
-                    f"{folder / name} cannot be loaded into this buffer's {type(part).__name__} "
-                    f"({err}); the buffer is unchanged. Build the buffer as the saved one was built."
+                    f"{source(name)} cannot be loaded into this buffer's {type(part).__name__} "
+                    f"({type(err).__name__}: {err}); the buffer is unchanged. Build the buffer as "
+                    "the saved one was built."
                 ) from err

@@ -133,18 +133,7 @@ class _EpochMinibatchSampler(StateFiles, Sampler):
         return filled, threads
 
     def _new_epoch(self, count: int) -> None:
-        if self._injected is not None:
-            order = self._injected
-            self._injected = None
-            if order.numel() != count or not torch.equal(order.sort().values, torch.arange(count)):
-                raise ValueError(
-                    f"the injected permutation must hold each of the {count} {self.unit_name}s "
-                    "once."
-                )
-        elif self.shuffle:
-            order = torch.randperm(count, generator=_compat.generator(self))
-        else:
-            order = torch.arange(count)
+        # Every check before the injected permutation is used up: a refused epoch keeps it.
         if self.num_mini_batch is not None and self.num_mini_batch > count:
             raise ValueError(
                 f"num_mini_batch={self.num_mini_batch} is larger than the {count} "
@@ -156,6 +145,18 @@ class _EpochMinibatchSampler(StateFiles, Sampler):
                 f"mini_batch_size={size} is larger than the {count} {self.unit_name}s of the "
                 "rollout and drop_last=True leaves no minibatch."
             )
+        if self._injected is not None:
+            order = self._injected
+            if order.numel() != count or not torch.equal(order.sort().values, torch.arange(count)):
+                raise ValueError(
+                    f"the injected permutation must hold each of the {count} {self.unit_name}s "
+                    "once; call set_permutation() with such a permutation."
+                )
+            self._injected = None
+        elif self.shuffle:
+            order = torch.randperm(count, generator=_compat.generator(self))
+        else:
+            order = torch.arange(count)
         if self.drop_last:  # HARL: equal sizes, the leftover units unused this epoch
             order = order[: count - count % (size or self.num_mini_batch)]
         if size is None:

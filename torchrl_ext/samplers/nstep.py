@@ -160,6 +160,14 @@ class NStepSampler(StatelessSampler):
         stored = streams.stored()
         if stored == 0:
             raise RuntimeError("Cannot sample from an empty storage.")
+        # A frame-stacking ring cannot read each env's oldest steps: they are stored, not drawn.
+        lookback = getattr(storage, "required_lookback", 0)
+        if lookback and not (storage.size_array > lookback).any():
+            raise ValueError(
+                f"no env holds a step to start a transition from after ignoring {lookback} earliest "
+                f"steps, whose frame stacks the storage cannot rebuild (steps per env: "
+                f"{storage.sizes.tolist()}); add more data."
+            )
         if stored < batch_size:
             raise ValueError(
                 f"{type(self).__name__} needs at least batch_size={batch_size} stored transitions, "

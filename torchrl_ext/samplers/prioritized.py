@@ -28,6 +28,7 @@ from torchrl_ext._checks import (
 from torchrl_ext.io.state_files import StateFiles, load_json
 from torchrl_ext.samplers._priority_tree import PrioritySegmentTree, reduce_per_item
 from torchrl_ext.segment_tree import INT_DTYPES
+from torchrl_ext.storages.ring import EnvRingStorage
 
 __all__ = ["SHARING_REFUSED", "PrioritizedSampler", "PrioritizedSamplerWithoutReplacement"]
 
@@ -69,7 +70,8 @@ class PrioritizedSampler(StateFiles, _TorchRLPrioritizedSampler):
     Index ``i`` is drawn with probability :math:`(p_i + \epsilon)^\alpha / \sum_j
     (p_j + \epsilon)^\alpha`. New data gets ``default_priority``: the largest
     raw priority seen (or, with ``max_priority_within_buffer=True``, the
-    largest one still in the buffer), and at least ``initial_priority``.
+    largest one still in the buffer), or ``initial_priority`` before there is
+    one: TorchRL's rule, where that is 1.0.
 
     Args:
         max_capacity: capacity of the storage.
@@ -89,8 +91,8 @@ class PrioritizedSampler(StateFiles, _TorchRLPrioritizedSampler):
             is a CUDA device, else the CPU.
 
     Keyword Args:
-        initial_priority: lower bound of the priority given to new data.
-            Defaults to 1.0.
+        initial_priority: priority given to new data while no priority is known
+            (seen, or stored with ``max_priority_within_buffer``). Defaults to 1.0.
         weights: importance-weight convention written to ``priority_weight``.
             ``"per"`` (default): :math:`w_i = (N P_i)^{-\beta} / \max_j w_j =
             (p_i / p_{\min})^{-\beta}`. ``"alf"``: ALF's
@@ -215,6 +217,15 @@ class PrioritizedSampler(StateFiles, _TorchRLPrioritizedSampler):
         "_tree", "The sum tree of the transformed priorities ``(p + eps) ** alpha`` (read it, do not write it)."
     )
 
+    def _check_storage(self, storage: Storage) -> None:
+        """Refuses per-env rings (``EnvRingReplayBuffer`` asks when it is built): one priority
+        per stored row cannot index their ``(env, position)`` steps."""
+        if isinstance(storage, EnvRingStorage):
+            raise TypeError(
+                f"{type(self).__name__} keeps a priority per row of a tensor storage, got an "
+                "EnvRingStorage; for per-env rings use PrioritizedTrajectorySampler."
+            )
+
     def _trees_follow_storage(self, storage: Storage) -> None:
         """Without a ``device`` given, trees follow a CUDA storage (rebuilt empty on it before
         the first sample), as TorchRL's sampler does; any other storage keeps them on the CPU."""
@@ -228,10 +239,11 @@ class PrioritizedSampler(StateFiles, _TorchRLPrioritizedSampler):
 
     @property
     def default_priority(self) -> float:
-        """Raw priority given to new data: ``max(max priority, initial_priority)``."""
-        return max(self._max_raw_priority(), self._initial_priority)
+        """Raw priority given to new data: the max priority, or ``initial_priority`` before one."""
+        largest = self._max_raw_priority()
+        return self._initial_priority if largest == -math.inf else largest
 
-    initial_priority = read_only("_initial_priority", "Lower bound of the priority given to new data.")
+    initial_priority = read_only("_initial_priority", "Priority given to new data while no priority is known.")
     weights = read_only("_weights", 'Importance-weight convention, ``"per"`` or ``"alf"``.')
 
     beta = CheckedSetting(

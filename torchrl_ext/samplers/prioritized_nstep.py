@@ -34,8 +34,8 @@ class PrioritizedNStepSampler(PrioritizedSampler):
 
     A stored step ``i`` (one cell of the ``[T, num_envs]`` storage) starts a
     transition with probability :math:`(p_i + \epsilon)^\alpha / \sum_j (p_j +
-    \epsilon)^\alpha`; new steps get the largest priority seen so far (at
-    least ``initial_priority``), as with
+    \epsilon)^\alpha`; new steps get the largest priority seen so far (or
+    ``initial_priority`` before one), as with
     :class:`~torchrl_ext.samplers.PrioritizedSampler`, of which this is a
     subclass: TorchRL's buffers write new data's priority through
     ``mark_update`` and priorities back through ``update_priority`` /

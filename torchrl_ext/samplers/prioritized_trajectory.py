@@ -171,28 +171,31 @@ class PrioritizedTrajectorySampler(StateFiles, TrajectorySampler):
         if seen is not None and (seen[0]() is not storage or seen[1] != storage.load_count):
             replaced[:] = True
         self._seen_source = (weakref.ref(storage), storage.load_count)
+        # Before choosing how to update the leaves: on every path, a slot written since the
+        # last sync holds a new step, which must not inherit the overwritten step's priority.
+        self._stored.view(storage.num_envs, -1)[replaced] = _UNSET
+        kept, length = (~replaced).nonzero().squeeze(1), storage.max_length
+        p0, p1 = self._seen[0, kept], now[0, kept]
+        written = _leaves_of(kept, torch.maximum(p0, p1 - length), p1 - 1, length)
+        self._stored[written] = _UNSET
         if geometry != self._seen_geometry or bool(replaced.any()):
-            cleared = replaced.nonzero().squeeze(1)
-            self._stored.view(storage.num_envs, -1)[cleared] = _UNSET
             self._rebuild(storage)
         else:
             changed = (now != self._seen).any(0).nonzero().squeeze(1)
             if changed.numel():
-                self._advance(storage, changed)
+                self._advance(storage, changed, written)
         self._seen, self._seen_geometry = now, geometry
 
     def _valid_bounds(self, pos: torch.Tensor, size: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return pos - size + self._ignored, pos - self._batch_length
 
-    def _advance(self, storage: EnvRingStorage, env: torch.Tensor) -> None:
+    def _advance(self, storage: EnvRingStorage, env: torch.Tensor, written: torch.Tensor) -> None:
+        """Leaves of the ``env`` that moved on; ``written`` are the slots :meth:`_sync` found rewritten."""
         length = storage.max_length
         p0, s0 = self._seen[0, env], self._seen[1, env]
         p1, s1 = storage.positions[env], storage.sizes[env]
         a0, b0 = self._valid_bounds(p0, s0)
         a1, b1 = self._valid_bounds(p1, s1)
-        # Slots of positions written since the last sync now hold new steps.
-        written = _leaves_of(env, torch.maximum(p0, p1 - length), p1 - 1, length)
-        self._stored[written] = _UNSET
         # Starts that left the valid range and whose slot still holds them.
         left = _leaves_of(env, torch.maximum(a0, p1 - length), torch.minimum(a1, b0 + 1) - 1, length)
         zeros = torch.cat([written, left])

@@ -45,8 +45,9 @@ class TrajectorySampler(StatelessSampler):
     Envs take turns: with ``k`` eligible envs each gets ``batch_size // k``
     windows and ``batch_size % k`` distinct random envs one more. Without
     replacement (the default, as in ALF) the windows of one env come from
-    disjoint integer strata of its valid starts, so they are distinct whenever
-    the env has at least as many valid starts as windows.
+    disjoint integer strata of its randomly rotated valid starts, so they are
+    distinct whenever the env has at least as many valid starts as windows,
+    and each valid start of an env is equally likely.
 
     Args:
         batch_length: steps per window ``T``.
@@ -184,34 +185,39 @@ class TrajectorySampler(StatelessSampler):
         """``n`` (env, start) pairs, envs balanced over ``eligible`` (the arrays :meth:`sample` computes),
         each start among its env's last ``starts`` valid ones.
 
-        With replacement: ``floor(r * starts)``. Without: env ``e``'s ``j``-th of
-        ``m`` windows lies in the integer stratum ``[j * starts // m, (j + 1) *
-        starts // m)``, so the starts of one env are distinct whenever
-        ``starts >= m`` (ALF cuts ``[0, 1)`` into real strata, and neighbouring
-        strata can then share a start). With fewer starts than windows the
-        strata are real-valued as in ALF.
+        With replacement: ``floor(r * starts)``. Without, when ``starts >= m``: env
+        ``e``'s ``j``-th of ``m`` windows lies in the integer stratum ``[j * starts
+        // m, (j + 1) * starts // m)``, rotated by ``floor(u * starts)`` (mod
+        ``starts``) with one ``u`` per env, so its starts are distinct (ALF cuts
+        ``[0, 1)`` into real strata, and neighbouring strata can then share a
+        start) and each is drawn with probability ``m / starts`` (unrotated,
+        the starts of the narrower strata would be likelier). With fewer starts
+        than windows the strata are real-valued as in ALF.
         """
         k = eligible.size
         rounds, extra = divmod(n, k)
-        env = np.tile(eligible, rounds)
+        slot = np.tile(np.arange(k), rounds)  # each window's env, as a position in eligible
         stratum = np.repeat(np.arange(rounds), k)
         strata = np.full(k, rounds, dtype=np.int64)
         if extra:
             chosen = torch.randperm(k, generator=_compat.generator(self))[:extra].numpy()
-            env = np.concatenate([env, eligible[chosen]])
+            slot = np.concatenate([slot, chosen])
             stratum = np.concatenate([stratum, np.full(extra, rounds, dtype=np.int64)])
             strata[chosen] += 1
-        r = torch.rand(env.size, dtype=torch.float64, generator=_compat.generator(self)).numpy()
-        per_env = np.zeros(count.size, dtype=np.int64)
-        per_env[eligible] = strata
-        windows = per_env[env]
+        env, windows = eligible[slot], strata[slot]
+        # One draw: an offset per window, then (without replacement) a rotation per env.
+        r = torch.rand(slot.size + (0 if self.with_replacement else k), dtype=torch.float64,
+                       generator=_compat.generator(self)).numpy()
+        r, turn = r[:slot.size], r[slot.size:]
         starts = count[env] if cap is None else np.minimum(count[env], cap)
         if self.with_replacement:
             offset = np.minimum((r * starts).astype(np.int64), starts - 1)  # r >= 0: truncation floors
         else:
             low = stratum * starts // windows
             width = (stratum + 1) * starts // windows - low
-            spread = low + (r * width).astype(np.int64)
+            # Strata of unequal width favour the starts in the narrow ones; a rotation shared
+            # by the env's windows evens that out and, being a bijection, keeps them distinct.
+            spread = (low + (r * width).astype(np.int64) + (turn[slot] * starts).astype(np.int64)) % starts
             shared = np.minimum(((r + stratum) * starts / windows).astype(np.int64), starts - 1)
-            offset = np.where(width > 0, spread, shared)
+            offset = np.where(starts >= windows, spread, shared)
         return torch.from_numpy(env), torch.from_numpy(offset + latest[env] - (starts - 1))

@@ -400,6 +400,11 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
 
     @makes_kept_tensors
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if "dedup" not in state_dict:  # refused before the ring loads the data and cursors
+            raise ValueError(
+                f"the checkpoint has no frame tables ('dedup'), which this {type(self).__name__} "
+                "needs: it was saved by another storage; build the storage as the saved one was built."
+            )
         super().load_state_dict(state_dict)
         dedup = state_dict["dedup"]
         tables = dedup["tables"] or []

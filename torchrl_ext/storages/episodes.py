@@ -343,6 +343,12 @@ class EpisodicEnvRingStorage(EnvRingStorage):
 
     @makes_kept_tensors
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if "episodes" not in state_dict:  # refused before the ring loads the data and cursors
+            raise ValueError(
+                f"the checkpoint has no episode index ('episodes'), which this {type(self).__name__} "
+                "needs: it was saved without one (e.g. by alf_replay_buffer without "
+                "keep_episodic_info); build the storage as the saved one was built."
+            )
         super().load_state_dict(state_dict)
         for dest, src in zip(self._episode_index(), state_dict["episodes"]):
             dest.copy_(src)

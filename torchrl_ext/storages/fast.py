@@ -24,7 +24,8 @@ A shape or dtype change, which TorchRL refuses deep inside ``index_put``, is ref
 before anything is copied with a :class:`StorageLayoutError` naming the key and the fix.
 
 ``strict=True`` also refuses what TorchRL accepts silently (a new or missing key, a batch
-larger than the capacity), for code that wants every write to match the first.
+larger than the capacity), for code that wants every write to match the first. Both checks
+hold for multi-dim storages too, whose writes then go to TorchRL.
 
 A drop-in: swap ``LazyTensorStorage`` for :class:`FastTensorStorage` (or
 ``LazyMemmapStorage`` for :class:`FastMemmapStorage`), keep everything else.
@@ -109,18 +110,20 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
         self._note_layout()
 
     def _note_layout(self) -> None:
-        """Records what the read paths need to know of the stored structure (lazy stacks,
-        batch dims items keep): after the first write, a load, and TorchRL's own writes. Only
-        1-D storages read through those paths: a multi-dim one (every write of which goes to
-        TorchRL) skips the walk."""
-        if self.ndim != 1:
-            return
+        """Records what the write checks and read paths need to know of the stored structure
+        (lazy stacks, batch dims items keep): after the first write, a load, and TorchRL's own
+        writes. Only 1-D storages read through those paths: a multi-dim one skips that walk."""
         stored = _compat.stored_data(self)
         self._lazy_stacked = has_lazy_stack(stored)
-        self._item_shapes = (
-            item_batch_shapes(stored, 1) if isinstance(stored, TensorDictBase) and not self._lazy_stacked
-            else NO_ITEM_SHAPES
-        )
+        if self.ndim == 1:
+            self._item_shapes = (
+                item_batch_shapes(stored, 1) if isinstance(stored, TensorDictBase) and not self._lazy_stacked
+                else NO_ITEM_SHAPES
+            )
+
+    #: TorchRL's, keeping a copy of the last written row: with ``compilable=True`` it keeps a
+    #: view into the caller's cursor (the index ``extend`` returned) and ``fill_``s it later.
+    _set_last_cursor = _compat.set_last_cursor_copied
 
     def _torchrl_path(self) -> bool:
         """Whether reads and writes go to TorchRL's own code: multi-dim storages, stored lazy
@@ -144,14 +147,14 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
             # written (its checkpointer then fails on the next dumps()), and a first write
             # of no rows fails in its lazy allocation (IndexError).
             return
-        if has_lazy_stack(data) or self._torchrl_path():
+        if has_lazy_stack(data) or self._lazy_stacked:
             leaves = _TORCHRL_WRITE
         else:
             written = cursor  # what the writer advanced for: a refused write rewinds all of it
-            if not self.strict:
+            if not self.strict and self.ndim == 1:
                 cursor, data = _newest_rows(cursor, data, self.max_size)
             leaves = self._checked_leaves(cursor, data, written)
-        if leaves is _TORCHRL_WRITE:
+        if leaves is _TORCHRL_WRITE or self.ndim != 1:  # checked: TorchRL writes multi-dim storages
             super().set(cursor, data, set_cursor=set_cursor)
             self._note_layout()
             return
@@ -240,7 +243,7 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
         try:
             return self._check_matches_storage(cursor, data)
         except (TypeError, ValueError):
-            self._rewind_writers(cursor if written is None else written)
+            self._rewind_writers(cursor if written is None else written, data)
             raise
 
     def _copy_ranges(self, leaves: list[tuple[torch.Tensor, torch.Tensor]], ranges: list[tuple[int, int, int, int]],
@@ -262,26 +265,37 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
             _compat.set_length(self, min(len(self) + sum(stop - start for start, stop, _, _ in ranges), self.max_size))
         _compat.bump_mutation_revision(self)
 
-    def _rewind_writers(self, cursor: Any) -> None:
-        """Moves back the cursor of a TorchRL writer that advanced for a write refused here.
+    def _rewind_writers(self, cursor: Any, data: Any) -> None:
+        """Moves back the cursor of a TorchRL writer that advanced for a write of ``data``
+        refused here.
 
         TorchRL's ``RoundRobinWriter`` moves its cursor and write count before the storage
         sees the data; left there, the next write would skip rows and expose never-written
         ones as stored data. Only a writer whose cursor sits exactly past this write moves.
         """
         if isinstance(cursor, torch.Tensor) and cursor.ndim == 1 and cursor.numel() > 0:
-            start, count = int(cursor[0]), cursor.numel()
+            start, count, data_dims = int(cursor[0]), cursor.numel(), 1
         elif isinstance(cursor, int) and not isinstance(cursor, bool):
-            start, count = cursor, 1
+            start, count, data_dims = cursor, 1, 0
         else:
             return
+        rows = self._rows(data, data_dims)[0]
         for entity in _compat.attached_entities(self):
             writer = getattr(entity, "writer", None)
             if not isinstance(writer, RoundRobinWriter) or _compat.writer_storage(writer) is not self:
                 continue
-            if _compat.writer_cursor(writer) == (start + count) % self.max_size \
-                    and _compat.write_count(writer) >= count:
+            if _compat.writer_cursor(writer) == (start + count) % rows and _compat.write_count(writer) >= count:
                 _compat.set_writer_cursor(writer, start, written=-count)
+
+    def _rows(self, data: Any, data_dims: int) -> tuple[int, int]:
+        """``(rows, items per row)`` of the storage along dim 0, the ring its writers' cursors
+        run round. A row of a multi-dim storage holds the items of its other dims (envs); before
+        the first write they are read off ``data`` (past its first ``data_dims`` dims) and
+        ``max_size`` is rounded up to whole rows, as TorchRL allocates it."""
+        if self.ndim == 1:
+            return self.max_size, 1
+        row = self.shape[1:] if self.initialized else data.shape[data_dims:data_dims + self.ndim - 1]
+        return -(self.max_size // -row.numel()), row.numel()
 
     def _check_matches_storage(self, cursor: Any, data: Any) -> Any:
         """Raises before any copy if ``data`` does not fit what is stored.
@@ -291,49 +305,63 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
         differ in a storage that is not strict (TorchRL's ``set`` then adds or skips them);
         else ``None``.
         """
-        single = isinstance(cursor, int) and not isinstance(cursor, bool)
-        if self.strict and not single and hasattr(data, "shape") and data.ndim and len(data) > self.max_size:
-            raise StorageLayoutError(
-                f"cannot write a batch of {len(data)} items into a storage of capacity "
-                f"{self.max_size}; extend in chunks of at most {self.max_size} (or keep the "
-                f"newest: data[-{self.max_size}:]), or build the storage with strict=False, "
-                "which keeps the newest as TorchRL does."
-            )
+        dims = _cursor_dims(cursor)
+        if dims is None:  # a cursor with `...` or None: TorchRL's indexing decides
+            return None
+        addressed, written = dims
+        if self.strict and written and hasattr(data, "shape"):
+            items = data.shape[:written + self.ndim - addressed].numel()
+            rows, per_row = self._rows(data, written)
+            if items > rows * per_row:
+                chunk = (f"{rows} (or keep the newest: data[-{rows}:])" if self.ndim == 1
+                         else f"{rows} rows along dim 0 ({per_row} items each)")
+                raise StorageLayoutError(
+                    f"cannot write a batch of {items} items into a storage of capacity {rows * per_row}; "
+                    f"extend in chunks of at most {chunk}, or build the storage with strict=False, "
+                    "which keeps the newest as TorchRL does."
+                )
         if not self.initialized:
-            _refuse_non_tensors(data, type(self).__name__)
+            if self.ndim == 1:  # a multi-dim storage's reads are TorchRL's, which read non-tensors
+                _refuse_non_tensors(data, type(self).__name__)
             return None
         # Numpy views of a [N] batch matching the stored leaves exactly: the layout check and
         # the copies in a fraction of torch's calls.
-        columns = None if single else self._columns_of(data)
+        columns = None if written != 1 else self._columns_of(data)
         pairs = None if columns is None else matching_arrays(data, columns, data.shape[0])
         if pairs is not None:
             return pairs
         # Read each time: a load_state_dict can add leaves to the same stored TensorDict.
-        expected = _layout(_compat.stored_data(self), item_dims=1)
-        got = _layout(data, item_dims=0 if single else 1)
-        if got is None:
-            _refuse_non_tensors(data, type(self).__name__)
+        stored = _compat.stored_data(self)
+        expected = _layout(stored, item_dims=addressed)
+        got = _layout(data, item_dims=written)
         if got is None or expected is None:
+            if self.ndim == 1:
+                _refuse_non_tensors(data, type(self).__name__)
             return None
         if got != expected:
             _check_common_keys(expected, got)
             if self.strict:
                 _raise_key_mismatch(expected, got, " (or with strict=False, which adds and skips keys as TorchRL does)")
-            self._zero_unwritten_rows(cursor, expected.keys() - got.keys())
+            if addressed == 1:
+                self._zero_unwritten_rows(cursor, expected.keys() - got.keys())
             return _TORCHRL_WRITE
-        stored = _compat.stored_data(self)
         if isinstance(data, torch.Tensor):
             return [(stored, data)]
         return [(stored.get(key), leaf) for key, leaf in leaf_items(data)]
 
     def _zero_unwritten_rows(self, cursor: Any, keys: Any) -> None:
-        """Zeroes the stored ``keys`` at the rows of ``cursor`` never written (past the filled
-        part): a write without them leaves them as they were, which there is uninitialised
-        memory. Rows written before keep their values, as in TorchRL."""
+        """Zeroes the stored ``keys`` at the rows along dim 0 that ``cursor`` addresses and that
+        were never written (past the filled part): a write without them leaves them as they
+        were, which there is uninitialised memory. Rows written before keep their values, as
+        in TorchRL."""
         if not keys:
             return
+        if isinstance(cursor, slice):
+            cursor = range(*cursor.indices(self._rows(None, 0)[0]))
         rows = torch.as_tensor(cursor).reshape(-1)
-        rows = rows[rows >= len(self)]
+        if rows.dtype in (torch.bool, torch.uint8):
+            rows = rows.nonzero().reshape(-1)  # a mask: the rows it picks
+        rows = rows[rows >= _compat.filled_rows(self)]
         if rows.numel():
             stored = _compat.stored_data(self)
             for key in keys:
@@ -402,6 +430,25 @@ def _shares_memory(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.device == b.device:
         return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
     return False
+
+
+def _cursor_dims(cursor: Any) -> tuple[int, int] | None:
+    """``(storage dims, data dims)`` of a write at ``cursor``: how many leading dims of the
+    storage it addresses, and of the data that fills them (none for an int, one per slice,
+    the broadcast dims of index tensors and lists, one for a mask); ``None`` for ``...`` or
+    ``None`` in it."""
+    addressed = sliced = advanced = 0
+    for part in cursor if isinstance(cursor, tuple) else (cursor,):
+        if part is None or part is Ellipsis:
+            return None
+        if isinstance(part, slice):
+            addressed, sliced = addressed + 1, sliced + 1
+        elif isinstance(part, torch.Tensor) and part.dtype in (torch.bool, torch.uint8):
+            addressed, advanced = addressed + part.ndim, max(advanced, 1)
+        else:  # an int, index tensor, list or range
+            ndim = part.ndim if isinstance(part, torch.Tensor) else np.ndim(part)
+            addressed, advanced = addressed + 1, max(advanced, ndim)
+    return addressed, sliced + advanced
 
 
 def _ring_slices(start: int, n: int, capacity: int) -> list[tuple[int, int, int, int]]:

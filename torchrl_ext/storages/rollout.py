@@ -30,7 +30,7 @@ from torchrl_ext import _compat
 from torchrl_ext._checks import (
     bounds, check_int, is_int_tensor, makes_kept_tensors, read_only, resolve_time_dim,
 )
-from torchrl_ext._keys import has_leaf, next_key
+from torchrl_ext._keys import has_leaf, nested_key, next_key
 from torchrl_ext.io.state_files import (
     StateFilesCheckpointer,
     tensordict_from_state,
@@ -96,7 +96,10 @@ class RolloutStorage(PinnedOutputs, Storage):
         super().__init__(num_steps)
         self._num_steps = num_steps
         self._device = torch.device(device)
-        self._carry_keys = None if carry_keys is None else list(carry_keys)
+        if isinstance(carry_keys, str):
+            raise TypeError(f"carry_keys must be a list of keys, got carry_keys={carry_keys!r}; pass [{carry_keys!r}].")
+        self._carry_keys = None if carry_keys is None else [
+            nested_key(key, f"carry_keys[{i}]") for i, key in enumerate(carry_keys)]
         self._storage: TensorDictBase | None = None
         self._step_keys: set[Any] = set()
         self._step = 0
@@ -185,6 +188,8 @@ class RolloutStorage(PinnedOutputs, Storage):
     def _write_steps(self, steps: TensorDictBase) -> None:
         """Writes ``steps`` ``[L, N]`` into slots ``t ... t + L - 1`` (carried entries one later)."""
         length = steps.shape[0]
+        if length == 0:  # a block of no steps writes nothing, as every write of no rows
+            return
         if self._step + length > self._num_steps:
             raise RuntimeError(
                 f"the rollout holds {self._step} of num_steps={self._num_steps} steps and cannot "
@@ -291,9 +296,10 @@ class RolloutStorage(PinnedOutputs, Storage):
         _compat.bump_mutation_revision(self)
 
     def after_update(self) -> None:
-        """Copies the carried entries of slot ``T`` into slot 0 and restarts at step 0."""
+        """Copies the carried entries of the slot after the last inserted step (slot ``T`` after
+        a full rollout) into slot 0 and restarts at step 0."""
         if self._storage is not None:
-            last, first = self._storage[self._num_steps], self._storage[0]
+            last, first = self._storage[self._step], self._storage[0]
             for key in self._carry_keys:
                 first.set_(key, last.get(key))
         self._step = 0
@@ -312,11 +318,15 @@ class RolloutStorage(PinnedOutputs, Storage):
                 f"{key!r} must be shaped [T + 1, N, ...] = {list(data.batch_size)} + item dims, "
                 f"got {list(value.shape)}; pad the T computed rows with one bootstrap row."
             )
+        self.check_derived_key(key)
+        data.set(key, value.to(self._device))
+
+    def check_derived_key(self, key: Any) -> None:
+        """Refuses ``key`` for a derived entry when inserted steps write it (``ValueError``)."""
         if key in self._step_keys:
             raise ValueError(
                 f"{key!r} is written by inserted steps; store derived results under another key."
             )
-        data.set(key, value.to(self._device))
 
     def fill_next(self, key: Any = "state_value") -> None:
         """Sets ``("next", key)`` of steps ``0 ... T - 1`` to ``key`` of slots ``1 ... T``.

@@ -31,6 +31,7 @@ from torchrl.objectives.value import VTrace as _TorchRLVTrace
 
 from torchrl_ext import _compat
 from torchrl_ext._checks import check_reals
+from torchrl_ext._keys import nested_key, next_key
 from torchrl_ext.value import functional
 from torchrl_ext.value.normalizers import ValueNorm
 
@@ -55,10 +56,15 @@ class _Signals(NamedTuple):
     gamma: Tensor
     time_dim: int
     valid: Tensor | None
+    steps: Tensor | None  # steps_to_next_obs (gamma's exponent), in the reward's layout where it fits
 
 
 class _SignalsMixin:
     """Reads values and environment signals the way TorchRL's estimators do."""
+
+    def __init__(self, *, group_key: Any = None, **kwargs: Any) -> None:
+        # A key written in YAML arrives as a ListConfig, which TorchRL would keep as the key.
+        super().__init__(group_key=None if group_key is None else nested_key(group_key, "group_key"), **kwargs)
 
     def _read_signals(
         self,
@@ -66,7 +72,10 @@ class _SignalsMixin:
         params: TensorDictBase | None,
         target_params: TensorDictBase | None,
         time_dim: int | None,
+        next_value: Tensor | None = None,
     ) -> _Signals:
+        """The values and signals of ``tensordict``; given ``next_value`` (the bootstrap of TorchRL's
+        ``value_estimate``), no critic is called and ``value`` is None."""
         if tensordict.batch_dims < 1:
             raise ValueError(
                 "The input tensordict needs a time dimension, got batch_size="
@@ -77,11 +86,14 @@ class _SignalsMixin:
         if self.gamma.device != reward.device:
             self.gamma = self.gamma.to(reward.device)
         gamma = self.gamma
-        steps_to_next_obs = tensordict.get(keys.steps_to_next_obs, None)
-        if steps_to_next_obs is not None:
-            gamma = gamma ** steps_to_next_obs.view_as(reward)
+        steps = tensordict.get(keys.steps_to_next_obs, None)
+        if steps is not None:
+            # TorchRL views it as the reward; team-level steps with per-agent rewards cannot be.
+            steps = steps.view_as(reward) if steps.numel() == reward.numel() else steps
+            gamma = gamma ** steps
 
-        if self.value_network is not None:
+        value = None
+        if next_value is None and self.value_network is not None:
             if params is not None:
                 params = params.detach()
                 if target_params is None:
@@ -104,15 +116,9 @@ class _SignalsMixin:
                 )
             if valid is not None:
                 tensordict.set("shifted_valid", valid)
-        else:
-            value = tensordict.get(keys.value, None)
-            next_value = tensordict.get(("next", keys.value), None)
-            for key, tensor in ((keys.value, value), (("next", keys.value), next_value)):
-                if tensor is None:
-                    raise ValueError(
-                        f"The tensor with key {key} is missing and no value network "
-                        "was given; pass value_network= or write the values first."
-                    )
+        elif next_value is None:
+            value = _stored(tensordict, keys.value)
+            next_value = _stored(tensordict, next_key(keys.value))
 
         time_dim = _compat.time_dim_of(self, time_dim, tensordict)
         valid = tensordict.get("shifted_valid", default=None)
@@ -120,7 +126,23 @@ class _SignalsMixin:
         done = data.get(("next", keys.done))
         terminated = data.get(("next", keys.terminated), default=done)
         reward = data.get(("next", keys.reward))
-        return _Signals(value, next_value, reward, done, terminated, gamma, time_dim, valid)
+        return _Signals(value, next_value, reward, done, terminated, gamma, time_dim, valid, steps)
+
+    def _team_signals(self, reward: Tensor, done: Tensor, terminated: Tensor, value: Tensor,
+                      agent_dim: int) -> tuple[Tensor, Tensor, Tensor]:
+        """``reward``, ``done``, ``terminated`` in ``value``'s shape: team-level ``[*B, T, 1]`` ones
+        are expanded over ``agent_dim`` to per-agent values."""
+        keys = self.tensor_keys
+        return tuple(  # type: ignore[return-value]
+            _broadcast_team_signal(tensor, value, agent_dim, next_key(key))
+            for tensor, key in ((reward, keys.reward), (done, keys.done), (terminated, keys.terminated))
+        )
+
+    def _team_gamma(self, sig: _Signals, value: Tensor, agent_dim: int) -> Tensor:
+        """``sig.gamma``, with ``gamma ** steps_to_next_obs`` expanded like a team-level reward."""
+        if sig.steps is None:
+            return sig.gamma
+        return self.gamma ** _broadcast_team_signal(sig.steps, value, agent_dim, self.tensor_keys.steps_to_next_obs)
 
     def _standardize(self, x: Tensor, tensordict: TensorDictBase, eps: float = 1e-4) -> Tensor:
         """``x`` standardized (unbiased std clamped to ``eps``), per group under ``group_key``."""
@@ -152,40 +174,49 @@ class _SignalsMixin:
         return tensordict
 
 
-class _TargetEstimate:
-    """Checked ``gamma`` / ``lmbda`` and ``value_estimate`` of an estimator whose ``_advantage(tensordict,
-    params, target_params, time_dim)`` returns ``(advantage, value_target, valid)``."""
+class _CheckedLambda:
+    """Checks ``gamma`` and ``lmbda`` before TorchRL stores them.
+
+    ``value_estimate`` is not shared here: TorchRL gives each estimator its own signature
+    (GAE's takes ``params``, TD(lambda)'s ``next_value``), so each class overrides its parent's."""
 
     def __init__(self, *, gamma: float | Tensor, lmbda: float | Tensor, value_network: Any, **kwargs: Any) -> None:
         check_reals("gamma", gamma, low=0.0, high=1.0)
         check_reals("lmbda", lmbda, low=0.0, high=1.0)
         super().__init__(gamma=gamma, lmbda=lmbda, value_network=value_network, **kwargs)
 
-    def value_estimate(
-        self,
-        tensordict: TensorDictBase,
-        params: TensorDictBase | None = None,
-        target_params: TensorDictBase | None = None,
-        time_dim: int | None = None,
-        **kwargs,
-    ) -> Tensor:
-        """Returns the value target without writing to ``tensordict``."""
-        if self.is_stateless and params is None:
-            raise RuntimeError("This estimator is stateless: pass params=.")
-        return self._advantage(tensordict, params, target_params, time_dim)[1]
+
+def _stored(tensordict: TensorDictBase, key: Any) -> Tensor:
+    """The values stored under ``key`` (``ValueError`` without them: there is no critic to call)."""
+    tensor = tensordict.get(key, None)
+    if tensor is None:
+        raise ValueError(
+            f"The tensor with key {key} is missing and no value network "
+            "was given; pass value_network= or write the values first."
+        )
+    return tensor
 
 
-def _broadcast_team_signal(tensor: Tensor, value: Tensor, agent_dim: int) -> Tensor:
-    """Expands a team-level signal ``[*B, T, 1]`` to per-agent ``[*B, T, A, 1]``."""
+def _broadcast_team_signal(tensor: Tensor, value: Tensor, agent_dim: int, key: Any) -> Tensor:
+    """Expands the team-level signal ``key`` ``[*B, T, 1]`` to per-agent ``[*B, T, A, 1]``."""
     if tensor.ndim == value.ndim:
         return tensor
     if tensor.ndim != value.ndim - 1:
         raise ValueError(
             "reward/done/terminated must have the value's shape (per-agent) or one "
             f"dim fewer (team-level, broadcast over agent_dim={agent_dim}); got "
-            f"signal shape {tuple(tensor.shape)} and value shape {tuple(value.shape)}."
+            f"signal shape {tuple(tensor.shape)} for {key!r} and value shape {tuple(value.shape)}."
         )
     dim = agent_dim % value.ndim
+    team = value.shape[:dim] + value.shape[dim + 1:]
+    if any(size not in (1, want) for size, want in zip(tensor.shape, team)):
+        # One dim short is also what a single-agent signal without its feature dim looks like.
+        fix = ("it lacks the trailing feature dim: pass it with .unsqueeze(-1)"
+               if tensor.shape == value.shape[:-1] else "give it one of these shapes")
+        raise ValueError(
+            f"{key!r} of shape {tuple(tensor.shape)} fits neither the value shape {tuple(value.shape)} "
+            f"(per-agent) nor that shape without agent_dim={agent_dim}, {tuple(team)} (team-level); {fix}."
+        )
     return tensor.unsqueeze(dim).expand(value.shape)
 
 
@@ -193,7 +224,7 @@ def _broadcast_team_signal(tensor: Tensor, value: Tensor, agent_dim: int) -> Ten
     ExtValueEstimators.EXT_GAE,
     default_kwargs={"gamma": 0.99, "lmbda": 0.95, "differentiable": True},
 )
-class GAE(_SignalsMixin, _TargetEstimate, _TorchRLGAE):
+class GAE(_SignalsMixin, _CheckedLambda, _TorchRLGAE):
     """Generalized advantage estimation, a faster drop-in for :class:`torchrl.objectives.value.GAE`.
 
     Reads ``value`` (or calls ``value_network``) at the root and under
@@ -205,7 +236,8 @@ class GAE(_SignalsMixin, _TargetEstimate, _TorchRLGAE):
     Shape contract: a tensordict of batch ``[*B, T]`` (``time_dim`` chooses T);
     values ``[*B, T, *F]``. Per-agent values ``[*B, T, A, 1]`` (nested keys such
     as ``("agents", "state_value")``) work with team-level signals
-    ``[*B, T, 1]``: they are broadcast over ``agent_dim``.
+    ``[*B, T, 1]`` (reward, done, terminated, ``steps_to_next_obs``): they
+    are broadcast over ``agent_dim``.
 
     Keyword Args:
         gamma (float or Tensor): discount in ``[0, 1]``.
@@ -256,11 +288,27 @@ class GAE(_SignalsMixin, _TargetEstimate, _TorchRLGAE):
         self.agent_dim = agent_dim
         self.value_normalizer = value_normalizer
 
+    def value_estimate(
+        self,
+        tensordict: TensorDictBase,
+        params: TensorDictBase | None = None,
+        target_params: TensorDictBase | None = None,
+        time_dim: int | None = None,
+        **kwargs,
+    ) -> Tensor:
+        """Returns the value target without writing to ``tensordict``."""
+        if self.is_stateless and params is None:
+            raise RuntimeError("This estimator is stateless: pass params=.")
+        return self._advantage(tensordict, params, target_params, time_dim)[1]
+
     def _prepare_signals(self, reward, done, terminated, value):
-        return tuple(self._broadcast_optional(t, value) for t in (reward, done, terminated))
+        return self._team_signals(reward, done, terminated, value, self._agents_at())
 
     def _broadcast_optional(self, tensor: Tensor, value: Tensor) -> Tensor:
-        return _broadcast_team_signal(tensor, value, -2 if self.agent_dim is None else self.agent_dim)
+        return _broadcast_team_signal(tensor, value, self._agents_at(), ("next", "truncated"))
+
+    def _agents_at(self) -> int:
+        return -2 if self.agent_dim is None else self.agent_dim
 
     def _normalize_advantage(self, adv, valid=None, groups=None):
         if self.agent_dim is None:
@@ -283,6 +331,7 @@ class GAE(_SignalsMixin, _TargetEstimate, _TorchRLGAE):
         reward, done, terminated = self._prepare_signals(
             sig.reward, sig.done, sig.terminated, sig.value
         )
+        gamma = self._team_gamma(sig, sig.value, self._agents_at())
         value, next_value = sig.value, sig.next_value
         if self.value_normalizer is not None:
             value = self.value_normalizer.denormalize(value)
@@ -293,10 +342,10 @@ class GAE(_SignalsMixin, _TargetEstimate, _TorchRLGAE):
             truncated = self._broadcast_optional(
                 tensordict.get(("next", "truncated")), value
             )
-            reward = reward + sig.gamma * value * truncated
+            reward = reward + gamma * value * truncated
             terminated = done
         advantage, value_target = functional.generalized_advantage_estimate(
-            sig.gamma,
+            gamma,
             self.lmbda,
             value,
             next_value,

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from enum import Enum
 from typing import Any
 
 from torchrl.objectives import LossModule
-from torchrl.objectives.utils import get_value_estimator_entry
+from torchrl.objectives.utils import ValueEstimators, get_value_estimator_entry
 from torchrl.objectives.value import ValueEstimatorBase
 
 from torchrl_ext import _compat
@@ -17,6 +18,8 @@ __all__ = ["make_value_estimator"]
 
 _REGISTERED = {GAE: ExtValueEstimators.EXT_GAE, VTrace: ExtValueEstimators.EXT_VTRACE,
                TDLambda: ExtValueEstimators.EXT_TD_LAMBDA}
+#: TorchRL's estimators of the same math: a loss wires them, and the wiring is taken over.
+_TWINS = {GAE: ValueEstimators.GAE, VTrace: ValueEstimators.VTrace, TDLambda: ValueEstimators.TDLambda}
 #: The loss keys TorchRL's policy-gradient losses hand their estimator (``make_value_estimator``).
 _LOSS_KEYS = ("advantage", "value", "value_target", "reward", "done", "terminated", "sample_log_prob")
 
@@ -65,15 +68,33 @@ def make_value_estimator(loss: LossModule, estimator: Any = "ext_gae", **hyperpa
     if hasattr(loss, "gamma"):
         settings["gamma"] = loss.gamma
     settings.update(hyperparams)
-    value_estimator = cls.for_loss(loss, **settings)
+    wiring = _torchrl_wiring(loss, cls, settings)
+    if wiring is None:  # the loss knows no TorchRL estimator of this math: a critic's usual wiring
+        value_estimator = cls.for_loss(loss, **settings)
+        keys = {name: getattr(loss.tensor_keys, name) for name in _LOSS_KEYS if hasattr(loss.tensor_keys, name)}
+    else:
+        networks, keys = wiring
+        value_estimator = cls(**networks, **settings)
     accepted = {field.name for field in dataclasses.fields(value_estimator.tensor_keys)}
-    value_estimator.set_keys(**{
-        name: getattr(loss.tensor_keys, name)
-        for name in _LOSS_KEYS if name in accepted and hasattr(loss.tensor_keys, name)
-    })
+    value_estimator.set_keys(**{name: key for name, key in keys.items() if name in accepted})
     _compat.set_value_estimator(loss, value_estimator)
     loss.value_type = cls
     return loss
+
+
+def _torchrl_wiring(loss: LossModule, cls: type, settings: dict[str, Any]) -> tuple[dict, dict] | None:
+    """The networks and keys ``loss`` gives TorchRL's estimator of ``cls``'s math (a DDPG loss
+    its actor-critic and ``state_action_value``, say), or ``None`` if it takes none."""
+    twin = _TWINS.get(cls)
+    if twin is None or twin not in getattr(loss, "SUPPORTED_VALUE_ESTIMATORS", ()):
+        return None
+    accepted = inspect.signature(get_value_estimator_entry(twin).cls.__init__).parameters
+    loss.make_value_estimator(twin, **{name: value for name, value in settings.items() if name in accepted})
+    reference = loss.value_estimator
+    networks = {"value_network": reference.value_network}
+    if twin is ValueEstimators.VTrace:
+        networks["actor_network"] = reference.actor_network
+    return networks, dataclasses.asdict(reference.tensor_keys)
 
 
 def _resolve(estimator: Any) -> tuple[type, dict[str, Any]]:

@@ -8,10 +8,10 @@ from torch import Tensor
 from torchrl.objectives.utils import register_value_estimator
 from torchrl.objectives.value import TDLambdaEstimator as _TorchRLTDLambda
 
+from torchrl_ext import _compat
+from torchrl_ext._keys import next_key
 from torchrl_ext.value import functional
-from torchrl_ext.value.estimators import (
-    ExtValueEstimators, _broadcast_team_signal, _SignalsMixin, _TargetEstimate,
-)
+from torchrl_ext.value.estimators import ExtValueEstimators, _CheckedLambda, _SignalsMixin, _stored
 
 __all__ = ["TDLambda"]
 
@@ -20,7 +20,7 @@ __all__ = ["TDLambda"]
     ExtValueEstimators.EXT_TD_LAMBDA,
     default_kwargs={"gamma": 0.99, "lmbda": 0.95, "differentiable": True},
 )
-class TDLambda(_SignalsMixin, _TargetEstimate, _TorchRLTDLambda):
+class TDLambda(_SignalsMixin, _CheckedLambda, _TorchRLTDLambda):
     """TD(lambda) returns, a drop-in for :class:`torchrl.objectives.value.TDLambdaEstimator`.
 
     Same keys (``set_keys``), value-network calling and ``for_loss`` wiring as TorchRL's
@@ -54,19 +54,46 @@ class TDLambda(_SignalsMixin, _TargetEstimate, _TorchRLTDLambda):
         [2.25, 2.5, 3.0]
     """
 
-    def _advantage(self, tensordict: TensorDictBase, params: Any, target_params: Any,
-                   time_dim: int | None) -> tuple[Tensor, Tensor, Any]:
-        """``(advantage, value_target, valid)``: the advantage is ``value_target - value``."""
-        sig = self._read_signals(tensordict, params, target_params, time_dim)
+    def value_estimate(
+        self,
+        tensordict: TensorDictBase,
+        target_params: TensorDictBase | None = None,
+        next_value: Tensor | None = None,
+        time_dim: int | None = None,
+        **kwargs: Any,
+    ) -> Tensor:
+        """The TD(lambda) return of ``tensordict``, bootstrapped from ``next_value``, as TorchRL's.
+
+        Without ``next_value``, the value network is called on the next states alone (with
+        ``target_params`` when given); without a network the stored ``("next", value)`` is read.
+        The current states are never evaluated: value-based losses (``DQNLoss``, ``DDPGLoss``, ...)
+        call this with batches that hold only what their own bootstrap needs. With
+        ``average_rewards`` the standardized rewards are written back, as TorchRL does.
+        """
+        if next_value is None:
+            next_value = (_stored(tensordict, next_key(self.tensor_keys.value)) if self.value_network is None
+                          else _compat.next_state_value(self, tensordict, target_params, kwargs))
+        elif not isinstance(next_value, Tensor):
+            raise TypeError(
+                f"next_value must be a tensor shaped like the values, got {type(next_value).__name__}; "
+                "pass the next states' values as a tensor, or None to evaluate them."
+            )
+        sig = self._read_signals(tensordict, None, None, time_dim, next_value=next_value)
         reward = sig.reward
         if self.average_rewards:
             reward = self._standardize(reward, tensordict)
-            if sig.valid is None:  # TorchRL writes them back, for code that reads them later
-                tensordict.set(("next", self.tensor_keys.reward), reward)
-        reward, done, terminated = (
-            _broadcast_team_signal(t, sig.value, -2) for t in (reward, sig.done, sig.terminated)
+            tensordict.set(next_key(self.tensor_keys.reward), reward)  # as TorchRL: later code reads them
+        reward, done, terminated = self._team_signals(reward, sig.done, sig.terminated, next_value, -2)
+        return functional.td_lambda_return_estimate(
+            self._team_gamma(sig, next_value, -2), self.lmbda, next_value, reward, done, terminated,
+            time_dim=sig.time_dim,
         )
-        value_target = functional.td_lambda_return_estimate(
-            sig.gamma, self.lmbda, sig.next_value, reward, done, terminated, time_dim=sig.time_dim
-        )
+
+    def _advantage(self, tensordict: TensorDictBase, params: Any, target_params: Any,
+                   time_dim: int | None) -> tuple[Tensor, Tensor, Any]:
+        """``(advantage, value_target, valid)`` as TorchRL's ``forward`` gets them: the target from
+        ``value_estimate`` on the shifted view, the advantage ``value_target - value``."""
+        sig = self._read_signals(tensordict, params, target_params, time_dim)
+        data = _compat.shifted_view(self, tensordict, sig.valid, sig.time_dim)
+        value_target = self.value_estimate(data, next_value=sig.next_value, time_dim=sig.time_dim)
         return value_target - sig.value, value_target, sig.valid
