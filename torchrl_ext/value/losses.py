@@ -76,7 +76,8 @@ def make_value_estimator(loss: LossModule, estimator: Any = "ext_gae", **hyperpa
         networks, keys = wiring
         value_estimator = cls(**networks, **settings)
     accepted = {field.name for field in dataclasses.fields(value_estimator.tensor_keys)}
-    value_estimator.set_keys(**{name: key for name, key in keys.items() if name in accepted})
+    # A key TorchRL leaves None is unset (and set_keys refuses None).
+    value_estimator.set_keys(**{name: key for name, key in keys.items() if name in accepted and key is not None})
     _compat.set_value_estimator(loss, value_estimator)
     loss.value_type = cls
     return loss
