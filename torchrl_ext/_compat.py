@@ -308,6 +308,8 @@ HOOKS: tuple[tuple[type, str], ...] = (
     (_ReplayBuffer, "_transpose"),  # a [T] rollout from one env
     (_TensorDictReplayBuffer, "_sample"),  # the buffer's one-layer sample
     (_TensorDictReplayBuffer, "_set_index_in_td"),  # "index" of ndim >= 2 storages
+    (_TensorDictReplayBuffer, "_get_priority_vector"),  # priorities checked before the reduction
+    (_TensorDictReplayBuffer, "_get_priority_item"),
     (_Sampler, "_empty"),
     (_PrioritizedSampler, "_empty"),
     (_PrioritizedSampler, "_init"),

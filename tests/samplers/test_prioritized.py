@@ -687,3 +687,37 @@ def test_sampler_used_inside_then_outside_inference_mode(inside_first):
             sampler.sample(storage, 64)
         reference[index] = 2.0 + step
     assert torch.equal(sampler.tree.leaves[:20000], reference)
+
+
+@pytest.mark.parametrize("reduction", ["max", "min", "mean", "median", "sum"])
+@pytest.mark.parametrize("bad", [-5.0, math.inf, math.nan])
+@pytest.mark.parametrize("how", ["tensordict", "prioritized", "update_priority", "ndim2"])
+def test_a_bad_agent_priority_is_refused_whatever_the_reduction(reduction, bad, how):
+    """Each agent's (or step's) priority is checked before it is reduced to one per item: a
+    ``max`` would hide a negative one, a ``min`` an infinite one. Nothing is written."""
+    from torchrl_ext.replay_buffers import PrioritizedReplayBuffer
+    from torchrl_ext.replay_buffers import TensorDictReplayBuffer as ExtTensorDictReplayBuffer
+
+    sampler = PrioritizedSampler(8, alpha=1.0, beta=1.0, eps=0.0, reduction=reduction)
+    if how == "prioritized":
+        rb = PrioritizedReplayBuffer(alpha=1.0, beta=1.0, eps=0.0, reduction=reduction,
+                                     storage=FastTensorStorage(8), batch_size=2)
+        sampler = rb.sampler
+    elif how == "ndim2":
+        rb = ExtTensorDictReplayBuffer(storage=FastTensorStorage(8, ndim=2), sampler=sampler, batch_size=2)
+    else:
+        rb = ExtTensorDictReplayBuffer(storage=FastTensorStorage(8), sampler=sampler, batch_size=2)
+    if how == "ndim2":
+        rb.extend(TensorDict({"x": torch.zeros(2, 2, 1)}, [2, 2]))
+        index = torch.tensor([[0, 0], [0, 1]])
+    else:
+        rb.extend(TensorDict({"x": torch.zeros(4, 1)}, [4]))
+        index = torch.tensor([0, 1])
+    leaves = sampler.tree.leaves.clone()
+    agents = torch.tensor([[bad, 6.0, 1.0], [0.5, 0.5, 0.5]])
+    with pytest.raises(ValueError, match="priority must be finite and >= 0"):
+        if how == "update_priority":
+            rb.update_priority(index, agents)
+        else:
+            rb.update_tensordict_priority(TensorDict({"index": index, "td_error": agents}, [2]))
+    assert torch.equal(sampler.tree.leaves, leaves)

@@ -345,3 +345,18 @@ def test_carry_keys_must_be_a_list_of_keys():
     with pytest.raises(TypeError, match=r"carry_keys\[0\] must be a key"):
         RolloutStorage(2, carry_keys=[3])
     assert RolloutStorage(2, carry_keys=[["agents", "hidden"], ["obs"]]).carry_keys == [("agents", "hidden"), "obs"]
+
+
+def test_a_first_step_whose_carried_entry_differs_is_refused_before_allocation():
+    """A carried key whose "next" entry has another shape would be allocated with the step's
+    shape and then fail when copied; refused first, the storage takes a good step after it."""
+    rollout = RolloutStorage(T)
+    bad = step(0)
+    bad["next", "state"] = torch.zeros(N, 6)
+    with pytest.raises(ValueError, match=r"carry key 'state' has shape \[3, 5\] but its 'next' entry \[3, 6\]"):
+        rollout.insert(bad)
+    assert rollout.step == 0 and rollout.carry_keys == []
+    with pytest.raises(RuntimeError, match="the rollout is empty"):
+        rollout.data  # noqa: B018 - nothing was allocated
+    rollout.insert(step(0))
+    assert rollout.step == 1

@@ -35,13 +35,16 @@ def alf_replay_buffer(
     step_type_key: Any = "step_type",
     generator: torch.Generator | None = None,
 ) -> EnvRingReplayBuffer:
-    """ALF's ``ReplayBuffer(data_spec, num_environments, max_length, ...)``, same arguments.
+    """ALF's ``ReplayBuffer(data_spec, num_environments, max_length, ...)``: ALF's arguments,
+    by keyword after ``max_length``, but ``data_spec`` (taken from the first batch written),
+    ``allow_multiprocess`` (:func:`~torchrl_ext.distributed.share_buffer` or Ray), and
+    ``enable_checkpoint`` / ``name`` (checkpoints are ``rb.dumps`` / ``rb.loads``).
 
     ``add_batch(batch, env_ids)`` becomes ``rb.extend(batch, env_ids=env_ids)``,
     ``get_batch(B, T)`` becomes ``rb.sample(B)`` with ``batch_length=T`` (or
     ``rb.sampler.batch_length = T``), ``get_field`` becomes ``rb.read`` and the
-    episode queries live on ``rb.storage``. The data spec is taken from the
-    first batch written. Differences from ALF are listed in docs/migrating.md.
+    episode queries live on ``rb.storage``. Differences from ALF are listed in
+    docs/migrating.md.
 
     Args:
         num_environments: number of env rings.

@@ -29,7 +29,7 @@ from torchrl.data import TensorDictReplayBuffer as _TorchRLTensorDictReplayBuffe
 from torchrl.data.replay_buffers.storages import Storage, TensorStorage
 
 from torchrl_ext import _compat
-from torchrl_ext._checks import check_int, is_int_tensor, makes_kept_tensors
+from torchrl_ext._checks import check_int, check_priorities, is_int_tensor, makes_kept_tensors
 from torchrl_ext._fastpath import fastpath_enabled
 from torchrl_ext.io.atomic_dir import atomic_save_dir, committed_dir, verify_checkpoint
 from torchrl_ext.io.state_files import load_state, save_state
@@ -93,6 +93,13 @@ def _info_entries(info: dict[Any, Any], batch: int) -> dict[Any, torch.Tensor]:
             value = torch.as_tensor(value)
         entries[key] = value.expand(batch) if value.ndim == 0 else value
     return entries
+
+
+def _check_unreduced(priority: Any) -> None:
+    """Checks every agent's or step's priority before TorchRL reduces them to one per item: a
+    ``max`` would hide a negative one, a ``min`` an infinite one."""
+    if isinstance(priority, torch.Tensor) and priority.numel() > 1 and priority.is_floating_point():
+        check_priorities("priority", priority.detach())
 
 
 def _gather_sample(storage: Any, index: Any, rows: Any, info: dict) -> Any:
@@ -309,6 +316,14 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
             with data.unlock_():
                 data = self.transform(data)
         return data, info
+
+    def _get_priority_vector(self, tensordict: TensorDictBase) -> torch.Tensor:
+        _check_unreduced(tensordict.get(self.priority_key, None))
+        return super()._get_priority_vector(tensordict)
+
+    def _get_priority_item(self, tensordict: TensorDictBase) -> Any:
+        _check_unreduced(tensordict.get(self.priority_key, None))
+        return super()._get_priority_item(tensordict)
 
     def _set_index_in_td(self, tensordict: TensorDictBase, index: Any) -> None:
         """Writes each extended item's storage coordinates under ``"index"``.

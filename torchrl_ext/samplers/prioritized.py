@@ -437,6 +437,8 @@ class PrioritizedSampler(StateFiles, _TorchRLPrioritizedSampler):
         if priority.ndim >= 1 and priority.shape[0] == n:
             if priority.ndim == 1:
                 return priority
+            if priority.numel():  # each agent's or step's: a reduction can hide a negative or inf one
+                check_priorities("priority", priority)
             return reduce_per_item(priority.reshape(n, -1), self.reduction)
         raise ValueError(
             f"priority of shape {tuple(priority.shape)} does not match {n} indices; pass "

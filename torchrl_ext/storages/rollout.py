@@ -247,21 +247,29 @@ class RolloutStorage(PinnedOutputs, Storage):
                 )
 
     def _allocate(self, step: TensorDictBase) -> None:
-        if self._carry_keys is None:
+        carry_keys = self._carry_keys
+        if carry_keys is None:
             nested_next = step.get("next", None)
-            self._carry_keys = [] if nested_next is None else [
+            carry_keys = [] if nested_next is None else [
                 key for key in nested_next.keys(True, True)
                 if has_leaf(step, key) and key != "next"
             ]
-        for key in self._carry_keys:
-            if step.get(next_key(key), None) is None:
+        for key in carry_keys:  # checked before anything is set: a bad first step changes nothing
+            carried = step.get(next_key(key), None)
+            if carried is None:
                 raise ValueError(f"carry key {key!r} is missing under 'next' of the step.")
+            if carried.shape != step.get(key).shape:
+                raise ValueError(
+                    f"carry key {key!r} has shape {list(step.get(key).shape)} but its 'next' entry "
+                    f"{list(carried.shape)}; the next step's entry is stored in the next slot, so "
+                    "give both the same shape."
+                )
         batch = (self._num_steps + 1, *step.batch_size)
         # Normal tensors even at a first step inserted inside torch.inference_mode(): inference
         # tensors refuse the in-place writes made outside it later.
         with torch.inference_mode(False):
             self._storage = step.to(self._device).unsqueeze(0).expand(batch).clone().zero_()
-        self._step_keys = _entry_keys(step)
+        self._step_keys, self._carry_keys = _entry_keys(step), carry_keys
 
     def write_rollout(self, data: TensorDictBase) -> None:
         """Replaces the rollout by ``data`` ``[L + 1, N]``: ``L`` filled steps and the slot after them.
