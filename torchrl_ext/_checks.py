@@ -27,6 +27,7 @@ __all__ = [
     "SHAPE_ERR",
     "CheckedSetting",
     "check_batch_size",
+    "check_device",
     "check_finite",
     "check_flag",
     "check_floating",
@@ -66,7 +67,20 @@ def check_int(name: str, value: Any, *, minimum: int, maximum: int | None = None
     ):
         bound = f"an int >= {minimum}" if maximum is None else f"an int in [{minimum}, {maximum}]"
         raise ValueError(f"{name} must be {bound}, got {name}={value!r}{_end(hint)}")
+    if value >= 2**62:  # sizes beyond what tensors index (torch would raise OverflowError)
+        raise ValueError(f"{name} must be below 2**62, got {name}={value!r}{_end(hint)}")
     return value
+
+
+def check_device(name: str, value: Any) -> torch.device:
+    """``value`` as a ``torch.device`` (a device, a string such as ``"cuda:0"`` or a CUDA index);
+    ``ValueError`` for a string torch cannot parse, ``TypeError`` for any other type."""
+    try:
+        return value if isinstance(value, torch.device) else torch.device(value)
+    except (RuntimeError, TypeError):
+        error = ValueError if isinstance(value, str) else TypeError
+        raise error(f"{name} must be a torch.device or a device string such as 'cpu' or 'cuda:0', "
+                    f"got {name}={value!r}.") from None
 
 
 def check_batch_size(batch_size: Any) -> int:

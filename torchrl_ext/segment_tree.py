@@ -40,7 +40,7 @@ from typing import Any, Sequence
 
 import torch
 
-from torchrl_ext._checks import bounds, check_indices, check_int, makes_kept_tensors, read_only
+from torchrl_ext._checks import bounds, check_device, check_indices, check_int, makes_kept_tensors, read_only
 
 __all__ = ["MaxSegmentTree", "MinSegmentTree", "SegmentTree", "SumSegmentTree"]
 
@@ -94,7 +94,7 @@ class SegmentTree:
         self._shift = fanout.bit_length() - 1
         self._top_size = top_size
         self._dtype = dtype
-        self._device = torch.device(device) if device is not None else torch.device("cpu")
+        self._device = check_device("device", "cpu" if device is None else device)
         sizes = [capacity]
         while sizes[-1] > top_size:
             sizes.append(-(-sizes[-1] // fanout))

@@ -184,7 +184,8 @@ class DemoDirPoller:
     """
 
     def __init__(self, store: DemoStore, directory: str | Path, frame_skip: int | None = None) -> None:
-        self.store, self.directory, self.frame_skip = store, Path(directory), frame_skip
+        self.store, self.directory = store, Path(directory)
+        self.frame_skip = None if frame_skip is None else _check_frame_skip(frame_skip)
         self.seen: set[str] = set()
 
     def poll(self) -> list[str]:

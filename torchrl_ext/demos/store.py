@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable, Literal, NamedTuple, Sequence
 import torch
 from torch import Tensor
 
-from torchrl_ext._checks import check_int, check_real, makes_kept_tensors
+from torchrl_ext._checks import check_device, check_int, check_real, makes_kept_tensors
 from torchrl_ext.demos._demo import (
     DEMO_KEYS,
     check_settings,
@@ -132,7 +132,7 @@ class DemoStore:
         self.max_demo_reward = -math.inf
         self.num_demos_to_save = num_demos_to_save
         self.generator = generator
-        self.device = torch.device(device)
+        self.device = check_device("device", device)
         self.id_factory = id_factory or (lambda: str(uuid.uuid4()))
         self.episodes_finished = 0
         self._reward_demos: list[dict[str, Any]] = []

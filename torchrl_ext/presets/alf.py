@@ -5,6 +5,7 @@ from typing import Any
 
 import torch
 
+from torchrl_ext._checks import check_int
 from torchrl_ext.replay_buffers.env_ring import EnvRingReplayBuffer
 from torchrl_ext.samplers.prioritized_trajectory import PrioritizedTrajectorySampler
 from torchrl_ext.samplers.trajectory import TrajectorySampler
@@ -68,6 +69,10 @@ def alf_replay_buffer(
         >>> rb.sample().shape
         torch.Size([3, 4])
     """
+    check_int("num_environments", num_environments, minimum=1)  # ALF's names in the messages
+    check_int("num_earliest_frames_ignored", num_earliest_frames_ignored, minimum=0)
+    if batch_size is not None:
+        check_int("batch_size", batch_size, minimum=1)
     if keep_episodic_info is None:
         keep_episodic_info = num_earliest_frames_ignored > 0
     if record_episodic_return and not keep_episodic_info:

@@ -67,6 +67,7 @@ def harl_rollout_buffer(
         >>> [tuple(batch.shape) for batch in rb]  # 6 chunks of 2 steps in 2 minibatches
         [(3, 2), (3, 2)]
     """
+    check_int("episode_length", episode_length, minimum=1)  # HARL's name in the message
     if use_recurrent_policy and use_naive_recurrent_policy:
         raise ValueError(
             "use_recurrent_policy and use_naive_recurrent_policy are exclusive; pick one."
@@ -150,6 +151,8 @@ def harl_off_policy_buffer(
         )
     check_int("buffer_size", buffer_size, minimum=1)
     check_int("n_rollout_threads", n_rollout_threads, minimum=1)
+    if batch_size is not None:
+        check_int("batch_size", batch_size, minimum=1)
     sampler = NStepSampler(n_step, gamma, agent_group=agent_group if state_type == "FP" else None)
     return EnvRingReplayBuffer(
         num_envs=n_rollout_threads,

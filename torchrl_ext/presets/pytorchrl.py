@@ -5,6 +5,7 @@ from typing import Any
 
 import torch
 
+from torchrl_ext._checks import check_int
 from torchrl_ext.replay_buffers.on_policy import OnPolicyReplayBuffer, VTraceReplayBuffer
 
 __all__ = ["pytorchrl_on_policy_buffer"]
@@ -64,6 +65,7 @@ def pytorchrl_on_policy_buffer(
         >>> type(rb).__name__, rb.rho_thresh
         ('VTraceReplayBuffer', 0.8)
     """
+    check_int("size", size, minimum=1)  # pytorchrl's name in the message
     common = dict(gamma=gamma, gamma_intrinsic=gamma_intrinsic, recurrent=recurrent,
                   num_mini_batch=num_mini_batch, mini_batch_size=mini_batch_size, device=device,
                   generator=generator, **kwargs)

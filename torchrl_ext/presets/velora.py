@@ -88,6 +88,8 @@ class VeloraReplayBuffer(TensorDictReplayBuffer):
         for name, value in (("capacity", capacity), ("state_dim", state_dim),
                             ("action_dim", action_dim), ("hidden_dim", hidden_dim)):
             check_int(name, value, minimum=1)
+        if batch_size is not None:
+            check_int("batch_size", batch_size, minimum=1)
         checkpointer = VeloraCheckpointer(keys=keys)
         storage = FastTensorStorage(capacity, device="cpu" if device is None else device, strict=True)
         super().__init__(storage=storage, sampler=RandomSampler(), writer=RoundRobinWriter(),

@@ -128,6 +128,10 @@ class OnPolicyReplayBuffer(TensorDictReplayBuffer):
                  "normalize_advantage": normalize_advantage, "advantage_eps": advantage_eps}
         for name in self._parameters:  # subclasses set their extra parameters first
             self.update_storage_parameter(name, given[name] if name in given else getattr(self, name))
+        if intrinsic_filter not in ("forward", "backward"):
+            raise ValueError(
+                f"intrinsic_filter must be 'forward' or 'backward', got intrinsic_filter={intrinsic_filter!r}."
+            )
         self.intrinsic_normalizer = IntrinsicRewardNormalizer(
             self.gamma_intrinsic, mode=intrinsic_filter, device=device
         )

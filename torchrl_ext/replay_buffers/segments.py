@@ -16,7 +16,7 @@ import torch
 from tensordict import TensorDictBase
 
 from torchrl_ext import _compat
-from torchrl_ext._checks import check_finite, check_int, check_real
+from torchrl_ext._checks import check_device, check_finite, check_int, check_real
 from torchrl_ext._keys import has_leaf, nested_key
 from torchrl_ext.replay_buffers.tensordict import TensorDictReplayBuffer
 from torchrl_ext.samplers.uniform import DistinctUniformSampler
@@ -83,7 +83,7 @@ class PathGAEReplayBuffer(TensorDictReplayBuffer):
         self._finished = torch.zeros(size, dtype=torch.bool)
         self._path_length = 0  # steps stored since the last finish_path
         super().__init__(
-            storage=FastTensorStorage(size, device=device, strict=True),
+            storage=FastTensorStorage(size, device=check_device("device", device), strict=True),
             sampler=DistinctUniformSampler(among=self._finished_steps),
             batch_size=batch_size,
             generator=generator,

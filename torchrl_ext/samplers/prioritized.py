@@ -22,8 +22,8 @@ from torchrl.data.replay_buffers.storages import Storage
 
 from torchrl_ext import _compat
 from torchrl_ext._checks import (
-    CheckedSetting, bounds, check_batch_size, check_int, check_priorities, check_real, makes_kept_tensors,
-    read_only,
+    CheckedSetting, bounds, check_batch_size, check_device, check_int, check_priorities, check_real,
+    makes_kept_tensors, read_only,
 )
 from torchrl_ext.io.state_files import StateFiles, load_json
 from torchrl_ext.samplers._priority_tree import PrioritySegmentTree, reduce_per_item
@@ -159,7 +159,7 @@ class PrioritizedSampler(StateFiles, _TorchRLPrioritizedSampler):
         self.reduction = reduction
         self.dtype = dtype
         self._max_in_buffer = bool(max_priority_within_buffer)
-        self._tree_device = torch.device(device) if device is not None else None
+        self._tree_device = check_device("device", device) if device is not None else None
         self._weights = weights
         self._fanout = fanout
         self._init()

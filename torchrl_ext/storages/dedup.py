@@ -105,7 +105,8 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
             raise ValueError(f"padding must be 'reset' or 'zero', got padding={padding!r}.")
         self.obs_key = obs_key = nested_key(obs_key, "obs_key")
         self.next_key = next_key(obs_key)
-        self.num_stack, self.stack_dim, self.padding = num_stack, stack_dim, padding
+        self.num_stack, self.padding = num_stack, padding
+        self.stack_dim = check_int("stack_dim", stack_dim, minimum=-2**62)  # any dim of the observation
         self.done_key, self.check_next = nested_key(done_key, "done_key"), bool(check_next)
         self.required_lookback = num_stack - 1
         self._last_done = torch.zeros(num_envs, dtype=torch.bool)

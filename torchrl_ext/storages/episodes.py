@@ -25,6 +25,7 @@ time-limited episodes keep ``default_return``.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -97,7 +98,7 @@ class EpisodicEnvRingStorage(EnvRingStorage):
     ) -> None:
         super().__init__(num_envs, max_length, device=device, time_major=time_major)
         check_real("gamma", gamma, low=0.0, high=1.0)
-        if reward_clip is not None and (len(reward_clip) != 2 or reward_clip[0] > reward_clip[1]):
+        if reward_clip is not None and (len(reward_clip) != 2 or not reward_clip[0] <= reward_clip[1]):
             raise ValueError(
                 f"reward_clip must be (low, high) with low <= high, got reward_clip={reward_clip!r}."
             )
@@ -105,7 +106,8 @@ class EpisodicEnvRingStorage(EnvRingStorage):
         self.discount_key = nested_key(discount_key, "discount_key")
         self.reward_key = nested_key(reward_key, "reward_key")
         self.record_episodic_return = bool(record_episodic_return)
-        self.gamma, self.reward_clip, self.default_return = float(gamma), reward_clip, float(default_return)
+        self.gamma, self.reward_clip = float(gamma), reward_clip
+        self.default_return = check_real("default_return", default_return, low=-math.inf)
         shape = (num_envs, max_length)
         self._is_first = torch.zeros(shape, dtype=torch.bool)
         self._indexed = torch.zeros(shape, dtype=torch.long)

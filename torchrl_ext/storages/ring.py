@@ -28,7 +28,7 @@ from torchrl.data.replay_buffers.checkpointers import StorageCheckpointerBase
 from torchrl.data.replay_buffers.storages import Storage
 
 from torchrl_ext import _compat
-from torchrl_ext._checks import check_indices, check_int, makes_kept_tensors, read_only
+from torchrl_ext._checks import check_device, check_indices, check_int, makes_kept_tensors, read_only
 from torchrl_ext._fastpath import fastpath_enabled
 from torchrl_ext.io.state_files import (
     StateFilesCheckpointer,
@@ -145,7 +145,7 @@ class EnvRingStorage(PinnedOutputs, Storage):
             )
         super().__init__(num_envs * max_length, checkpointer=checkpointer)
         self._rings = RingData(
-            num_envs, max_length, torch.device(device), self.default_time_major if time_major is None else time_major
+            num_envs, max_length, check_device("device", device), self.default_time_major if time_major is None else time_major
         )
 
     # ------------------------------------------------------------------

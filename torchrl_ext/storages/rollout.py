@@ -28,7 +28,7 @@ from torchrl.data.replay_buffers.storages import Storage
 
 from torchrl_ext import _compat
 from torchrl_ext._checks import (
-    bounds, check_int, is_int_tensor, makes_kept_tensors, read_only, resolve_time_dim,
+    bounds, check_device, check_int, is_int_tensor, makes_kept_tensors, read_only, resolve_time_dim,
 )
 from torchrl_ext._keys import has_leaf, nested_key, next_key
 from torchrl_ext.io.state_files import (
@@ -95,7 +95,7 @@ class RolloutStorage(PinnedOutputs, Storage):
         check_int("num_steps", num_steps, minimum=1)
         super().__init__(num_steps)
         self._num_steps = num_steps
-        self._device = torch.device(device)
+        self._device = check_device("device", device)
         if isinstance(carry_keys, str):
             raise TypeError(f"carry_keys must be a list of keys, got carry_keys={carry_keys!r}; pass [{carry_keys!r}].")
         self._carry_keys = None if carry_keys is None else [

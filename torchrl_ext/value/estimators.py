@@ -30,7 +30,7 @@ from torchrl.objectives.value import GAE as _TorchRLGAE
 from torchrl.objectives.value import VTrace as _TorchRLVTrace
 
 from torchrl_ext import _compat
-from torchrl_ext._checks import check_reals
+from torchrl_ext._checks import check_int, check_reals
 from torchrl_ext._keys import nested_key, next_key
 from torchrl_ext.value import functional
 from torchrl_ext.value.normalizers import ValueNorm
@@ -285,7 +285,7 @@ class GAE(_SignalsMixin, _CheckedLambda, _TorchRLGAE):
         **kwargs,
     ) -> None:
         super().__init__(gamma=gamma, lmbda=lmbda, value_network=value_network, **kwargs)
-        self.agent_dim = agent_dim
+        self.agent_dim = None if agent_dim is None else check_int("agent_dim", agent_dim, minimum=-2**62)
         self.value_normalizer = value_normalizer
 
     def value_estimate(

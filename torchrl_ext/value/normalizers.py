@@ -12,19 +12,20 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Iterable
 from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
-from torchrl_ext._checks import check_finite, check_int, check_real
+from torchrl_ext._checks import check_device, check_finite, check_int, check_real
 from torchrl_ext.value.functional import discounted_cumsum
 
 __all__ = ["ValueNorm", "RunningMeanStd", "IntrinsicRewardNormalizer"]
 
 
 def _as_shape(shape: int | tuple[int, ...], name: str) -> torch.Size:
-    dims = (shape,) if isinstance(shape, numbers.Integral) else tuple(shape)
+    dims = tuple(shape) if isinstance(shape, Iterable) else (shape,)
     if any(isinstance(d, bool) or not isinstance(d, numbers.Integral) or d < 1 for d in dims):
         raise ValueError(
             f"`{name}` must be a positive int or a tuple of positive ints, got {shape!r}; "
@@ -131,6 +132,7 @@ class ValueNorm(nn.Module):
             dtype = getattr(torch, dtype, dtype)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"`dtype` must be a floating dtype, got {dtype!r}; use torch.float32.")
+        device = None if device is None else check_device("device", device)
         self.input_shape = shape
         self.norm_axes = norm_axes
         self.per_element_update = bool(per_element_update)
@@ -246,7 +248,7 @@ class RunningMeanStd(nn.Module):
         super().__init__()
         self.shape = _as_shape(shape, "shape")
         epsilon = check_real("epsilon", epsilon, low=0.0, open_low=True, hint="the default is 1e-4")
-        f64 = dict(device=device, dtype=torch.float64)
+        f64 = dict(device=None if device is None else check_device("device", device), dtype=torch.float64)
         self.register_buffer("mean", torch.zeros(self.shape, **f64))
         self.register_buffer("var", torch.ones(self.shape, **f64))
         self.register_buffer("count", torch.tensor(epsilon, **f64))
