@@ -62,14 +62,21 @@ def test_fresh_buffer_gets_the_nested_batch_sizes_torchrl_restores(tmp_path, sto
     assert sample["agents"].batch_size == (4, 3) and sample["next", "agents", "team"].batch_size == (4, 3, 2)
 
 
-def test_files_saved_without_nested_batch_load_leaves_only(tmp_path):
+def save_with_metadata(path, edit) -> SafetensorsCheckpointer:
+    """Five steps saved under ``path``, their metadata then rewritten by ``edit(metadata)``."""
     checkpointer, storage = SafetensorsCheckpointer(), FastTensorStorage(8)
     storage.set(torch.arange(5), steps(0, 5))
-    checkpointer.dumps(storage, tmp_path)
-    pair = checkpointer.pair(tmp_path)
+    checkpointer.dumps(storage, path)
+    pair = checkpointer.pair(path)
     metadata, tensors, _ = read_pair(pair)
-    metadata.pop("nested_batch", None)  # what earlier versions wrote
+    edit(metadata)
     write_pair(pair, tensors, json.dumps(metadata, indent=2))
+    return checkpointer
+
+
+def test_files_saved_without_nested_batch_load_leaves_only(tmp_path):
+    # what earlier versions wrote
+    checkpointer = save_with_metadata(tmp_path, lambda metadata: metadata.pop("nested_batch", None))
     fresh = FastTensorStorage(8)
     checkpointer.loads(fresh, tmp_path)
     got = fresh[torch.arange(5)]
@@ -78,13 +85,8 @@ def test_files_saved_without_nested_batch_load_leaves_only(tmp_path):
 
 
 def test_nested_batch_that_does_not_fit_the_tensors_is_refused(tmp_path):
-    checkpointer, storage = SafetensorsCheckpointer(), FastTensorStorage(8)
-    storage.set(torch.arange(5), steps(0, 5))
-    checkpointer.dumps(storage, tmp_path)
-    pair = checkpointer.pair(tmp_path)
-    metadata, tensors, _ = read_pair(pair)
-    metadata["nested_batch"] = [[["agents"], [8, 4]]]  # 3 agents are stored
-    write_pair(pair, tensors, json.dumps(metadata))
+    # 3 agents are stored
+    checkpointer = save_with_metadata(tmp_path, lambda metadata: metadata.update(nested_batch=[[["agents"], [8, 4]]]))
     other = FastTensorStorage(8)
     other.set(torch.arange(2), steps(50, 2))
     before = freeze(other[torch.arange(2)])

@@ -119,7 +119,9 @@ class NStepSampler(StatelessSampler):
         self.reward_key = nested_key(reward_key, "reward_key")
         self.done_key = nested_key(done_key, "done_key")
         if agent_group is not None and not (isinstance(agent_group, str) and agent_group):
-            raise TypeError(f"agent_group must name an agent group (a str such as 'agents'), got agent_group={agent_group!r}.")
+            raise TypeError(
+                f"agent_group must name an agent group (a str such as 'agents'), got agent_group={agent_group!r}."
+            )
         self.agent_group = agent_group
 
     n_step = CheckedSetting(

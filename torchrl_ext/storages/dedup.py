@@ -401,11 +401,7 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
 
     @makes_kept_tensors
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if "dedup" not in state_dict:  # refused before the ring loads the data and cursors
-            raise ValueError(
-                f"the checkpoint has no frame tables ('dedup'), which this {type(self).__name__} "
-                "needs: it was saved by another storage; build the storage as the saved one was built."
-            )
+        self._require_saved(state_dict, "dedup", "frame tables", "it was saved by another storage")
         super().load_state_dict(state_dict)
         dedup = state_dict["dedup"]
         tables = dedup["tables"] or []

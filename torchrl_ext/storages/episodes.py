@@ -343,14 +343,19 @@ class EpisodicEnvRingStorage(EnvRingStorage):
     def state_dict(self) -> dict[str, Any]:
         return super().state_dict() | {"episodes": [t.clone() for t in self._episode_index()]}
 
+    def _require_saved(self, state_dict: dict[str, Any], key: str, what: str, cause: str) -> None:
+        """Refuses a state without the ``key`` entry this storage needs, before the ring loads
+        the data and cursors (``ValueError``)."""
+        if key not in state_dict:
+            raise ValueError(
+                f"the checkpoint has no {what} ({key!r}), which this {type(self).__name__} needs: "
+                f"{cause}; build the storage as the saved one was built."
+            )
+
     @makes_kept_tensors
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if "episodes" not in state_dict:  # refused before the ring loads the data and cursors
-            raise ValueError(
-                f"the checkpoint has no episode index ('episodes'), which this {type(self).__name__} "
-                "needs: it was saved without one (e.g. by alf_replay_buffer without "
-                "keep_episodic_info); build the storage as the saved one was built."
-            )
+        self._require_saved(state_dict, "episodes", "episode index", "it was saved without one (e.g. by "
+                            "alf_replay_buffer without keep_episodic_info)")
         super().load_state_dict(state_dict)
         for dest, src in zip(self._episode_index(), state_dict["episodes"]):
             dest.copy_(src)

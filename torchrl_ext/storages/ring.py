@@ -145,7 +145,8 @@ class EnvRingStorage(PinnedOutputs, Storage):
             )
         super().__init__(num_envs * max_length, checkpointer=checkpointer)
         self._rings = RingData(
-            num_envs, max_length, check_device("device", device), self.default_time_major if time_major is None else time_major
+            num_envs, max_length, check_device("device", device),
+            self.default_time_major if time_major is None else time_major,
         )
 
     # ------------------------------------------------------------------
