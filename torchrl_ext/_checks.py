@@ -97,14 +97,8 @@ def _bound(low: float, high: float | None, open_low: bool) -> str:
 
 
 def check_real(
-    name: str,
-    value: Any,
-    *,
-    low: float,
-    high: float | None = None,
-    open_low: bool = False,
-    finite: bool = True,
-    hint: str = "",
+    name: str, value: Any, *, low: float, high: float | None = None, open_low: bool = False,
+    finite: bool = True, hint: str = "",
 ) -> float:
     """``value`` (a number or a one-element tensor) as a float in ``[low, high]`` (``(low, high]``
     with ``open_low``). ``TypeError`` for a non-number (bools included), ``ValueError`` for NaN,
@@ -124,15 +118,8 @@ def check_real(
 
 
 def check_reals(
-    name: str,
-    value: Any,
-    *,
-    low: float,
-    high: float | None = None,
-    open_low: bool = False,
-    finite: bool = True,
-    shape: torch.Size | None = None,
-    hint: str = "",
+    name: str, value: Any, *, low: float, high: float | None = None, open_low: bool = False,
+    finite: bool = True, shape: torch.Size | None = None, hint: str = "",
 ) -> None:
     """:func:`check_real` for a number, elementwise for a tensor of real numbers (per-step or
     per-env discounts, clip thresholds), which must also broadcast to ``shape`` when given.

@@ -44,7 +44,7 @@ def _read(source: str | Path | Mapping[str, Any]) -> dict[str, Any]:
     if not path.is_file():
         raise ValueError(f"config file {str(path)!r} does not exist; pass a YAML file path or a dict.")
     loaded = OmegaConf.load(path)
-    if not isinstance(loaded, Mapping) and not OmegaConf.is_dict(loaded):
+    if not OmegaConf.is_dict(loaded):
         raise ValueError(f"config file {str(path)!r} must hold a mapping, got {type(loaded).__name__}.")
     return dict(OmegaConf.to_container(loaded, resolve=True))
 

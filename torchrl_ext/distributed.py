@@ -1,16 +1,6 @@
-"""torchrl_ext buffers beyond one process: inside a Ray actor, or shared by spawned processes.
-
-Two recipes (``docs/distributed.md`` has the details and the why):
-
-* **Ray** (:func:`ray_replay_buffer`): one buffer lives in one Ray actor, built
-  there from a picklable factory or a Hydra config node; any process or actor
-  holding the buffer (or ``rb.client()``) writes, samples and writes priorities
-  back through it. Calls are served one at a time by the actor, so no write
-  is torn or lost, on one machine or a cluster.
-* **Shared memory** (:func:`share_buffer`): one buffer handed to
-  ``torch.multiprocessing`` ``spawn`` processes. The storage contents and
-  cursors are shared; writes and samples are serialised by the buffer's
-  process lock; sampler state stays per process (see :func:`share_buffer`).
+"""torchrl_ext buffers beyond one process: inside a Ray actor (:func:`ray_replay_buffer`, which
+serves one call at a time, so no write is torn or lost), or shared by ``torch.multiprocessing``
+``spawn`` processes (:func:`share_buffer`). ``docs/distributed.md`` has the details and the why.
 """
 from __future__ import annotations
 
@@ -142,17 +132,12 @@ for _name in FORWARDED:
 class RayBuffer(RayReplayBuffer):
     """TorchRL's ``RayReplayBuffer`` over a buffer built in the actor from a factory or config.
 
-    Everything ``RayReplayBuffer`` offers works unchanged (``extend``,
-    ``sample``, ``update_priority``, ``update_tensordict_priority``,
-    ``client()`` for other actors, ``close()``); keyword arguments such as
-    ``extend(data, env_ids=...)`` reach the hosted buffer. Added here, because
-    the Ray client blocks ``_`` names and ``rb.sampler`` cannot be reached:
-
-    * :meth:`update_window_priority` for per-env prioritized rings;
-    * :meth:`call` for any other public method of the hosted buffer.
-
-    A client (``rb.client()``) reaches both by name too:
-    ``client.update_window_priority(...)``, ``client.call("dequeue", 1)``.
+    Everything ``RayReplayBuffer`` offers works unchanged (``extend``, ``sample``,
+    ``update_priority``, ``update_tensordict_priority``, ``client()`` for other actors,
+    ``close()``); keyword arguments such as ``extend(data, env_ids=...)`` reach the hosted
+    buffer. The Ray client blocks ``_`` names and ``rb.sampler`` cannot be reached, hence
+    :meth:`update_window_priority` and :meth:`call`, which a client (``rb.client()``)
+    reaches by name too: ``client.call("dequeue", 1)``.
 
     Args:
         spec: see :func:`buffer_factory`.

@@ -20,9 +20,7 @@ Contract (ALF's ``alf.experience_replayers.segment_tree``, quirks fixed):
   the **last** value given for them (on every device). An empty update is a
   no-op.
 * ``tree[indices]`` reads leaves; ``summary()`` reduces all leaves.
-* ``SumSegmentTree.find_sum_bound(thresholds)``: per threshold, the smallest
-  ``i`` with ``threshold < values[0] + ... + values[i]``; a threshold equal to
-  the total gives the last non-zero index, and the chosen leaf is never zero
+* ``SumSegmentTree.find_sum_bound(thresholds)`` never chooses a zero leaf
   unless every leaf is.
 * ``SumSegmentTree.nnz`` counts non-zero leaves and survives
   ``state_dict``/``load_state_dict`` (ALF loses it).

@@ -12,10 +12,8 @@ group, so it composes with TorchRL's own configs::
 
 Groups ``storage``, ``sampler``, ``writer``, ``replay_buffer`` and ``value`` are
 TorchRL's; ``value_normalizer``, ``demos`` and ``checkpointer`` are torchrl_ext's
-(TorchRL has no such groups). Every name starts with ``ext_``:
-
-:data:`REGISTRY` maps each ``(group, name)`` to its config; the table at the end of this
-docstring is built from it.
+(TorchRL has no such groups). Every name starts with ``ext_``; the table at the end of
+this docstring lists :data:`REGISTRY`, which maps each ``(group, name)`` to its config.
 
 Required constructor arguments get a usable default (``num_envs=1``, ...) so
 every node instantiates; dtypes are written as strings (``"float32"``).

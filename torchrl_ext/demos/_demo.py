@@ -20,21 +20,6 @@ from torch import Tensor
 
 from torchrl_ext._checks import check_finite, check_int, check_real
 
-__all__ = [
-    "DEMO_KEYS",
-    "check_settings",
-    "cut_episode",
-    "demo_tensors",
-    "demos_from_state",
-    "demos_state",
-    "env_index",
-    "make_demo",
-    "priority_weights",
-    "running_from_state",
-    "running_state",
-    "step_batch",
-]
-
 DEMO_KEYS = ("observation", "action", "reward")
 
 

@@ -62,12 +62,8 @@ def save_demo(path: str | Path, demo: Any, frame_skip: int) -> Path:
     """
     path = Path(path).absolute()
     obs, act, rew = demo_tensors(demo, where=f"demo for {path}", device="cpu")
-    arrays = {
-        "Observation": obs.numpy(),
-        "Action": act.numpy(),
-        "Reward": rew.numpy(),
-        "FrameSkip": np.array(_check_frame_skip(frame_skip)),
-    }
+    arrays = dict(zip(FILE_KEYS, (obs.numpy(), act.numpy(), rew.numpy(),
+                                  np.array(_check_frame_skip(frame_skip)))))
     path.parent.mkdir(parents=True, exist_ok=True)
 
     def write(tmp: str) -> None:
@@ -258,12 +254,12 @@ def load_minari_demos(
             ) from exc
         dataset = minari.load_dataset(dataset, download=download)
     selection = {} if episode_indices is None else {"episode_indices": list(episode_indices)}
-    episodes = dataset.iterate_episodes(**selection)
     demos = []
-    for k, episode in enumerate(episodes):
+    for k, episode in enumerate(dataset.iterate_episodes(**selection)):
         if max_episodes is not None and k >= max_episodes:
             break
-        name = f"minari episode {getattr(episode, 'id', k)}"
+        episode_id = getattr(episode, "id", k)
+        name = f"minari episode {episode_id}"
         obs, act = episode.observations, np.asarray(episode.actions)
         if isinstance(obs, dict):
             raise ValueError(
@@ -275,5 +271,5 @@ def load_minari_demos(
             obs = obs[:-1]
         demo = {"observation": obs, "action": act, "reward": np.asarray(episode.rewards)}
         tensors = demo_tensors(demo, where=name, device="cpu")
-        demos.append({**dict(zip(DEMO_KEYS, tensors)), "id": f"minari-{getattr(episode, 'id', k)}"})
+        demos.append({**dict(zip(DEMO_KEYS, tensors)), "id": f"minari-{episode_id}"})
     return demos

@@ -1,10 +1,7 @@
 """PPO+D's env side: replays demos in place of env episodes on TorchRL step TensorDicts.
 
-:class:`DemoMixer` sits between an env loop and an on-policy buffer. At every episode start of
-an env it asks its :class:`~torchrl_ext.demos.store.DemoStore` for the next source (reward demo
-with probability ``rho``, value demo with ``phi``, else the real env); while a demo plays, the
-collected steps of that env are overwritten with the demo's data, and the observation handed to
-the policy is the demo's, so what the policy sees is always what is stored.
+:class:`DemoMixer` sits between an env loop and an on-policy buffer; the policy is handed the
+demo's observations, so what it sees is always what is stored.
 """
 from __future__ import annotations
 
@@ -286,12 +283,10 @@ class DemoMixer:
     def next_observation(
         self, step: TensorDictBase, reset_fn: Callable[[Tensor], TensorDictBase]
     ) -> TensorDictBase:
-        """The root of the next step (``step_mdp`` of ``step``) with each env's next observation.
+        """The root of the next step after the step :meth:`process` returned; see the class doc.
 
-        Call it with the step :meth:`process` returned. Envs mid-demo get the demo's next
-        observation, envs whose episode ended a new source (demo: its first observation; env:
-        a real reset). ``reset_fn(mask)`` is called once, if any real env needs a reset, with
-        a bool ``[N]`` mask; rows whose real env is done are included even if they start a demo.
+        ``reset_fn(mask)`` is called once, if any real env needs a reset, with a bool ``[N]``
+        mask; rows whose real env is done are included even if they start a demo.
         """
         from torchrl.envs.utils import step_mdp
 

@@ -1,7 +1,5 @@
 """Demonstration bookkeeping of PPO+D (pytorchrl's ``PPODBuffer``), independent of any env.
 
-:class:`DemoStore` decides which finished episodes become demos, keeps the reward and value
-demo archives within capacity, anneals ``rho``/``phi`` and draws the source of the next episode.
 Driving envs (replaying a demo, frame stacking, resets) is left to the caller.
 """
 from __future__ import annotations
@@ -126,9 +124,7 @@ class DemoStore:
         self.capacity = capacity
         self.rho0, self.phi0, self.rho, self.phi = rho, phi, rho, phi
         self.initial_reward_threshold = initial_reward_threshold
-        self.reward_threshold = (
-            -math.inf if initial_reward_threshold is None else initial_reward_threshold
-        )
+        self.reward_threshold = -math.inf if initial_reward_threshold is None else initial_reward_threshold
         self.max_demo_reward = -math.inf
         self.num_demos_to_save = num_demos_to_save
         self.generator = generator

@@ -6,18 +6,12 @@ mix of two saves. :func:`atomic_save_dir` instead writes the new checkpoint
 into a hidden sibling folder and swaps folders with renames; the buffers of
 :mod:`torchrl_ext.replay_buffers` save and load through it.
 
-Names, for a checkpoint folder ``ckpt/buffer``:
-
-* ``ckpt/buffer``: the committed checkpoint;
-* ``ckpt/.buffer.new``: the save in progress; it holds the marker file
-  ``.complete`` once every file in it is written and fsynced;
-* ``ckpt/.buffer.old``: the previous checkpoint, moved aside during the swap.
-
-A save (1) recovers any interrupted save (below) and deletes a leftover
-``.buffer.new``, (2) writes ``.buffer.new`` and fsyncs its files, then writes
-and fsyncs ``.complete``, (3) renames ``buffer`` -> ``.buffer.old``, (4)
-renames ``.buffer.new`` -> ``buffer`` and (5) deletes ``.buffer.old``; the
-parent folder is fsynced after each rename.
+For a checkpoint folder ``ckpt/buffer``, a save (1) recovers any interrupted save (below)
+and deletes a leftover ``ckpt/.buffer.new``, (2) writes the new checkpoint into
+``.buffer.new`` and fsyncs its files, then writes and fsyncs the marker file ``.complete``,
+(3) moves the committed checkpoint aside, ``buffer`` -> ``.buffer.old``, (4) renames
+``.buffer.new`` -> ``buffer`` and (5) deletes ``.buffer.old``; the parent folder is fsynced
+after each rename.
 
 Recovery rule (:func:`committed_dir`, used by every load): if ``buffer``
 exists it is the checkpoint (a crash before step 3 left the old one, after
@@ -28,11 +22,9 @@ rename or delete anything; the next save finishes the rename. So a load after
 a crash at any point gives exactly the old or exactly the new checkpoint.
 Two processes saving to the same folder at once are not supported.
 
-The ``.complete`` marker is also the checkpoint's manifest: the size and SHA-256 of
-every file in the folder. :func:`verify_checkpoint` (called by every buffer load before
-anything in memory changes) refuses a folder where a file is missing, added, truncated
-or has a single flipped bit, naming the file. Folders saved before manifests existed
-(an empty marker) load unverified.
+The ``.complete`` marker is also the checkpoint's manifest (the size and SHA-256 of every
+file), which every buffer load checks with :func:`verify_checkpoint` before anything in
+memory changes; folders saved before manifests existed (an empty marker) load unverified.
 """
 from __future__ import annotations
 
@@ -43,7 +35,7 @@ import shutil
 from pathlib import Path
 from typing import Callable
 
-from torchrl_ext.io.state_files import fsync_dir, fsync_file, write_synced
+from torchrl_ext.io.state_files import fsync_dir, fsync_file
 
 __all__ = ["atomic_save_dir", "committed_dir", "verify_checkpoint", "COMPLETE_MARKER"]
 
@@ -97,9 +89,11 @@ def atomic_save_dir(path: str | Path, write: Callable[[Path], None]) -> None:
     try:
         write(new)
         _fsync_tree(new)
-        manifest = {name: {"bytes": path.stat().st_size, "sha256": _file_sha256(path)}
-                    for name, path in sorted(_files(new).items())}
-        write_synced(new / COMPLETE_MARKER, json.dumps({"files": manifest}, indent=1, sort_keys=True).encode())
+        manifest = {name: {"bytes": file.stat().st_size, "sha256": _file_sha256(file)}
+                    for name, file in sorted(_files(new).items())}
+        marker = new / COMPLETE_MARKER
+        marker.write_bytes(json.dumps({"files": manifest}, indent=1, sort_keys=True).encode())
+        fsync_file(marker)
         fsync_dir(new)
         fsync_dir(parent)
     except BaseException:

@@ -1,19 +1,13 @@
 """One checkpoint as a ``<prefix>metadata.json`` + ``<prefix>state.safetensors`` pair of files.
 
-Atomicity guarantee: a save never leaves the previous checkpoint unloadable.
-Both files are first written to hidden temporary files in the same folder
-(``.<prefix>state.safetensors.tmp``, ``.<prefix>metadata.json.tmp``) and
-fsynced, then the state replaces the old state and the metadata replaces the
-old metadata (``os.replace``, with a folder fsync around each step). The
-state's safetensors header records the SHA-256 of the metadata text it belongs
-to and of its own tensors (so a flipped bit anywhere is found), so a loader can tell
-whether the pair matches: if a save was killed between
-the two renames, the complete pending metadata is still on disk and the loader
-rolls forward to the new checkpoint (the next save also finishes that commit
-first); any other mismatch raises a ``ValueError`` that names both files. A
-crash before the first rename leaves the old pair untouched. Files without the
-checksum (written by other programs, e.g. velora) load unverified. Two
-processes saving to the same folder and prefix at once are not supported.
+A save never leaves the previous checkpoint unloadable: both files are first written and
+fsynced as hidden ``.<name>.tmp`` files, then renamed over the old ones, state first (with a
+folder fsync after each step). The state's safetensors header records the SHA-256 of its
+metadata text and of its own tensors, so a loader can tell whether the pair matches: after a
+save killed between the two renames it rolls forward to the complete pending metadata (the
+next save also finishes that commit); any other mismatch raises a ``ValueError`` naming both
+files. Files without the checksum (e.g. velora's) load unverified. Two processes saving to the
+same folder and prefix at once are not supported.
 """
 from __future__ import annotations
 
@@ -35,7 +29,6 @@ from torchrl_ext.io.state_files import (
     sha256,
     tensors_digest,
     verify_tensors,
-    write_synced,
 )
 
 __all__ = ["CheckpointPair", "check_prefix", "read_pair", "write_pair"]
@@ -107,8 +100,9 @@ def write_pair(pair: CheckpointPair, tensors: dict[str, torch.Tensor], metadata_
     try:
         digests = {METADATA_DIGEST_KEY: sha256(body), TENSORS_DIGEST_KEY: tensors_digest(tensors)}
         save_file(tensors, pair.pending_state, metadata=digests)
+        pair.pending_metadata.write_bytes(body)
         fsync_file(pair.pending_state)
-        write_synced(pair.pending_metadata, body)
+        fsync_file(pair.pending_metadata)
         fsync_dir(pair.directory)
     except BaseException:
         pair.pending_state.unlink(missing_ok=True)
@@ -141,7 +135,6 @@ def read_pair(
         verify_tensors(pair.state, header, tensors)
     digest = header.get(METADATA_DIGEST_KEY)
     body = pair.metadata.read_bytes() if pair.metadata.is_file() else None
-    verified = digest is not None
     if digest is not None and (body is None or sha256(body) != digest):
         pending = pair.pending_metadata.read_bytes() if pair.pending_metadata.is_file() else None
         if pending is not None and sha256(pending) == digest:
@@ -160,7 +153,7 @@ def read_pair(
         raise ValueError(f"{pair.metadata} is not valid JSON ({err}); restore it from a backup.") from err
     if not isinstance(metadata, dict):
         raise ValueError(f"{pair.metadata} must hold a JSON object, got {type(metadata).__name__}.")
-    return metadata, tensors, verified
+    return metadata, tensors, digest is not None
 
 
 def _finish_pending_commit(pair: CheckpointPair) -> None:

@@ -76,9 +76,8 @@ class SafetensorsCheckpointer(StorageCheckpointerBase):
     """TorchRL storage checkpointer writing an atomic safetensors + JSON pair.
 
     Works with 1-D TensorDict storages (``LazyTensorStorage``,
-    :class:`~torchrl_ext.storages.FastTensorStorage`, memmap variants). Files
-    are ``<path>/<prefix>state.safetensors`` and ``<path>/<prefix>metadata.json``;
-    the module docstring gives the crash guarantee.
+    :class:`~torchrl_ext.storages.FastTensorStorage`, memmap variants); the module
+    docstring gives the files and their crash guarantee.
 
     Args:
         prefix: start of both file names; may contain dots (``"run.v1_"``) but

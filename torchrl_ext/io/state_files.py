@@ -99,8 +99,7 @@ def load_state(directory: str | Path, *, tensors_file: str, metadata_file: str) 
         )
     verify_tensors(tensors_path, header, tensors)
     try:
-        metadata = json.loads(text.decode("utf-8"))
-        return _join_tensors(metadata, tensors)
+        return _join_tensors(json.loads(text.decode("utf-8")), tensors)
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as err:
         raise ValueError(
             f"{metadata_path} is not a state written by torchrl_ext's save_state ({err!r}); "
@@ -109,12 +108,8 @@ def load_state(directory: str | Path, *, tensors_file: str, metadata_file: str) 
 
 
 def load_component(component: Any, directory: str | Path, *, tensors_file: str, metadata_file: str) -> None:
-    """``component.load_state_dict(load_state(...))``, all or nothing.
-
-    The files are checked first (:func:`load_state`); if ``load_state_dict`` still refuses
-    the state (another configuration, a file of an older format), the component gets its
-    previous state back and a ``ValueError`` names the files.
-    """
+    """:func:`apply_state` of :func:`load_state`: the files are checked first, then the state
+    is applied all or nothing (another configuration or an older format raises a ``ValueError``)."""
     state = load_state(directory, tensors_file=tensors_file, metadata_file=metadata_file)
     apply_state(component, state, Path(directory).absolute() / metadata_file)
 
@@ -242,14 +237,6 @@ def atomic_write(target: Path, write: Callable[[str], Any]) -> None:
     write(str(tmp))
     fsync_file(tmp)
     os.replace(tmp, target)
-
-
-def write_synced(path: Path, data: bytes) -> None:
-    """Writes ``data`` to ``path`` and flushes it to disk through the same handle."""
-    with open(path, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
 
 
 def fsync_file(path: str | Path) -> None:

@@ -25,11 +25,9 @@ velora stores the actor's hidden state *returned* for the step (after reading
 ``states``): in TorchRL's recurrent convention that output lives under
 ``"next"``, and becomes the root ``"hidden"`` of the following step.
 
-Files written here have exactly velora's JSON text and tensor names, dtypes
-and shapes; the only addition is one entry in the safetensors header
-(``__metadata__``, ignored by velora's ``load_file``) holding the checksum of
-the JSON, which makes the pair verifiable (see
-:mod:`torchrl_ext.io.checkpointer`).
+Files written here have exactly velora's JSON text and tensor names, dtypes and shapes,
+plus the pair's checksums in the safetensors header (``__metadata__``, which velora's
+``load_file`` ignores; see :mod:`torchrl_ext.io.checkpoint_pair`).
 """
 from __future__ import annotations
 

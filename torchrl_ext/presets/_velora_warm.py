@@ -141,5 +141,3 @@ def _observations(rb: Any, raw: Any, n: int) -> torch.Tensor:
             f"state_dim={rb.state_dim}] (flatten them, e.g. gymnasium.wrappers.vector.FlattenObservation)."
         )
     return obs
-
-

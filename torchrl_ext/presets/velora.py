@@ -6,11 +6,8 @@ uniform sampling with replacement (``RandomSampler``: ``torch.randint`` over
 the stored slots, the same draws as velora for the same seed), velora's
 ``add``/``add_multi``/``save``/``load``/``warm`` and its files (through
 :class:`~torchrl_ext.io.VeloraCheckpointer`, also used by ``rb.dumps`` /
-``rb.loads``). Keys (:data:`~torchrl_ext.io.VELORA_KEYS`, table in
-:mod:`torchrl_ext.io.velora`): ``states`` -> ``"observation"``, ``actions`` ->
-``"action"``, ``rewards`` -> ``("next", "reward")``, ``next_states`` ->
-``("next", "observation")``, ``dones`` -> ``("next", "done")`` (bool),
-``hiddens`` -> ``("next", "hidden")``, the actor state returned for the step.
+``rb.loads``), on the keys of :data:`~torchrl_ext.io.VELORA_KEYS` (table in
+:mod:`torchrl_ext.io.velora`).
 :func:`~torchrl_ext.io.as_batch_experience` gives velora's ``BatchExperience``.
 
 Differences from velora 0.2.0 (its bugs fixed, one line each):
@@ -58,12 +55,14 @@ from torchrl.data import RandomSampler, RoundRobinWriter
 
 from torchrl_ext import _compat
 from torchrl_ext.presets._velora_warm import NAMES, Progress, warm_gymnasium, warm_torchrl
-from torchrl_ext._checks import check_int
+from torchrl_ext._checks import check_int, read_only
 from torchrl_ext.io.velora import _DIM_FIELD, VeloraCheckpointer, read_velora_metadata, velora_item_layout
 from torchrl_ext.replay_buffers.tensordict import TensorDictReplayBuffer
 from torchrl_ext.storages.fast import FastTensorStorage
 
 __all__ = ["VeloraReplayBuffer", "load_velora_replay_buffer", "velora_replay_buffer"]
+
+_SIZES = ("capacity", "state_dim", "action_dim", "hidden_dim")  # velora's constructor arguments
 
 class VeloraReplayBuffer(TensorDictReplayBuffer):
     """velora's ``ReplayBuffer(capacity, state_dim, action_dim, hidden_dim, device=)``; see the module docs.
@@ -85,8 +84,7 @@ class VeloraReplayBuffer(TensorDictReplayBuffer):
         generator: torch.Generator | None = None,
         keys: Mapping[str, Any] | None = None,
     ) -> None:
-        for name, value in (("capacity", capacity), ("state_dim", state_dim),
-                            ("action_dim", action_dim), ("hidden_dim", hidden_dim)):
+        for name, value in zip(_SIZES, (capacity, state_dim, action_dim, hidden_dim)):
             check_int(name, value, minimum=1)
         if batch_size is not None:
             check_int("batch_size", batch_size, minimum=1)
@@ -103,13 +101,8 @@ class VeloraReplayBuffer(TensorDictReplayBuffer):
         _compat.stored_data(storage).zero_()
 
     # -- velora's attributes ---------------------------------------------------------
-    @property
-    def capacity(self) -> int:
-        return self.storage.max_size
-
-    @property
-    def device(self) -> torch.device:
-        return self.storage.device
+    capacity = read_only("storage.max_size", "Ring size: the oldest transitions are overwritten.")
+    device = read_only("storage.device", "The storage's device.")
 
     @property
     def position(self) -> int:
@@ -118,14 +111,12 @@ class VeloraReplayBuffer(TensorDictReplayBuffer):
 
     def metadata(self) -> dict[str, Any]:
         """velora's ``metadata()`` dict, same keys in the same order."""
-        return {"capacity": self.capacity, "state_dim": self.state_dim, "action_dim": self.action_dim,
-                "hidden_dim": self.hidden_dim, "position": self.position, "size": len(self),
-                "device": str(self.device)}
+        return {**{name: getattr(self, name) for name in _SIZES}, "position": self.position,
+                "size": len(self), "device": str(self.device)}
 
     def config(self) -> dict[str, Any]:
         """velora's ``BufferConfig`` fields as a dict."""
-        return {"type": "ReplayBuffer", "capacity": self.capacity, "state_dim": self.state_dim,
-                "action_dim": self.action_dim, "hidden_dim": self.hidden_dim}
+        return {"type": "ReplayBuffer", **{name: getattr(self, name) for name in _SIZES}}
 
     # -- writing -------------------------------------------------------------------------
     def add(self, state: Any, action: Any = None, reward: Any = None, next_state: Any = None,
@@ -227,8 +218,7 @@ class VeloraReplayBuffer(TensorDictReplayBuffer):
     def load(self, dirpath: str | Path, prefix: str = "buffer_") -> VeloraReplayBuffer:
         """Replaces the contents with velora files of the same capacity and dims; returns ``self``."""
         metadata = read_velora_metadata(dirpath, prefix)
-        fields = ("capacity", "state_dim", "action_dim", "hidden_dim")
-        theirs, mine = ({f: meta[f] for f in fields} for meta in (metadata, self.metadata()))
+        theirs, mine = ({f: meta[f] for f in _SIZES} for meta in (metadata, self.metadata()))
         if theirs != mine:
             raise ValueError(
                 f"{Path(dirpath) / (prefix + 'metadata.json')} describes {theirs} but this buffer has {mine}; "
@@ -343,6 +333,5 @@ def load_velora_replay_buffer(
     ``kwargs`` go to :func:`velora_replay_buffer` (``device``, ``batch_size``, ...).
     """
     metadata = read_velora_metadata(dirpath, prefix)
-    rb = velora_replay_buffer(metadata["capacity"], metadata["state_dim"], metadata["action_dim"],
-                              metadata["hidden_dim"], **kwargs)
+    rb = velora_replay_buffer(*(metadata[f] for f in _SIZES), **kwargs)
     return rb.load(dirpath, prefix)

@@ -146,8 +146,7 @@ class OnPolicyReplayBuffer(TensorDictReplayBuffer):
     # ------------------------------------------------------------------
     def _make_sampler(self, num_mini_batch: int | None, mini_batch_size: int | None, shuffle: bool) -> Any:
         cls = NaiveRecurrentMinibatchSampler if self.recurrent else FeedForwardMinibatchSampler
-        if mini_batch_size is not None:
-            num_mini_batch = None
+        num_mini_batch = num_mini_batch if mini_batch_size is None else None  # mini_batch_size wins
         return cls(num_mini_batch, mini_batch_size=mini_batch_size, shuffle=shuffle)
 
     def insert(self, step: TensorDictBase) -> None:

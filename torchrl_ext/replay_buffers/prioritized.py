@@ -47,11 +47,9 @@ class PrioritizedReplayBuffer(TensorDictReplayBuffer):
         replacement: ``False`` draws one index per equal-mass stratum.
         sampler_device: device of the priority trees (default: follows a CUDA
             storage, else CPU).
-        sync: accepted as TorchRL's. The trees always follow the writes made in this
-            process, so ``sync=False`` samples as ``sync=True`` does; TorchRL's ``sync=False``
-            defers new items' priorities to the next sample so that writers in other
-            processes can skip the trees, and this buffer refuses to be sent to other
-            processes (use ``torchrl_ext.distributed.ray_replay_buffer``).
+        sync: accepted as TorchRL's, where ``sync=False`` lets writers in other processes skip
+            the trees. This buffer refuses to be sent to other processes (use
+            ``torchrl_ext.distributed.ray_replay_buffer``), so ``sync=False`` samples as ``True``.
         **kwargs: any other ``TensorDictReplayBuffer`` argument (``batch_size``,
             ``transform``, ``generator``, ``checkpointer``, ...).
 

@@ -170,13 +170,10 @@ class PathGAEReplayBuffer(TensorDictReplayBuffer):
 
 def _last_value(last_val: Any, value: torch.Tensor) -> torch.Tensor:
     """``last_val`` as one row shaped like a stored value, checked finite."""
-    refused = f"last_val must be a number or a tensor, got last_val={last_val!r}."
-    if isinstance(last_val, (str, bytes)):
-        raise TypeError(refused)
-    try:
+    try:  # torch refuses str and bytes here too
         last = torch.as_tensor(last_val, dtype=value.dtype, device=value.device)
     except (TypeError, ValueError, RuntimeError) as error:
-        raise TypeError(refused) from error
+        raise TypeError(f"last_val must be a number or a tensor, got last_val={last_val!r}.") from error
     width = value.shape[1:].numel()
     if last.numel() != width:
         raise ValueError(

@@ -238,7 +238,7 @@ class PrioritySegmentTree(SumSegmentTree):
         """:meth:`_write` of validated, non-empty ``index`` / ``value`` on the :meth:`_numpy_levels` views."""
         depth = len(self._levels)
         levels, min_levels = views[:depth], views[depth:2 * depth - 1]
-        max_levels = views[2 * depth - 1:] if self._max_levels is not None else []
+        max_levels = views[2 * depth - 1:]  # empty without track_max
         value = value.astype(levels[0].dtype, copy=False)
         if index.shape[0] > 1:
             index, value = _last_writes(index, value)

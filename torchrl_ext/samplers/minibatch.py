@@ -5,14 +5,10 @@ after it: ``[T, N]`` (one agent, or agents kept inside each step under nested
 keys) or ``[T, N, A]`` (agents as threads, HARL's FP critic). Thread dims are
 flattened row-major (thread ``n * A + a``), so one code path covers EP and FP.
 
-* :class:`FeedForwardMinibatchSampler`: single steps, flat unit ``t * threads + thread``;
-  minibatches ``[B]``.
-* :class:`NaiveRecurrentMinibatchSampler`: whole thread sequences; minibatches
-  ``[k, T]`` (batch first, time second, as TorchRL's recurrent modules expect).
-* :class:`ChunkedRecurrentMinibatchSampler`: chunks of ``data_chunk_length``
-  consecutive steps of one thread, never crossing threads; minibatches ``[k, L]``.
-  The recurrent state to start a chunk from is the stored one at its first step
-  (``batch[:, 0]``); ``masks`` inside the chunk mark resets.
+The samplers differ in their unit: single steps (:class:`FeedForwardMinibatchSampler`),
+whole thread sequences (:class:`NaiveRecurrentMinibatchSampler`) or chunks of one
+thread (:class:`ChunkedRecurrentMinibatchSampler`); recurrent minibatches are batch
+first, time second, as TorchRL's recurrent modules expect.
 
 Each ``sample`` returns the next minibatch of the current epoch; after the last
 one ``ran_out`` is set, so ``for batch in rb:`` iterates exactly one epoch
@@ -159,11 +155,8 @@ class _EpochMinibatchSampler(StateFiles, Sampler):
             order = torch.arange(count)
         if self.drop_last:  # HARL: equal sizes, the leftover units unused this epoch
             order = order[: count - count % (size or self.num_mini_batch)]
-        if size is None:
-            splits = list(torch.tensor_split(order, self.num_mini_batch))
-        else:
-            splits = list(torch.split(order, size))
-        self._splits, self._next = splits, 0
+        splits = torch.tensor_split(order, self.num_mini_batch) if size is None else torch.split(order, size)
+        self._splits, self._next = list(splits), 0
         _compat.set_remaining_batches(self, len(splits))
 
     def sample(self, storage: Any, batch_size: int) -> tuple[tuple[torch.Tensor, ...], dict]:

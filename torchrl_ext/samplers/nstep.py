@@ -29,17 +29,12 @@ from the same step. The buffer keeps the one-step data: ``gamma`` and
 ``n_step`` can change without rewriting it.
 
 Single-agent and EP chains are tabulated per stored start
-(:class:`~torchrl_ext.samplers._chain_table.ChainTable`: the stop ``m`` and
-the n-step reward, 1 + reward bytes per stored step). Each write the buffer
-reports recomputes the chains that can reach it (``n_step`` per written step),
-so a sample costs ``O(batch)``: one lookup per draw instead of ``n_step``
-reads (HARL draws a permutation of the whole buffer per call). A new
-``gamma`` or ``n_step``, a load, or a change the sampler was not told about
-(a direct ``storage.set``) makes the table stale: it is rebuilt from the
-whole buffer, at once if it had paid for itself, else after walks worth one
-rebuild (see :meth:`NStepSampler._table`). FP chains (``agent_group``) and
-storages in shared memory (written by other processes) are walked at sample
-time, ``O(batch * n_step)``.
+(:class:`~torchrl_ext.samplers._chain_table.ChainTable`, 1 + reward bytes per
+stored step) and kept in step with the writes the buffer reports, so a sample
+costs ``O(batch)``: one lookup per draw instead of ``n_step`` reads (HARL draws
+a permutation of the whole buffer per call); :meth:`NStepSampler._table` says
+when a stale table is rebuilt. FP chains (``agent_group``) and storages in
+shared memory are walked at sample time, ``O(batch * n_step)``.
 """
 from __future__ import annotations
 
@@ -118,10 +113,6 @@ class NStepSampler(StatelessSampler):
             )
         self.reward_key = nested_key(reward_key, "reward_key")
         self.done_key = nested_key(done_key, "done_key")
-        if agent_group is not None and not (isinstance(agent_group, str) and agent_group):
-            raise TypeError(
-                f"agent_group must name an agent group (a str such as 'agents'), got agent_group={agent_group!r}."
-            )
         self.agent_group = agent_group
 
     n_step = CheckedSetting(
@@ -193,28 +184,25 @@ class NStepSampler(StatelessSampler):
             else:
                 m, reward = self._chain_values(streams, env, start)
                 steps, discount = self._counts(m, reward.shape, reward.device)
-            end = start + m.to(start.device)
-            if not streams.reads_chains:
-                self._next_entries(streams, streams.flat(env, end), info)
-            info[self.reward_key] = reward
-            info["steps_to_next_obs"], info["nstep_discount"] = steps, discount
-            return streams.index(env, start, end), info
-        done_leaf = streams.leaf(self.done_key)
-        reward_leaf = streams.leaf(self.reward_key)
-        to_newest, flat = self._chain_rows(streams, env, start)
-        agent_end = self._agent_chains(streams, flat, to_newest, info)
-        if done_leaf is not None:
-            m = self._stop_index(done_leaf, flat, to_newest, agent_dims=0)
-        else:  # FP without an env-level done: the env chain ends with the last agent's
-            m = agent_end.amax(1)
-        end = start + m
+        else:  # FP: the agents' chains first, then the env-level one
+            done_leaf, reward_leaf = streams.leaf(self.done_key), streams.leaf(self.reward_key)
+            to_newest, flat = self._chain_rows(streams, env, start)
+            agent_end = self._agent_chains(streams, flat, to_newest, info)
+            if done_leaf is not None:
+                m = self._stop_index(done_leaf, flat, to_newest, agent_dims=0)
+            else:  # FP without an env-level done: the env chain ends with the last agent's
+                m = agent_end.amax(1)
+            reward = None if reward_leaf is None else self._discounted_sum(reward_leaf, flat, m, agent_dims=0)
+            if reward is None:
+                steps, discount = self._counts(m, (env.shape[0], 1), flat.device)
+            else:
+                steps, discount = self._counts(m, reward.shape, reward_leaf.device)
+        end = start + m.to(start.device)
         if not streams.reads_chains:
-            self._next_entries(streams, flat.gather(1, m.unsqueeze(1)).squeeze(1), info)
-        if reward_leaf is not None:
-            info[self.reward_key] = self._discounted_sum(reward_leaf, flat, m, agent_dims=0)
-        count_shape = info[self.reward_key].shape if reward_leaf is not None else (env.shape[0], 1)
-        device = reward_leaf.device if reward_leaf is not None else flat.device
-        info["steps_to_next_obs"], info["nstep_discount"] = self._counts(m, count_shape, device)
+            self._next_entries(streams, streams.flat(env, end), info)
+        if reward is not None:
+            info[self.reward_key] = reward
+        info["steps_to_next_obs"], info["nstep_discount"] = steps, discount
         return streams.index(env, start, end), info
 
     def _next_entries(self, streams: Any, end_flat: torch.Tensor, info: dict[Any, Any]) -> None:
@@ -295,17 +283,10 @@ class NStepSampler(StatelessSampler):
             return
         table.written(index, reported_twice=reported_twice)
 
-    def _tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """The reward weights of a chain stopping at ``m`` (row ``m``: ``gamma**k`` for
-        ``k <= m``, float64) and ``gamma**(m + 1)`` (float32)."""
-        k = torch.arange(self.n_step)
-        weights = torch.where(k.unsqueeze(0) <= k.unsqueeze(1), self.gamma ** k.double(), 0.0)
-        discount = (self.gamma ** (k + 1).double()).float()
-        return weights.to(device), discount.to(device)
-
     def _counts(self, m: torch.Tensor, shape: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """``steps_to_next_obs = m + 1`` and ``nstep_discount``, shaped like the reward."""
-        discount = self._tables(device)[1].index_select(0, m.reshape(-1).to(device)).reshape(m.shape)
+        """``steps_to_next_obs = m + 1`` and ``nstep_discount = gamma**(m + 1)`` (float32), reward-shaped."""
+        discount = (self.gamma ** torch.arange(1, self.n_step + 1).double()).float()
+        discount = discount.index_select(0, m.reshape(-1).cpu()).reshape(m.shape)
         return _like(m + 1, shape, device), _like(discount, shape, device)
 
     # ------------------------------------------------------------------
@@ -326,9 +307,10 @@ class NStepSampler(StatelessSampler):
         batch = flat.shape[0]
         reward = reward_leaf.index_select(0, flat.reshape(-1).to(reward_leaf.device))
         reward = reward.reshape(batch, self.n_step, *reward.shape[1:])
-        weights = self._tables(reward.device)[0]
-        weight = weights.index_select(0, m.reshape(-1).to(reward.device)).reshape(*m.shape, self.n_step)
-        weight = weight.movedim(-1, 1)  # [B, n, *agents]
+        k = torch.arange(self.n_step, device=reward.device)
+        powers = (self.gamma ** torch.arange(self.n_step).double()).to(reward.device)
+        # gamma**k up to each chain's stop m, 0 after it (float64): [B, n, *agents]
+        weight = torch.where(k <= m.to(reward.device).unsqueeze(-1), powers, 0.0).movedim(-1, 1)
         weight = weight.reshape(*weight.shape, *(1,) * (reward.dim() - weight.dim()))
         return (weight * reward.double()).sum(1).to(reward.dtype)
 

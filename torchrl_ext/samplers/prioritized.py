@@ -175,15 +175,9 @@ class PrioritizedSampler(StateFiles, _TorchRLPrioritizedSampler):
     # Trees
     @makes_kept_tensors  # sample() may rebuild the tree inside torch.inference_mode()
     def _init(self) -> None:
-        device = self._tree_device or torch.device("cpu")
-        options = {"fanout": self._fanout, "dtype": self.dtype, "device": device}
-        # One tree holds the sums, the minimum over the sampleable (non-zero)
-        # priorities for the weights, and the maximum for new data.
         self._tree = PrioritySegmentTree(
-            self._capacity,
-            track_nnz=self._weights == "alf",
-            track_max=self._max_in_buffer,
-            **options,
+            self._capacity, track_nnz=self._weights == "alf", track_max=self._max_in_buffer,
+            fanout=self._fanout, dtype=self.dtype, device=self._tree_device or torch.device("cpu"),
         )
         self._max_seen = -math.inf
         # Every leaf at or above this index is zero. A leaf can be written for an item
@@ -232,10 +226,9 @@ class PrioritizedSampler(StateFiles, _TorchRLPrioritizedSampler):
         if self._tree_device is not None:
             return
         device = getattr(storage, "device", None)
-        if device is None or device == "auto" or torch.device(device).type != "cuda":
-            return
-        self._tree_device = torch.device(device)
-        self._init()
+        if device is not None and device != "auto" and torch.device(device).type == "cuda":
+            self._tree_device = torch.device(device)
+            self._init()
 
     @property
     def default_priority(self) -> float:
@@ -425,8 +418,7 @@ class PrioritizedSampler(StateFiles, _TorchRLPrioritizedSampler):
         return (index * strides).sum(-1)
 
     def _priority_vector(self, priority: Any, n: int, device: torch.device) -> torch.Tensor:
-        """``priority`` as ``[n]`` raw values, float64 unless given as a float32 tensor, so that
-        checks report the values given (a float32 cast turns 1e39 into inf)."""
+        """``priority`` as ``[n]`` raw values (float64 unless a float32 tensor: :func:`priority_tensor`)."""
         priority = priority_tensor(priority).to(device).detach()
         if not (priority.is_floating_point() or priority.dtype in INT_DTYPES):
             raise TypeError(f"priority must hold real numbers, got dtype={priority.dtype}.")
@@ -489,7 +481,7 @@ class PrioritizedSampler(StateFiles, _TorchRLPrioritizedSampler):
             fits = size == 1 << self._capacity.bit_length() and not bool(leaves[self._capacity:].any())
             capacity = self._capacity if fits else f"{size} (rounded up)"
             return self._load_torchrl_state(state_dict, leaves[: self._capacity], capacity)
-        if not isinstance(state_dict, dict) or not isinstance(state_dict.get("_sum_tree"), dict):
+        if not isinstance(tree, dict):
             raise ValueError(
                 "state_dict was not produced by a PrioritizedSampler (torchrl_ext's or TorchRL's); "
                 "pass the sampler's own state_dict()."
@@ -498,7 +490,7 @@ class PrioritizedSampler(StateFiles, _TorchRLPrioritizedSampler):
                           "_max_priority_within_buffer"} - state_dict.keys())
         if missing:
             raise ValueError(f"state_dict lacks {missing}: it is damaged or of another sampler.")
-        self._check_geometry(state_dict["_sum_tree"].get("capacity"))
+        self._check_geometry(tree.get("capacity"))
         saved = (state_dict["_weights"], state_dict["_max_priority_within_buffer"])
         if saved != (self._weights, self._max_in_buffer):
             raise ValueError(

@@ -1,20 +1,12 @@
 """Prioritized n-step replay: starts drawn by priority, chains as :class:`NStepSampler` builds them.
 
-Prioritized experience replay (Schaul et al., 2015) keeps one priority per
-stored step; n-step returns (as in Rainbow or Ape-X) turn each drawn step into
-a transition that sums up to ``n_step`` discounted rewards of the same episode.
-Here the start of every transition is drawn from the sum tree of
-:class:`~torchrl_ext.samplers.PrioritizedSampler` and the chain from it is the
-one :class:`~torchrl_ext.samplers.NStepSampler` follows: it stops at the first
-done step and at its env's newest step, and carries ``steps_to_next_obs`` and
-``nstep_discount``.
-
 The priority belongs to the start cell ``(time row, env)``: a priority written
 back from a TD error of an n-step transition lands on the step the transition
 starts at, which is the one drawn again.
 """
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
@@ -29,26 +21,26 @@ from torchrl_ext.samplers.prioritized import PrioritizedSampler
 __all__ = ["PrioritizedNStepSampler"]
 
 
+def _chain_setting(name: str, doc: str) -> property:
+    """The NStepSampler half's ``name``; a new value replaces the half (NStepSampler checks it)."""
+
+    def set_value(self: PrioritizedNStepSampler, value: Any) -> None:
+        self._nstep = self._chains_with(**{name: value})
+
+    return property(operator.attrgetter(f"_nstep.{name}"), set_value, doc=doc)
+
+
 class PrioritizedNStepSampler(PrioritizedSampler):
     r"""n-step transitions whose starts are drawn with probability proportional to priority.
 
     A stored step ``i`` (one cell of the ``[T, num_envs]`` storage) starts a
     transition with probability :math:`(p_i + \epsilon)^\alpha / \sum_j (p_j +
-    \epsilon)^\alpha`; new steps get the largest priority seen so far (or
-    ``initial_priority`` before one), as with
+    \epsilon)^\alpha`. New data's priority and the write-back work as for
     :class:`~torchrl_ext.samplers.PrioritizedSampler`, of which this is a
-    subclass: TorchRL's buffers write new data's priority through
-    ``mark_update`` and priorities back through ``update_priority`` /
-    ``update_tensordict_priority`` exactly as for plain prioritized replay.
-    The chain from each start is :class:`~torchrl_ext.samplers.NStepSampler`'s:
-    up to ``n_step`` steps of the same env, stopping at the first done step and
-    at the env's newest step.
+    subclass; the chain from each start is :class:`~torchrl_ext.samplers.NStepSampler`'s.
 
-    Works on tensor storages with ``ndim=2`` (``FastTensorStorage(max_size,
-    ndim=2)``, ``FastMemmapStorage`` or TorchRL's ``LazyTensorStorage``)
-    extended with ``[num_envs, T]`` collector batches, which TorchRL stores
-    time-major as ``[rows, num_envs]``. Per-env rings
-    (:class:`~torchrl_ext.storages.EnvRingStorage`) are not supported: use
+    Works on the ``ndim=2`` tensor storages :class:`NStepSampler` reads (``FastMemmapStorage``
+    too), not on per-env rings (:class:`~torchrl_ext.storages.EnvRingStorage`): use
     :class:`NStepSampler` there.
 
     Args:
@@ -135,25 +127,9 @@ class PrioritizedNStepSampler(PrioritizedSampler):
             f"{group}, weights={self._weights!r}, device={self.device})"
         )
 
-    # ------------------------------------------------------------------
     # The chain settings live in the NStepSampler this sampler delegates to.
-    @property
-    def n_step(self) -> int:
-        """Maximum steps per transition; settable (takes effect at the next sample)."""
-        return self._nstep.n_step
-
-    @n_step.setter
-    def n_step(self, value: int) -> None:
-        self._nstep = self._chains_with(n_step=value)
-
-    @property
-    def gamma(self) -> float:
-        """Discount of the summed rewards; settable (takes effect at the next sample)."""
-        return self._nstep.gamma
-
-    @gamma.setter
-    def gamma(self, value: float) -> None:
-        self._nstep = self._chains_with(gamma=value)
+    n_step = _chain_setting("n_step", "Maximum steps per transition; settable (from the next sample on).")
+    gamma = _chain_setting("gamma", "Discount of the summed rewards; settable (from the next sample on).")
 
     reward_key = read_only("_nstep.reward_key", "Key of the rewards summed along a chain.")
     done_key = read_only("_nstep.done_key", "Key of the done flags that stop a chain.")

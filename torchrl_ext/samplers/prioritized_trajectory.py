@@ -192,10 +192,9 @@ class PrioritizedTrajectorySampler(StateFiles, TrajectorySampler):
     def _advance(self, storage: EnvRingStorage, env: torch.Tensor, written: torch.Tensor) -> None:
         """Leaves of the ``env`` that moved on; ``written`` are the slots :meth:`_sync` found rewritten."""
         length = storage.max_length
-        p0, s0 = self._seen[0, env], self._seen[1, env]
-        p1, s1 = storage.positions[env], storage.sizes[env]
-        a0, b0 = self._valid_bounds(p0, s0)
-        a1, b1 = self._valid_bounds(p1, s1)
+        p1 = storage.positions[env]
+        a0, b0 = self._valid_bounds(self._seen[0, env], self._seen[1, env])
+        a1, b1 = self._valid_bounds(p1, storage.sizes[env])
         # Starts that left the valid range and whose slot still holds them.
         left = _leaves_of(env, torch.maximum(a0, p1 - length), torch.minimum(a1, b0 + 1) - 1, length)
         zeros = torch.cat([written, left])

@@ -122,12 +122,7 @@ def gather_rows(
     Args:
         stored: a TensorDict whose leaves are all tensors, batch dim first.
         index: 1-D integer tensor of rows, all within ``stored``.
-        extra: entries of shape ``[len(index), ...]`` added to the result.
-        leaves: ``stored``'s ``(key, tensor)`` leaves, if the caller keeps them
-            (listing them costs microseconds per call).
-        pinned: gather CPU leaves into page-locked host memory (needs an accelerator;
-            ``extra`` entries are added as they are).
-        item_shapes: :func:`item_batch_shapes` of ``stored`` when it has any.
+        extra, leaves, pinned, item_shapes: see :func:`gather_coordinates`.
 
     Returns:
         A TensorDict of batch size ``[len(index), *item batch shape]`` on ``stored``'s device.
@@ -195,8 +190,11 @@ def gather_coordinates(
             laid out contiguously (so each leaf flattens to rows without a copy).
         index: coordinates, broadcastable to the result's batch shape.
         extra: entries of the result's batch shape added to it.
-        leaves: ``stored``'s ``(key, tensor)`` leaves, if the caller keeps them.
-        pinned: gather CPU leaves into page-locked host memory (see :func:`gather_rows`).
+        leaves: ``stored``'s ``(key, tensor)`` leaves, if the caller keeps them
+            (listing them costs microseconds per call).
+        pinned: gather CPU leaves into page-locked host memory (needs an accelerator;
+            ``extra`` entries are added as they are).
+        item_shapes: :func:`item_batch_shapes` of ``stored`` when it has any.
 
     Examples:
         >>> import torch

@@ -89,11 +89,10 @@ def _raise_key_mismatch(expected: dict, got: dict, hint: str = "") -> None:
 
 def has_lazy_stack(data: Any) -> bool:
     """Whether ``data`` is, or holds at any depth, a ``LazyStackedTensorDict``."""
-    if isinstance(data, LazyStackedTensorDict):
-        return True
     if not isinstance(data, TensorDictBase):
         return False
-    return any(has_lazy_stack(value) for value in data.values() if isinstance(value, TensorDictBase))
+    return isinstance(data, LazyStackedTensorDict) or any(
+        has_lazy_stack(value) for value in data.values() if isinstance(value, TensorDictBase))
 
 
 def _newest_rows(cursor: Any, data: Any, capacity: int) -> tuple[Any, Any]:

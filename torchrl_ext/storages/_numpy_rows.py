@@ -108,6 +108,9 @@ def leaf_items(data: TensorDictBase) -> list[tuple[Any, Any]]:
         >>> [key for key, _ in leaf_items(td)]
         ['a', ('next', 'b')]
     """
+    items = list(data.items())
+    if all(type(value) is torch.Tensor for _, value in items):
+        return items  # nothing nested and no non-tensor leaf: the top level holds every leaf
     return list(data.items(include_nested=True, leaves_only=True, is_leaf=is_leaf_nontensor))
 
 

@@ -1,9 +1,4 @@
-"""Page-locked (pinned) host memory for sample outputs that will be copied to an accelerator.
-
-TorchRL's ``ReplayBuffer(pin_memory=True)`` calls ``pin_memory()`` on every sample, which
-copies each leaf once more unless it is pinned already; storages that gather into pinned
-memory (:class:`PinnedOutputs`) spare that copy.
-"""
+"""Page-locked (pinned) host memory for sample outputs that will be copied to an accelerator."""
 from __future__ import annotations
 
 from typing import Any
@@ -31,9 +26,8 @@ class PinnedOutputs:
     """Mixin for storages whose reads can gather into page-locked (pinned) host memory.
 
     With :attr:`pin_outputs` on, a read of a CPU storage returns leaves in pinned memory, so
-    ``pin_memory()`` on the sample (which TorchRL's ``ReplayBuffer(pin_memory=True)`` calls
-    on every sample) finds them pinned and copies nothing, and
-    ``sample.to("cuda", non_blocking=True)`` can overlap the transfer with compute.
+    ``pin_memory()``, which TorchRL's ``ReplayBuffer(pin_memory=True)`` calls on every sample,
+    copies nothing, and ``sample.to("cuda", non_blocking=True)`` can overlap the transfer with compute.
     Attaching the storage to a buffer built with ``pin_memory=True`` turns it on when an
     accelerator is present (without one, page-locking is impossible and TorchRL's own
     ``pin_memory()`` call fails as it always has).

@@ -260,9 +260,7 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
         # Overwritten slots give their terminal rows back.
         terminal_row, table = self._terminal_row.numpy(), table_rows.numpy()
         old = terminal_row[table]
-        freed = old[old >= 0]
-        if freed.size:
-            self._free_rows.extend(freed.tolist())
+        self._free_rows.extend(old[old >= 0].tolist())
         terminal_row[table] = -1
         done_flat = done.reshape(-1)
         if bool(done_flat.any()):
@@ -366,8 +364,7 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
 
     # ------------------------------------------------------------------
     def share_memory_(self, example: TensorDictBase | None = None) -> DedupEnvRingStorage:
-        """Refused: the terminal-frame table grows by reallocation and the free-row
-        list is a Python list, so neither can live in shared memory."""
+        """Refused (``RuntimeError``): the side tables cannot live in shared memory."""
         raise RuntimeError(
             f"{type(self).__name__} cannot be shared between processes: its terminal-frame "
             "table grows by reallocation and its free rows are a Python list. Fix: keep it in "
@@ -404,12 +401,8 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
         self._require_saved(state_dict, "dedup", "frame tables", "it was saved by another storage")
         super().load_state_dict(state_dict)
         dedup = state_dict["dedup"]
-        tables = dedup["tables"] or []
-        if tables:
-            self._pending_next = tables[0].to(self.device).clone()
-            self._terminal = tables[1].to(self.device).clone()
-        else:
-            self._pending_next = self._terminal = None
+        tables = [table.to(self.device).clone() for table in dedup["tables"] or []]
+        self._pending_next, self._terminal = tables or (None, None)
         row, last_done, free = dedup["bookkeeping"]
         self._terminal_row.copy_(row)
         self._last_done.copy_(last_done)

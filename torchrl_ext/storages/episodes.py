@@ -277,14 +277,11 @@ class EpisodicEnvRingStorage(EnvRingStorage):
         j = end.unsqueeze(1) - width + torch.arange(width)  # [n, width], last column end - 1
         valid = j >= start.unsqueeze(1)
         j = torch.where(valid, j, end.unsqueeze(1))  # padding reads a harmless stored step
-        flat = self.flat_index(env.unsqueeze(1), j)
-        flat_next = self.flat_index(env.unsqueeze(1), j + 1)
-        discount = self._flat_leaf(self.discount_key).index_select(0, flat.reshape(-1))
-        reward = self._flat_leaf(self.reward_key).index_select(0, flat_next.reshape(-1))
-        reward = reward.reshape(j.shape).double()
+        discount = self._flat_leaf(self.discount_key)[self.flat_index(env.unsqueeze(1), j)]
+        reward = self._flat_leaf(self.reward_key)[self.flat_index(env.unsqueeze(1), j + 1)].double()
         if self.reward_clip is not None:
             reward = reward.clamp(*self.reward_clip)
-        x = torch.where(valid, discount.reshape(j.shape).double() * reward, 0.0)
+        x = torch.where(valid, discount.double() * reward, 0.0)
         g = discounted_cumsum(x.unsqueeze(-1), self.gamma, torch.zeros_like(x, dtype=torch.bool).unsqueeze(-1))
         g = g.squeeze(-1).float().cpu()
         rows, slots = env.unsqueeze(1).expand_as(j)[valid], (j % length)[valid]

@@ -10,8 +10,7 @@ bootstraps the returns and becomes slot 0 of the next rollout
 It is written step by step with TorchRL step TensorDicts (``[N]`` with a
 ``"next"`` sub-TensorDict, as collectors produce them): :meth:`insert` puts
 the step in slot ``t`` and copies the *carried* entries of its ``"next"``
-(by default every key present both at the root and under ``"next"``, such as
-``"observation"`` or ``("agents", "observation")``) into slot ``t + 1``.
+(such as ``"observation"``) into slot ``t + 1``.
 :meth:`insert_steps` writes a block of steps at once (a collector's ``[N, L]``
 batch), and so does ``rb.extend(batch)`` on torchrl_ext's
 ``TensorDictReplayBuffer`` (through :class:`~torchrl_ext.writers.RolloutWriter`).
@@ -213,10 +212,8 @@ class RolloutStorage(PinnedOutputs, Storage):
         self._check_items(steps)
         first = self._step
         self._storage[first:first + length] = steps.to(self._device)
-        # Only the slot after the block gets carried "next" entries: inside the
-        # block, slot t + 1 keeps what the policy saw at step t + 1 (after a reset
-        # that is the reset observation, not the final one), as inserting the
-        # steps one by one leaves it.
+        # Only the slot after the block gets carried "next" entries: inside it, slot t + 1 keeps
+        # what the policy saw (after a reset, the reset observation), as step-by-step inserts do.
         after = self._storage[first + length]
         last = steps[length - 1]
         for key in self._carry_keys:
@@ -226,9 +223,8 @@ class RolloutStorage(PinnedOutputs, Storage):
 
     def _check_items(self, steps: TensorDictBase) -> None:
         """``ValueError`` unless each leaf of ``steps`` (``[L, N, ...]``) has the stored per-env
-        shape, and :class:`StorageLayoutError` for a dtype the stored one cannot take without
-        loss (a float into an int or bool slot, an int into a bool one): the copy would
-        truncate it silently. Widening casts (float64 into float32, int into float) pass."""
+        shape; :class:`StorageLayoutError` for a dtype the copy would truncate silently (a float
+        into an int slot, an int into a bool one). Widening casts (float64 into float32) pass."""
         stored = self._storage
         for key, leaf in steps.items(include_nested=True, leaves_only=True):
             if not isinstance(leaf, torch.Tensor):
@@ -246,6 +242,7 @@ class RolloutStorage(PinnedOutputs, Storage):
                     "(rounding first if needed)."
                 )
 
+    @makes_kept_tensors  # even at a first step inserted inside torch.inference_mode()
     def _allocate(self, step: TensorDictBase) -> None:
         carry_keys = self._carry_keys
         if carry_keys is None:
@@ -265,10 +262,7 @@ class RolloutStorage(PinnedOutputs, Storage):
                     "give both the same shape."
                 )
         batch = (self._num_steps + 1, *step.batch_size)
-        # Normal tensors even at a first step inserted inside torch.inference_mode(): inference
-        # tensors refuse the in-place writes made outside it later.
-        with torch.inference_mode(False):
-            self._storage = step.to(self._device).unsqueeze(0).expand(batch).clone().zero_()
+        self._storage = step.to(self._device).unsqueeze(0).expand(batch).clone().zero_()
         self._step_keys, self._carry_keys = _entry_keys(step), carry_keys
 
     def write_rollout(self, data: TensorDictBase) -> None:
@@ -413,10 +407,8 @@ class RolloutStorage(PinnedOutputs, Storage):
         saved = state_dict["carry_keys"]
         # [] from an empty rollout (or an older checkpoint of one) may mean "not chosen yet";
         # once steps are stored, [] means that nothing is carried.
-        if saved is None or (not saved and self._storage is None):
-            self._carry_keys = None
-        else:
-            self._carry_keys = [tuple(k) if len(k) > 1 else k[0] for k in saved]
+        self._carry_keys = None if saved is None or (not saved and self._storage is None) else [
+            tuple(k) if len(k) > 1 else k[0] for k in saved]
         self._step_keys = {tuple(k) if len(k) > 1 else k[0] for k in state_dict["step_keys"]}
         self._step = int(state_dict["step"])
 

@@ -13,23 +13,15 @@ import torch
 
 
 def _flag_as_float(flag: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Fresh ``0./1.`` tensor of ``flag``.
-
-    Going through a ``uint8`` view is several times faster on CPU than a
-    direct ``bool`` cast or ``where``/``masked_fill`` on a bool mask, and it
-    is what makes the estimators below cheap at small sizes.
-    """
+    """Fresh ``0./1.`` tensor of ``flag``, through a ``uint8`` view: several times faster on CPU
+    than a ``bool`` cast or ``where``/``masked_fill``, which keeps the estimators cheap at small sizes."""
     return flag.view(torch.uint8).to(dtype)
 
 
 def _needs_autograd(*args: object) -> bool:
-    """Whether grad mode is on and an argument requires grad.
-
-    The fast kernels write through ``out=`` into reused workspaces, which autograd cannot
-    follow; then the differentiable twins (:mod:`torchrl_ext.value._differentiable`) compute
-    the same recursion out of place, so gradients reach rewards, values and
-    log-probabilities (TorchRL's ``differentiable=True``).
-    """
+    """Whether grad mode is on and an argument requires grad: autograd cannot follow the fast
+    kernels' ``out=`` writes into reused workspaces, so the kernels then take their out-of-place
+    twins (:mod:`torchrl_ext.value._differentiable`, TorchRL's ``differentiable=True``)."""
     return torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
 
 
@@ -62,23 +54,15 @@ def _fill_continues(out: torch.Tensor, done: torch.Tensor, dim: int) -> torch.Te
     return out
 
 
-########################################################################
-# Core recursion
-# --------------
-
-
 class _Workspace:
     """Buffers and views of one :func:`_reverse_linear_scan` shape.
 
-    ``buffer`` holds 4 flat rows: ``x`` and ``coef`` (rows 0 and 1, which the
-    caller fills through the views shaped like the data) and their ping-pong
-    twins (rows 2 and 3). Each row is followed by zeros covering the largest
-    shift of the scan, so shifted reads past the end see finite values; the
-    scan only ever writes the first ``numel`` elements of a row, so the zeros
-    stay. ``rounds`` holds, per round, the operand views
-    ``(x, coef, x shifted, coef shifted, x out, coef out)``: building views
-    costs microseconds each, as much as a kernel at rollout sizes, so they are
-    made once per shape.
+    ``buffer`` holds 4 flat rows: ``x`` and ``coef`` (rows 0 and 1, which the caller fills
+    through the views shaped like the data) and their ping-pong twins (rows 2 and 3). Each row
+    is followed by zeros covering the largest shift of the scan, so shifted reads past the end
+    see finite values (the scan only writes a row's first ``numel`` elements). ``rounds`` holds
+    per round the operand views ``(x, coef, x shifted, coef shifted, x out, coef out)``, made
+    once per shape: a view costs microseconds, as much as a kernel at rollout sizes.
     """
 
     def __init__(self, shape: torch.Size, dim: int, dtype: torch.dtype, device: torch.device):
@@ -109,9 +93,7 @@ _MAX_WORKSPACES = 8
 _MAX_CACHED_NUMEL = 1 << 20
 
 
-def _scan_workspace(
-    shape: torch.Size, dim: int, dtype: torch.dtype, device: torch.device
-) -> _Workspace:
+def _scan_workspace(shape: torch.Size, dim: int, dtype: torch.dtype, device: torch.device) -> _Workspace:
     """The (reused) workspace of :func:`_reverse_linear_scan` for this shape."""
     key = (tuple(shape), dim, dtype, device)
     cache = getattr(_WORKSPACES, "cache", None)
@@ -135,26 +117,22 @@ def _scan_workspace(
 def _reverse_linear_scan(workspace: _Workspace, scale: float | torch.Tensor = 1.0) -> torch.Tensor:
     """Solves ``y[t] = x[t] + scale * coef[t] * y[t + 1]`` (``y[T] = 0``) along ``dim``.
 
-    ``workspace.x`` and ``workspace.coef`` are filled by the caller, with
-    ``coef == 0`` at the last step ``T - 1`` (where its value does not matter
-    to the recursion). Returns ``y``, a fresh contiguous tensor shaped like the
-    data whose storage holds one more time step of zeros (``step`` elements), so
-    ``y.as_strided(y.shape, y.stride(), step)`` is ``y[t + 1]`` except at the last
-    step of each row, where it reads the next row or the zeros.
+    ``workspace.x`` and ``workspace.coef`` are filled by the caller, with ``coef == 0`` at the
+    last step ``T - 1`` (where its value does not matter to the recursion). Returns ``y``, a
+    fresh contiguous tensor shaped like the data whose storage holds one more time step of zeros
+    (``step`` elements), so ``y.as_strided(y.shape, y.stride(), step)`` is ``y[t + 1]`` except
+    at the last step of each row, where it reads the next row or the zeros.
 
-    Hillis-Steele (log-depth) scan: round ``k`` (offset ``d = 2**k``) folds
-    the partial sum that starts ``d`` steps later into ``y[t]`` and composes
-    the coefficients, ``coef[t] *= coef[t + d]``. It runs on the flattened
-    contiguous rows, where a shift by ``d`` steps is a shift by ``d * step``
-    elements, for every batch row at once. This is exact because
-    ``coef[T - 1] == 0``: a composed coefficient whose window reaches past the
-    end of a row is 0, so what the shift reads from the next row is
-    multiplied by 0 (assuming finite inputs). Each round writes to the twin
-    rows (ping-pong), so no clone is needed for the overlapping operands, and
-    all operands are contiguous: two kernels per round. The Python float
-    ``scale`` (e.g. ``gamma``) is kept out of ``coef`` and passed as
-    ``addcmul``'s ``value=``, squared each round (computed in float64), which
-    saves a full multiplication pass; a tensor ``scale`` is folded into ``coef`` first.
+    Hillis-Steele (log-depth) scan: round ``k`` (offset ``d = 2**k``) folds the partial sum that
+    starts ``d`` steps later into ``y[t]`` and composes the coefficients, ``coef[t] *= coef[t + d]``.
+    It runs on the flattened contiguous rows, where a shift by ``d`` steps is a shift by
+    ``d * step`` elements, for every batch row at once. This is exact because ``coef[T - 1] == 0``:
+    a composed coefficient whose window reaches past the end of a row is 0, so what the shift
+    reads from the next row is multiplied by 0 (assuming finite inputs). Each round writes to the
+    twin rows (ping-pong), so overlapping operands need no clone: two kernels per round. The
+    Python float ``scale`` (e.g. ``gamma``) is kept out of ``coef`` and passed as ``addcmul``'s
+    ``value=``, squared each round (in float64), which saves a multiplication pass; a tensor
+    ``scale`` is folded into ``coef`` first.
     """
     if isinstance(scale, torch.Tensor):
         workspace.coef.mul_(scale)

@@ -1,19 +1,15 @@
 """TorchRL value-estimator modules backed by :mod:`torchrl_ext.value.functional`.
 
-:class:`GAE` and :class:`VTrace` subclass TorchRL's classes of the same name:
-same keys (``set_keys``), same value-network calling (``shifted``, chunking,
-vmap, functional params), same ``for_loss`` wiring. They only swap the math
-for the log-depth scans of :mod:`~torchrl_ext.value.functional` and add two
-things TorchRL's ``GAE`` lacks: team-level reward/done broadcast to per-agent
-values (so one class serves single- and multi-agent data) and an optional
-value normalizer (HARL's ``ValueNorm``) applied before the recursion.
+:class:`GAE` and :class:`VTrace` subclass TorchRL's classes of the same name: same keys
+(``set_keys``), same value-network calling (``shifted``, chunking, vmap, functional params),
+same ``for_loss`` wiring. They only swap the math for the log-depth scans of
+:mod:`~torchrl_ext.value.functional` and add two things TorchRL's ``GAE`` lacks: team-level
+reward/done broadcast to per-agent values (so one class serves single- and multi-agent data) and
+an optional value normalizer (HARL's ``ValueNorm``) applied before the recursion.
 
 Both (and :class:`~torchrl_ext.value.TDLambda`) are registered in TorchRL's value-estimator
-registry under :class:`ExtValueEstimators` (``"ext_gae"``, ``"ext_vtrace"``,
-``"ext_td_lambda"``). To give a TorchRL loss one of them, with the loss's critic, actor
-and keys, call :func:`torchrl_ext.value.make_value_estimator` (``loss``, ``GAE``,
-``gamma=...``, ``lmbda=...``): TorchRL's ``loss.make_value_estimator(GAE, ...)`` builds the
-class without the loss's networks or keys.
+registry under :class:`ExtValueEstimators`; :func:`torchrl_ext.value.make_value_estimator`
+gives one to a TorchRL loss with the loss's critic, actor and keys.
 """
 from __future__ import annotations
 
@@ -66,14 +62,9 @@ class _SignalsMixin:
         # A key written in YAML arrives as a ListConfig, which TorchRL would keep as the key.
         super().__init__(group_key=None if group_key is None else nested_key(group_key, "group_key"), **kwargs)
 
-    def _read_signals(
-        self,
-        tensordict: TensorDictBase,
-        params: TensorDictBase | None,
-        target_params: TensorDictBase | None,
-        time_dim: int | None,
-        next_value: Tensor | None = None,
-    ) -> _Signals:
+    def _read_signals(self, tensordict: TensorDictBase, params: TensorDictBase | None,
+                      target_params: TensorDictBase | None, time_dim: int | None,
+                      next_value: Tensor | None = None) -> _Signals:
         """The values and signals of ``tensordict``; given ``next_value`` (the bootstrap of TorchRL's
         ``value_estimate``), no critic is called and ``value`` is None."""
         if tensordict.batch_dims < 1:
@@ -98,21 +89,11 @@ class _SignalsMixin:
                 params = params.detach()
                 if target_params is None:
                     target_params = params.clone(False)
-            holdout = (
-                hold_out_net(self.value_network)
-                if params is None and target_params is None
-                else nullcontext()
-            )
+            holdout = hold_out_net(self.value_network) if target_params is None else nullcontext()
             with holdout:
                 value, next_value, valid = _compat.call_value_nets(
-                    self,
-                    tensordict,
-                    params=params,
-                    next_params=target_params,
-                    single_call=self.shifted,
-                    value_key=keys.value,
-                    detach_next=True,
-                    vmap_randomness=self.vmap_randomness,
+                    self, tensordict, params=params, next_params=target_params, single_call=self.shifted,
+                    value_key=keys.value, detach_next=True, vmap_randomness=self.vmap_randomness,
                 )
             if valid is not None:
                 tensordict.set("shifted_valid", valid)
@@ -154,14 +135,8 @@ class _SignalsMixin:
     @_compat.skip_existing
     @_compat.grad_enabled
     @dispatch
-    def forward(
-        self,
-        tensordict: TensorDictBase,
-        *,
-        params: TensorDictBase | None = None,
-        target_params: TensorDictBase | None = None,
-        time_dim: int | None = None,
-    ) -> TensorDictBase:
+    def forward(self, tensordict: TensorDictBase, *, params: TensorDictBase | None = None,
+                target_params: TensorDictBase | None = None, time_dim: int | None = None) -> TensorDictBase:
         """Writes ``advantage`` and ``value_target`` into ``tensordict`` and returns it."""
         advantage, value_target, valid = self._advantage(tensordict, params, target_params, time_dim)
         if getattr(self, "average_gae", False):  # GAE's option
@@ -321,16 +296,13 @@ class GAE(_SignalsMixin, _CheckedLambda, _TorchRLGAE):
         n_agents = adv.shape[agent_dim]
         ids = torch.arange(n_agents, device=adv.device).reshape([-1 if d == agent_dim else 1 for d in range(adv.ndim)])
         if groups is not None:
-            while groups.ndim < adv.ndim:
-                groups = groups.unsqueeze(-1)
+            groups = groups.reshape(*groups.shape, *[1] * (adv.ndim - groups.ndim))
             ids = groups.expand(adv.shape) * n_agents + ids
         return _compat.standardize_by_group(adv, ids.expand(adv.shape), mask)
 
     def _advantage(self, tensordict, params, target_params, time_dim):
         sig = self._read_signals(tensordict, params, target_params, time_dim)
-        reward, done, terminated = self._prepare_signals(
-            sig.reward, sig.done, sig.terminated, sig.value
-        )
+        reward, done, terminated = self._prepare_signals(sig.reward, sig.done, sig.terminated, sig.value)
         gamma = self._team_gamma(sig, sig.value, self._agents_at())
         value, next_value = sig.value, sig.next_value
         if self.value_normalizer is not None:
@@ -339,20 +311,11 @@ class GAE(_SignalsMixin, _CheckedLambda, _TorchRLGAE):
         if self.auto_reset_env:
             # The last "next" observation already is the reset one: bootstrap a
             # truncation from V(s_t) through the reward, then treat it as terminal.
-            truncated = self._broadcast_optional(
-                tensordict.get(("next", "truncated")), value
-            )
+            truncated = self._broadcast_optional(tensordict.get(("next", "truncated")), value)
             reward = reward + gamma * value * truncated
             terminated = done
         advantage, value_target = functional.generalized_advantage_estimate(
-            gamma,
-            self.lmbda,
-            value,
-            next_value,
-            reward,
-            done,
-            terminated,
-            time_dim=sig.time_dim,
+            gamma, self.lmbda, value, next_value, reward, done, terminated, time_dim=sig.time_dim
         )
         return advantage, value_target, sig.valid
 
@@ -416,14 +379,8 @@ class VTrace(_SignalsMixin, _TorchRLVTrace):
     ) -> None:
         check_reals("gamma", gamma, low=0.0, high=1.0)
         functional._check_thresholds(rho_thresh, c_thresh)
-        super().__init__(
-            gamma=gamma,
-            actor_network=actor_network,
-            value_network=value_network,
-            rho_thresh=rho_thresh,
-            c_thresh=c_thresh,
-            **kwargs,
-        )
+        super().__init__(gamma=gamma, actor_network=actor_network, value_network=value_network,
+                         rho_thresh=rho_thresh, c_thresh=c_thresh, **kwargs)
 
     def _advantage(self, tensordict, params, target_params, time_dim):
         sig = self._read_signals(tensordict, params, target_params, time_dim)
@@ -440,17 +397,8 @@ class VTrace(_SignalsMixin, _TorchRLVTrace):
         with hold_out_net(self.actor_network):
             log_pi = stored_action_log_prob(self.actor_network, tensordict).reshape(sig.value.shape)
         advantage, value_target = functional.vtrace_advantage_estimate(
-            sig.gamma,
-            log_pi,
-            log_mu,
-            sig.value,
-            sig.next_value,
-            sig.reward,
-            sig.done,
-            sig.terminated,
-            rho_thresh=self.rho_thresh,
-            c_thresh=self.c_thresh,
-            time_dim=sig.time_dim,
+            sig.gamma, log_pi, log_mu, sig.value, sig.next_value, sig.reward, sig.done, sig.terminated,
+            rho_thresh=self.rho_thresh, c_thresh=self.c_thresh, time_dim=sig.time_dim,
         )
         return advantage, value_target, sig.valid
 

@@ -1,17 +1,16 @@
 """Pure tensor math for advantages and returns.
 
-Every function here is tensor-in, tensor-out: no TensorDict, no ``nn.Module``
-state, no in-place change of an argument. Argument names and order follow
-:mod:`torchrl.objectives.value.functional`, so each function is a drop-in
-replacement for its TorchRL namesake.
+Every function here is tensor-in, tensor-out: no TensorDict, no ``nn.Module`` state, no in-place
+change of an argument. Argument names and order follow
+:mod:`torchrl.objectives.value.functional`, so each function is a drop-in replacement for its
+TorchRL namesake.
 
-Shape contract: ``state_value``, ``next_state_value``, ``reward``, ``done``,
-``terminated`` (and ``log_pi`` / ``log_mu`` for V-trace) share one shape
-``[*B, T, *F]`` where ``T`` sits at ``time_dim`` (default ``-2``). Any number
-of leading batch dims works, e.g. ``[N, A, T, 1]`` for per-agent values with
-``time_dim=-2``. ``gamma`` and ``lmbda`` are Python floats or tensors
-broadcastable to that shape (per-step or per-env discounts), as are V-trace's
-``rho_thresh`` and ``c_thresh``. An empty time dim (``T = 0``) gives empty results.
+Shape contract: ``state_value``, ``next_state_value``, ``reward``, ``done``, ``terminated`` (and
+``log_pi`` / ``log_mu`` for V-trace) share one shape ``[*B, T, *F]`` where ``T`` sits at
+``time_dim`` (default ``-2``). Any number of leading batch dims works, e.g. ``[N, A, T, 1]`` for
+per-agent values with ``time_dim=-2``. ``gamma`` and ``lmbda`` are Python floats or tensors
+broadcastable to that shape (per-step or per-env discounts), as are V-trace's ``rho_thresh`` and
+``c_thresh``. An empty time dim (``T = 0``) gives empty results.
 
 Flag semantics (exactly TorchRL 0.14.1's):
 
@@ -25,26 +24,19 @@ Flag semantics (exactly TorchRL 0.14.1's):
   is terminated.
 
 Algorithm: every estimator reduces to the reverse linear recurrence
-``y[t] = x[t] + a[t] * y[t + 1]``, solved by :func:`_reverse_linear_scan`, a
-Hillis-Steele (log-depth) scan over the time dimension. It runs
-``ceil(log2 T)`` rounds of whole-tensor element-wise ops instead of ``T``
-rounds of tiny ops, so it is fast on CPU (few Python-level kernel launches,
-large vectorised ops) and on GPU (no sequential dependency), in pure torch.
-The scan works on flat contiguous buffers (a shift in time is a shift of
-the flat index, see :func:`_reverse_linear_scan`), and the estimators are
-written to keep the number of torch calls low: at rollout sizes each call
-costs several microseconds of fixed overhead on CPU, as much as its
-arithmetic. When grad mode is on and an input requires grad, the same recursion runs out
-of place (:mod:`torchrl_ext.value._differentiable`), so gradients flow as through
-TorchRL's functions. Inputs are expected to
-be finite: a NaN or inf in one trajectory of a batch can also turn outputs
-of the trajectory stored before it into NaN (the flat scan multiplies it by a
-zero coefficient), so check the value network, not the estimate.
-TorchRL's vectorised GAE instead splits trajectories at every ``done``, pads
-them and convolves, which costs ``O(T^2)`` memory traffic per trajectory and
-degrades sharply when episodes end inside the rollout. A blocked
-(chunk-then-carry) formulation was slower on CPU (``benchmarks/``): it needs two
-Python loops of ``sqrt(T)`` small ops each.
+``y[t] = x[t] + a[t] * y[t + 1]``, solved by :func:`_reverse_linear_scan` in
+``ceil(log2 T)`` rounds of whole-tensor element-wise ops instead of ``T`` rounds of
+tiny ops: fast on CPU (few kernel launches) and GPU (no sequential dependency), in
+pure torch. The estimators keep the number of torch calls low, since at rollout sizes
+each call costs several microseconds of fixed overhead on CPU, as much as its
+arithmetic. When grad mode is on and an input requires grad, the same recursion runs
+out of place (:mod:`torchrl_ext.value._differentiable`), so gradients flow as through
+TorchRL's functions. Inputs are expected to be finite: a NaN or inf in one trajectory
+of a batch can also turn outputs of the trajectory stored before it into NaN (the flat
+scan multiplies it by a zero coefficient), so check the value network, not the estimate.
+TorchRL's vectorised GAE instead splits trajectories at every ``done``, pads them and
+convolves (``O(T^2)`` memory traffic per trajectory); a blocked (chunk-then-carry)
+formulation was slower on CPU (``benchmarks/``): two Python loops of ``sqrt(T)`` small ops.
 """
 from __future__ import annotations
 
@@ -76,11 +68,6 @@ __all__ = [
     "td_lambda_return_estimate",
     "vtrace_advantage_estimate",
 ]
-
-
-########################################################################
-# GAE
-# ---
 
 
 def generalized_advantage_estimate(
@@ -161,11 +148,6 @@ def generalized_advantage_estimate(
     return _to_dtype(advantage, dtype), _to_dtype(advantage + value, dtype)
 
 
-########################################################################
-# TD(lambda)
-# ----------
-
-
 def td_lambda_return_estimate(
     gamma: float | torch.Tensor,
     lmbda: float | torch.Tensor,
@@ -219,12 +201,7 @@ def td_lambda_return_estimate(
     check_floating("reward", reward)
     check_flag("done", done)
     check_flag("terminated", terminated)
-    check_same_shape(
-        next_state_value=next_state_value,
-        reward=reward,
-        done=done,
-        terminated=terminated,
-    )
+    check_same_shape(next_state_value=next_state_value, reward=reward, done=done, terminated=terminated)
     check_reals("gamma", gamma, low=0.0, high=1.0, shape=reward.shape)
     check_reals("lmbda", lmbda, low=0.0, high=1.0, shape=reward.shape)
     dim = resolve_time_dim(time_dim, reward.ndim)
@@ -242,11 +219,6 @@ def td_lambda_return_estimate(
         torch.addcmul(reward, bootstrap_weight, next_value, out=workspace.x)
         returns = _reverse_linear_scan(workspace, scale=gamma * lmbda)
     return _to_dtype(returns, dtype)
-
-
-########################################################################
-# Discounted cumulative sum
-# -------------------------
 
 
 def discounted_cumsum(
@@ -300,11 +272,6 @@ def discounted_cumsum(
     workspace.x.copy_(x)
     _fill_continues(workspace.coef, done, dim)
     return _to_dtype(_reverse_linear_scan(workspace, scale=_as_discount(gamma, workspace.coef)), x.dtype)
-
-
-########################################################################
-# V-trace
-# -------
 
 
 def vtrace_advantage_estimate(
@@ -372,15 +339,7 @@ def vtrace_advantage_estimate(
     """
     if terminated is None:
         terminated = done
-    check_signals(
-        state_value,
-        next_state_value,
-        reward,
-        done,
-        terminated,
-        log_pi=log_pi,
-        log_mu=log_mu,
-    )
+    check_signals(state_value, next_state_value, reward, done, terminated, log_pi=log_pi, log_mu=log_mu)
     check_reals("gamma", gamma, low=0.0, high=1.0, shape=state_value.shape)
     _check_thresholds(rho_thresh, c_thresh, state_value.shape)
     dim = resolve_time_dim(time_dim, state_value.ndim)

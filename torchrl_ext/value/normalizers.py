@@ -153,9 +153,7 @@ class ValueNorm(nn.Module):
         _check_trailing(x, self.input_shape, "x", self.norm_axes)
         batch_size = math.prod(x.shape[: self.norm_axes])
         if batch_size == 0:
-            raise ValueError(
-                f"`x` has shape {tuple(x.shape)}: an empty batch cannot update the statistics."
-            )
+            raise ValueError(f"`x` has shape {tuple(x.shape)}: an empty batch cannot update the statistics.")
         _check_finite(x, "x")
         # HARL rounds x to the state dtype; the moments are then taken in float64, since
         # x * x overflows a narrow dtype long before x does (float16: |x| > 255).
@@ -178,8 +176,7 @@ class ValueNorm(nn.Module):
         """Returns the debiased ``(mean, var)``, each of shape ``input_shape``."""
         d = self.debiasing_term.clamp(min=self.epsilon)
         mean = self.running_mean / d
-        mean_sq = self.running_mean_sq / d
-        return mean, (mean_sq - mean * mean).clamp(min=1e-2)
+        return mean, (self.running_mean_sq / d - mean * mean).clamp(min=1e-2)
 
     def _stats_for(self, x: Any) -> tuple[Tensor, Tensor, Tensor]:
         x = _as_float_tensor(x, "x", self.running_mean.device)
@@ -301,9 +298,8 @@ class RunningMeanStd(nn.Module):
         self.count.copy_(count)
 
     @torch.no_grad()
-    def update_from_moments(
-        self, batch_mean: Tensor | Any, batch_var: Tensor | Any, batch_count: float
-    ) -> None:
+    def update_from_moments(self, batch_mean: Tensor | Any, batch_var: Tensor | Any,
+                            batch_count: float) -> None:
         """Merges batch moments (each of shape ``shape``) computed over ``batch_count`` samples."""
         batch_count = check_real("batch_count", batch_count, low=0.0)
         bm = _as_float_tensor(batch_mean, "batch_mean", self.mean.device).to(self.mean.dtype)
@@ -373,15 +369,13 @@ class IntrinsicRewardNormalizer(nn.Module):
         self.rms = RunningMeanStd((1,), epsilon, device=device)
         if mode == "forward":
             # Per-env filter state; empty until the first call tells us N.
-            empty = torch.zeros(0, device=device, dtype=torch.float64)
-            self.register_buffer("forward_filter", empty)
+            self.register_buffer("forward_filter", torch.zeros(0, device=device, dtype=torch.float64))
 
     def extra_repr(self) -> str:
         return f"gamma={self.gamma}, mode={self.mode!r}"
 
-    def _load_from_state_dict(
-        self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any
-    ) -> None:
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any,
+                              **kwargs: Any) -> None:
         # The filter's shape is only known after the first call, so size it from the checkpoint.
         saved = state_dict.get(prefix + "forward_filter")
         if self.mode == "forward" and saved is not None and saved.shape != self.forward_filter.shape:
@@ -393,8 +387,7 @@ class IntrinsicRewardNormalizer(nn.Module):
         r = _as_float_tensor(intrinsic_reward, "intrinsic_reward", self.rms.mean.device)
         if not (r.ndim == 2 or (r.ndim == 3 and r.shape[-1] == 1)):
             raise ValueError(
-                "`intrinsic_reward` must be time-major [T, N] or [T, N, 1], "
-                f"got shape {tuple(r.shape)}; "
+                f"`intrinsic_reward` must be time-major [T, N] or [T, N, 1], got shape {tuple(r.shape)}; "
                 "add an env dim with `r.unsqueeze(-1)` for a single env."
             )
         r2 = r.detach().reshape(r.shape[0], r.shape[1])
@@ -411,8 +404,7 @@ class IntrinsicRewardNormalizer(nn.Module):
                 acc = torch.zeros(num_envs, dtype=acc.dtype, device=acc.device)
             elif acc.shape[0] != num_envs:
                 raise ValueError(
-                    f"`intrinsic_reward` has {num_envs} envs but the forward filter "
-                    f"holds {acc.shape[0]}; "
+                    f"`intrinsic_reward` has {num_envs} envs but the forward filter holds {acc.shape[0]}; "
                     "keep N fixed or use a fresh normalizer."
                 )
             # f_t = gamma f_{t-1} + r_t is the backward sum of the time-reversed

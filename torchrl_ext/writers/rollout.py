@@ -9,7 +9,7 @@ current step, so the usual TorchRL loop works unchanged::
     rb.extend(batch)    # [N, T] collector batch, or [T] from one env
     for minibatch in rb: ...
 
-The rollout's step counter is the cursor: the writer keeps no state of its own.
+The rollout's step counter, saved with the storage, is the cursor: the writer keeps no state of its own.
 """
 from __future__ import annotations
 
@@ -28,8 +28,6 @@ __all__ = ["RolloutWriter"]
 
 class RolloutWriter(NoState, Writer):
     """Appends written steps to a :class:`RolloutStorage` (``add``: one step, ``extend``: ``[L, N]``).
-
-    No state of its own: the cursor is the storage's step, saved with the storage.
 
     Shape contract:
         ``add(step)`` takes one step ``[N]``; ``extend(data)`` takes ``[L, N]``
