@@ -11,7 +11,9 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from torchrl_ext._checks import bounds, check_bool, check_int, check_real, check_reals, resolve_time_dim
+from torchrl_ext._checks import (
+    as_index, bounds, check_bool, check_generator, check_int, check_real, check_reals, resolve_time_dim,
+)
 from torchrl_ext.demos import DemoStore
 from torchrl_ext.presets import l2r_ppo_buffer
 from torchrl_ext.replay_buffers.on_policy import OnPolicyReplayBuffer, VTraceReplayBuffer
@@ -242,6 +244,41 @@ def test_check_int_bounds_and_result():
     assert check_int("n", 3, minimum=1) == 3
     _raises(lambda: check_int("n", 5, minimum=0, maximum=4), ValueError, r"n must be an int in \[0, 4\], got n=5\.$")
     _raises(lambda: check_int("n", 0, minimum=1, hint="e.g. n=1"), ValueError, r"n must be an int >= 1, got n=0; e\.g\. n=1\.$")
+
+
+@pytest.mark.parametrize("component", list(INTS))
+@pytest.mark.parametrize("value", [np.int64(3), np.int32(2), torch.tensor(3)])
+def test_an_integer_of_another_type_is_told_to_pass_a_python_int(component, value):
+    # Was: "n_step must be an int >= 1, got n_step=np.int64(3)", as if 3 were out of range.
+    name, call = INTS[component]
+    _raises(lambda: call(value), ValueError, rf"{name} must be a Python int >= 1, got {name}="
+            rf"{re.escape(repr(value))} \({type(value).__name__}\); pass int\({name}\)")
+
+
+def test_check_int_python_int_message_keeps_the_bounds_and_hint():
+    _raises(lambda: check_int("n", np.uint8(0), minimum=1, maximum=4, hint="e.g. n=1"), ValueError,
+            r"n must be a Python int in \[1, 4\], got n=np\.uint8\(0\) \(uint8\); pass int\(n\); e\.g\. n=1\.$")
+    for other in (True, np.True_, torch.tensor(True), torch.tensor([3]), 3.0):  # no integers: the old message
+        _raises(lambda: check_int("n", other, minimum=1), ValueError, rf"n must be an int >= 1, got n={re.escape(repr(other))}\.$")
+
+
+@pytest.mark.parametrize("value, expected", [(np.int64(4), 4), (torch.tensor(3), 3), (np.uint8(2), 2)])
+def test_as_index_takes_integers_of_other_types(value, expected):
+    assert type(as_index(value)) is int and as_index(value) == expected
+
+
+@pytest.mark.parametrize("value", [True, np.True_, torch.tensor(True), torch.tensor([3]), 3.0, "3", None])
+def test_as_index_leaves_everything_else(value):
+    assert as_index(value) is value
+
+
+def test_check_generator():
+    generator = torch.Generator()
+    assert check_generator("generator", generator) is generator and check_generator("generator", None) is None
+    for bad in (3, "seed", np.random.default_rng(0)):
+        _raises(lambda: check_generator("generator", bad), TypeError,
+                rf"generator must be a torch\.Generator or None, got generator={re.escape(repr(bad))}; "
+                r"e\.g\. generator=torch\.Generator\(\)\.manual_seed\(0\)\.$")
 
 
 def test_resolve_time_dim():

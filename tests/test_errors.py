@@ -524,7 +524,8 @@ def _(tmp: Path) -> Built:
 @row("ring-load-other-sampler", "`alf_replay_buffer(prioritized_sampling=True).load_state_dict`",
      "the state of a uniform-sampling `alf_replay_buffer`", ValueError,
      r"state_dict\['_sampler'\] cannot be loaded into this buffer's PrioritizedTrajectorySampler "
-     r"\(KeyError: 'initialized'\); the buffer is unchanged", "build the buffer as the saved one was built",
+     r"\(ValueError: state_dict lacks \['initialized'.*\]: it is damaged or of another sampler.*\); "
+     r"the buffer is unchanged", "build the buffer as the saved one was built",
      "len, storage, writer cursor")
 def _(tmp: Path) -> Built:
     rb = alf_replay_buffer(3, 6, prioritized_sampling=True)

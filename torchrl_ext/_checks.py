@@ -9,7 +9,8 @@ Conventions (each message names the argument, the value given and the bound or t
   ``"<name> must be a number in [lo, hi], got <name>=<v>."`` (or ``">= lo"``, ``"> lo"``;
   infinities: ``"must be a finite number"``);
 * an int setting: ``ValueError`` ``"<name> must be an int >= <minimum>, got <name>=<v>."``
-  (a bool, a float or any other value is not an int);
+  (a bool, a float or any other value is not an int; a numpy or 0-d tensor integer is told
+  to pass ``int(<name>)``);
 * tensors: a wrong dtype raises ``TypeError``, a wrong shape or a bad value ``ValueError``.
 """
 from __future__ import annotations
@@ -28,9 +29,11 @@ __all__ = [
     "CheckedSetting",
     "check_batch_size",
     "check_device",
+    "as_index",
     "check_finite",
     "check_flag",
     "check_floating",
+    "check_generator",
     "check_indices",
     "check_int",
     "check_priorities",
@@ -60,13 +63,30 @@ def _end(hint: str) -> str:
 # -------
 
 
+def as_index(value: Any) -> Any:
+    """``value`` as a Python int when it is an integer of another type that ``operator.index``
+    takes (numpy integers, 0-d integer tensors), as TorchRL's ``sample`` takes them; anything
+    else is returned unchanged (bools and bool tensors too: they are not counts)."""
+    if isinstance(value, (int, np.bool_)) or (
+        isinstance(value, torch.Tensor) and (value.ndim or value.dtype is torch.bool)
+    ):
+        return value
+    try:
+        return operator.index(value)
+    except TypeError:
+        return value
+
+
 def check_int(name: str, value: Any, *, minimum: int, maximum: int | None = None, hint: str = "") -> int:
     """``value`` must be an int (not a bool) in ``[minimum, maximum]``; ``ValueError`` otherwise."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (
         maximum is not None and value > maximum
     ):
-        bound = f"an int >= {minimum}" if maximum is None else f"an int in [{minimum}, {maximum}]"
-        raise ValueError(f"{name} must be {bound}, got {name}={value!r}{_end(hint)}")
+        bound = f" >= {minimum}" if maximum is None else f" in [{minimum}, {maximum}]"
+        if not isinstance(value, int) and as_index(value) is not value:  # e.g. np.int64(4): a number, not an int
+            raise ValueError(f"{name} must be a Python int{bound}, got {name}={value!r} "
+                             f"({type(value).__name__}); pass int({name}){_end(hint)}")
+        raise ValueError(f"{name} must be an int{bound}, got {name}={value!r}{_end(hint)}")
     if value >= 2**62:  # sizes beyond what tensors index (torch would raise OverflowError)
         raise ValueError(f"{name} must be below 2**62, got {name}={value!r}{_end(hint)}")
     return value
@@ -81,6 +101,15 @@ def check_device(name: str, value: Any) -> torch.device:
         error = ValueError if isinstance(value, str) else TypeError
         raise error(f"{name} must be a torch.device or a device string such as 'cpu' or 'cuda:0', "
                     f"got {name}={value!r}.") from None
+
+
+def check_generator(name: str, value: Any) -> Any:
+    """``value`` must be a ``torch.Generator`` or ``None``; ``TypeError`` otherwise (torch would
+    refuse it only at the first draw, far from where it was given)."""
+    if value is not None and not isinstance(value, torch.Generator):
+        raise TypeError(f"{name} must be a torch.Generator or None, got {name}={value!r}; "
+                        f"e.g. {name}=torch.Generator().manual_seed(0).")
+    return value
 
 
 def check_batch_size(batch_size: Any) -> int:

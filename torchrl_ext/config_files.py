@@ -40,6 +40,8 @@ def config_node(name: str) -> type:
 def _read(source: str | Path | Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(source, Mapping):
         return dict(OmegaConf.to_container(OmegaConf.create(dict(source)), resolve=True))
+    if not isinstance(source, (str, Path)):
+        raise TypeError(f"source must be a YAML file path or a mapping, got source={source!r}.")
     path = Path(source)
     if not path.is_file():
         raise ValueError(f"config file {str(path)!r} does not exist; pass a YAML file path or a dict.")
@@ -64,7 +66,9 @@ def validated_config(source: str | Path | Mapping[str, Any], name: str | None = 
 
     Raises:
         ValueError: naming the unknown key, the wrongly typed value, the missing
-            required key or the missing name, and the valid keys.
+            required key or the missing name, and the valid keys; a wrapper's
+            ``config`` that is not a mapping.
+        TypeError: for a ``source`` that is neither a path nor a mapping.
     """
     return _validated(source, name, given=())
 
@@ -79,8 +83,10 @@ def _validated(source: str | Path | Mapping[str, Any], name: str | None, given: 
             f"{sorted(data)}."
         )
     if wrapped:  # name= wins over the wrapper's
-        name, data = data["name"] if name is None else name, dict(data["config"] or {})
+        name, data = data["name"] if name is None else name, data["config"] or {}
     node = config_node(name)
+    if not isinstance(data, Mapping):  # dict() of a list or a string fails naming nothing
+        raise ValueError(f"'config' must be a mapping of {node.__name__}'s fields, got config={data!r}.")
     if "_target_" in data:
         raise ValueError(f"'_target_' is fixed by {node.__name__}; remove it from the config.")
     schema = OmegaConf.structured(node)

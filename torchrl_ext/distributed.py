@@ -271,5 +271,6 @@ def share_buffer(rb: ReplayBuffer, example: Any = None) -> ReplayBuffer:
             "or a TensorStorage (FastTensorStorage, FastMemmapStorage), or host the buffer in a "
             "Ray actor (torchrl_ext.distributed.ray_replay_buffer)."
         )
-    rb.share(True)
+    if not rb.shared:  # a new process lock would not be the one the started processes hold
+        rb.share(True)
     return rb

@@ -3,6 +3,7 @@ every smoke experiment is run by a test, and Hydra names bad options and keys.""
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 from typing import Any
 
@@ -165,3 +166,23 @@ def test_a_misspelt_constructor_argument_is_an_error_naming_it() -> None:
         instantiate(cfg.buffer)
     with pytest.raises(Exception, match="num_stepz"):
         instantiate(configs.RolloutStorageConfig, num_stepz=3)
+
+
+@pytest.mark.parametrize("config", [[1, 2], "n_step: 3", 3])
+def test_a_wrapper_whose_config_is_not_a_mapping_is_a_value_error_naming_it(config: Any) -> None:
+    # Was: dict() of the wrapper's 'config' raised a TypeError / ValueError naming nothing.
+    from torchrl_ext.config_files import instantiate_from_config, validated_config
+
+    pattern = rf"'config' must be a mapping of NStepSamplerConfig's fields, got config={re.escape(repr(config))}\."
+    for call in (validated_config, instantiate_from_config):
+        with pytest.raises(ValueError, match=pattern):
+            call({"name": "ext_nstep", "config": config})
+    assert validated_config({"name": "ext_nstep", "config": None}).n_step == 1  # an empty wrapper still works
+
+
+@pytest.mark.parametrize("source", [3, None, [("name", "ext_nstep")]])
+def test_a_source_that_is_neither_a_path_nor_a_mapping_is_a_type_error(source: Any) -> None:
+    from torchrl_ext.config_files import validated_config
+
+    with pytest.raises(TypeError, match=r"source must be a YAML file path or a mapping, got source="):
+        validated_config(source, name="ext_nstep")

@@ -95,3 +95,34 @@ def test_gather_all_takes_alfs_flag_as_well_as_a_count():
     assert rb.gather_all(ignore_earliest_frames=False)[0]["x"][0].tolist() == [2.0, 3.0, 4.0, 5.0, 6.0]
     with pytest.raises(ValueError, match="ignore_earliest_frames must be an int >= 0, got ignore_earliest_frames=-1"):
         rb.gather_all(-1)
+
+
+@pytest.mark.parametrize("name", ["prioritized_sampling", "keep_episodic_info", "record_episodic_return",
+                                  "with_replacement"])
+def test_flags_refuse_other_values(name):
+    """The string "False" is truthy: taken as a flag it would turn the feature on."""
+    with pytest.raises(TypeError, match=f"{name} must be True or False, got {name}='False'"):
+        alf_replay_buffer(2, 8, **{name: "False"})
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"gamma": math.nan}, ValueError, r"gamma must be a number in \[0, 1\], got gamma=nan"),
+    ({"gamma": 7.0}, ValueError, r"gamma must be a number in \[0, 1\], got gamma=7.0"),
+    ({"default_return": "x"}, TypeError, "default_return must be a real number, got 'x'"),
+    ({"reward_clip": (1.0, -1.0)}, ValueError, r"reward_clip must be \(low, high\) with low <= high"),
+    ({"initial_priority": math.nan}, ValueError, "initial_priority must be >= 0.0, got initial_priority=nan"),
+    ({"initial_priority": -1.0}, ValueError, "initial_priority must be >= 0.0, got initial_priority=-1.0"),
+    ({"initial_priority": 1e39}, ValueError, "initial_priority=1e\\+39 .* above"),
+])
+@pytest.mark.parametrize("on", [False, True])
+def test_arguments_of_a_switched_off_feature_are_checked_too(kwargs, error, match, on):
+    """Episodic and priority arguments are refused as when their feature is on."""
+    feature = {"keep_episodic_info": on, "prioritized_sampling": on}
+    with pytest.raises(error, match=match):
+        alf_replay_buffer(2, 8, **feature, **kwargs)
+
+
+def test_switched_off_features_keep_the_plain_components():
+    rb = alf_replay_buffer(2, 8, gamma=0.5, reward_clip=(-1.0, 1.0), initial_priority=2.0)
+    assert type(rb.storage) is EnvRingStorage and type(rb.sampler) is TrajectorySampler
+    assert (rb.storage.num_envs, rb.storage.max_length) == (2, 8)

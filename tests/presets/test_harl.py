@@ -92,3 +92,31 @@ def test_heterogeneous_agent_groups_share_one_rollout(recurrent):
         assert torch.equal(batch["walker", "observation"][..., 0], batch["picker", "observation"][..., 0, 0])
     # The slot after the last step carries each group's own next observation.
     assert rb.storage.data["walker", "observation"][steps, 0, 0] == steps
+
+
+@pytest.mark.parametrize("episode_length, data_chunk_length", [(8, 3), (8, 10), (6, 4)])
+def test_a_chunk_length_that_does_not_divide_the_episode_is_refused_when_built(episode_length, data_chunk_length):
+    # Was: built without complaint, refused only at the first minibatch after a whole rollout.
+    with pytest.raises(ValueError, match=rf"data_chunk_length={data_chunk_length} must divide "
+                                         rf"episode_length={episode_length} .*use a divisor of {episode_length}"):
+        harl_rollout_buffer(episode_length, use_recurrent_policy=True, data_chunk_length=data_chunk_length)
+    # Unused by the other samplers: they take it as long as it is an int >= 1.
+    assert harl_rollout_buffer(episode_length, data_chunk_length=data_chunk_length).sampler is not None
+
+
+@pytest.mark.parametrize("name", ["use_recurrent_policy", "use_naive_recurrent_policy", "shuffle", "drop_last"])
+def test_flags_refuse_other_values(name):
+    """The string "False" is truthy: taken as a flag it would turn the feature on."""
+    with pytest.raises(TypeError, match=f"{name} must be True or False, got {name}='False'"):
+        harl_rollout_buffer(8, **{name: "False"})
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"num_mini_batch": -3, "mini_batch_size": 2}, "num_mini_batch must be an int >= 1, got num_mini_batch=-3"),
+    ({"data_chunk_length": 0}, "data_chunk_length must be an int >= 1, got data_chunk_length=0"),
+    ({"data_chunk_length": "x"}, "data_chunk_length must be an int >= 1, got data_chunk_length='x'"),
+    ({"data_chunk_length": 0, "use_naive_recurrent_policy": True}, "data_chunk_length must be an int >= 1"),
+])
+def test_arguments_the_sampler_does_not_use_are_checked_too(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        harl_rollout_buffer(8, **kwargs)

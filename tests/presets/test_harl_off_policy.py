@@ -74,3 +74,12 @@ def test_bad_arguments():
     rb.extend(harl_step(0, 1, 1, False, done_at=-1))
     with pytest.raises(ValueError, match="needs at least batch_size=4 stored transitions, the buffer holds 1"):
         rb.sample()
+
+
+@pytest.mark.parametrize("state_type", ["EP", "FP"])
+def test_agent_group_is_checked_for_both_state_types(state_type):
+    """EP does not use agent_group, but a bad one is refused as for FP."""
+    with pytest.raises(TypeError, match="agent_group must be the name of the agents' group key .* got agent_group=3"):
+        harl_off_policy_buffer(16, 2, agent_group=3, state_type=state_type)
+    assert harl_off_policy_buffer(16, 2, state_type="EP").sampler.agent_group is None
+    assert harl_off_policy_buffer(16, 2, state_type="FP").sampler.agent_group == "agents"

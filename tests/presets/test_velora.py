@@ -291,3 +291,13 @@ def test_class_is_a_torchrl_tensordict_buffer():
     rb.add_multi(*rows(range(2)))
     rb.add(rb.storage.get(0).clone())  # TorchRL's add(tensordict) still works
     assert len(rb) == 3
+
+
+def test_warm_refuses_a_progress_flag_that_is_not_a_bool():
+    """progress="False" is truthy: taken as a flag it would show the bar."""
+    env = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")])
+    rb = velora_replay_buffer(10, 4, 1, 2)
+    with pytest.raises(TypeError, match="progress must be True or False, got progress='False'"):
+        rb.warm(counting_policy(), 5, env, progress="False")
+    assert len(rb) == 0
+    env.close()

@@ -7,6 +7,7 @@ import torch
 from tensordict import TensorDict
 
 from tests._vectors import load_npz
+from torchrl_ext.presets import pytorchrl_on_policy_buffer
 from torchrl_ext.replay_buffers import OnPolicyReplayBuffer, VTraceReplayBuffer
 
 
@@ -374,3 +375,144 @@ def test_generate_batches_without_a_split_returns_to_the_constructors():
     assert sizes(num_mini_batch=4) == [2, 2, 2, 2]
     assert sizes(mini_batch_size=3) == [3, 3, 2]
     assert sizes() == [8]
+
+
+def _filled(num_steps=3, **kwargs):
+    """A rollout of ``num_steps`` steps of 2 envs whose observation is the step number."""
+    rb = OnPolicyReplayBuffer(num_steps, normalize_advantage=False, **kwargs)
+    for t in range(num_steps):
+        rb.insert(step([float(t), float(t)], [0.0, 0.0], [1.0, 1.0], [False, False]))
+    return rb
+
+
+def _observations(batches):
+    return [b["observation"].flatten().tolist() for b in batches]
+
+
+@pytest.mark.parametrize("name, call", [
+    ("normalize_advantage", lambda: OnPolicyReplayBuffer(3, normalize_advantage="False")),
+    ("recurrent", lambda: OnPolicyReplayBuffer(3, recurrent="False")),
+    ("shuffle", lambda: OnPolicyReplayBuffer(3, shuffle="False")),
+    ("recurrent", lambda: pytorchrl_on_policy_buffer(3, recurrent="False")),
+    ("normalize_advantage", lambda: setattr(OnPolicyReplayBuffer(3), "normalize_advantage", "False")),
+    ("normalize_advantage",
+     lambda: OnPolicyReplayBuffer(3).update_storage_parameter("normalize_advantage", "False")),
+    ("shuffle", lambda: _filled().generate_batches(shuffle="False")),
+    ("to_cpu", lambda: _filled().get_all_buffer_data(to_cpu="False")),
+])
+def test_boolean_flags_refuse_other_values(name, call):
+    """The string "False" is truthy: taken as a flag it would turn the feature on."""
+    with pytest.raises(TypeError, match=f"{name} must be True or False, got {name}='False'"):
+        call()
+
+
+@pytest.mark.parametrize("cls, name, value, match", [
+    (OnPolicyReplayBuffer, "advantage_eps", -1.0, "advantage_eps must be >= 0.0, got advantage_eps=-1.0"),
+    (OnPolicyReplayBuffer, "gamma", float("nan"), "gamma must be a number in \\[0, 1\\], got gamma=nan"),
+    (OnPolicyReplayBuffer, "gae_lambda", 2.0, "gae_lambda must be a number in \\[0, 1\\], got gae_lambda=2.0"),
+    (OnPolicyReplayBuffer, "gamma_intrinsic", 5.0, "gamma_intrinsic must be a number in \\[0, 1\\]"),
+    (VTraceReplayBuffer, "c_thresh", 0.0, "c_thresh must be > 0.0, got c_thresh=0.0"),
+])
+def test_assigned_parameters_are_checked_like_the_constructor(cls, name, value, match):
+    rb = cls(3)
+    before = getattr(rb, name)
+    with pytest.raises(ValueError, match=match):
+        setattr(rb, name, value)
+    assert getattr(rb, name) == before
+
+
+def test_assigned_gamma_intrinsic_reaches_the_normalizer():
+    rb = OnPolicyReplayBuffer(3)
+    rb.gamma_intrinsic = 0.5
+    assert rb.intrinsic_normalizer.gamma == 0.5
+
+
+def test_generate_batches_keeps_the_constructors_shuffle():
+    """shuffle=None is the constructor's setting; a call's own shuffle never sticks to it."""
+    rb = _filled(shuffle=False, generator=torch.Generator().manual_seed(0))
+    in_order = [[0.0, 0.0, 1.0, 1.0, 2.0, 2.0]]
+    assert _observations(rb) == in_order
+    assert _observations(rb.generate_batches()) == in_order
+    assert _observations(rb) == in_order
+    shuffled = _observations(rb.generate_batches(shuffle=True))
+    assert sorted(shuffled[0]) == in_order[0] and shuffled != in_order
+    assert _observations(rb.generate_batches()) == in_order
+    assert _observations(rb.generate_batches(num_mini_batch=2)) == [[0.0, 0.0, 1.0], [1.0, 2.0, 2.0]]
+
+
+@pytest.mark.parametrize("recurrent, split", [(False, {"num_mini_batch": 7}), (True, {"num_mini_batch": 3}),
+                                              (False, {"num_epochs": 0})])
+def test_a_refused_generate_batches_changes_nothing(recurrent, split):
+    """The split and num_epochs are checked at the call, before the sampler is swapped."""
+    rb = _filled(num_mini_batch=2, recurrent=recurrent)
+    sampler, sizes = rb.sampler, [b.numel() for b in rb]
+    with pytest.raises(ValueError, match="num_mini_batch=.* is larger than|num_epochs must be an int >= 1"):
+        rb.generate_batches(**split)  # not iterated: refused at the call
+    assert rb.sampler is sampler and [b.numel() for b in rb] == sizes
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: OnPolicyReplayBuffer(4, num_mini_batch="x", mini_batch_size=2), "num_mini_batch must be an int >= 1"),
+    (lambda: _filled().generate_batches(num_mini_batch=0, mini_batch_size=2), "num_mini_batch must be an int >= 1"),
+])
+def test_num_mini_batch_is_checked_when_mini_batch_size_wins(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"storage": "vanilla", "gae_lambda": float("nan")}, "gae_lambda must be a number in \\[0, 1\\], got gae_lambda=nan"),
+    ({"storage": "vtrace", "gae_lambda": 2.0}, "gae_lambda must be a number in \\[0, 1\\], got gae_lambda=2.0"),
+    ({"clip_rho_thres": float("nan")}, "rho_thresh must be > 0.0, got rho_thresh=nan"),
+    ({"storage": "vanilla", "clip_c_thres": -1.0}, "c_thresh must be > 0.0, got c_thresh=-1.0"),
+    ({"num_mini_batch": 0, "mini_batch_size": 2}, "num_mini_batch must be an int >= 1, got num_mini_batch=0"),
+])
+def test_pytorchrl_preset_checks_the_arguments_its_storage_does_not_use(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        pytorchrl_on_policy_buffer(4, **kwargs)
+    assert pytorchrl_on_policy_buffer(4, storage="vanilla", gae_lambda=None).gae_lambda is None
+
+
+@pytest.mark.parametrize("case", ["vanilla_extint", "gae_extint"])
+@pytest.mark.parametrize("preset", [False, True])
+def test_vtrace_intrinsic_stream_runs_gae_with_gae_lambda(case, preset):
+    """The V-trace storage's intrinsic stream is OnPolicyReplayBuffer's: GAE with ``gae_lambda``
+    (``None``: discounted returns), as in pytorchrl's vectors; the preset forwards ``gae_lambda``."""
+    data = load_npz("pytorchrl_returns_advantages.npz")
+    gamma, lmbda, gamma_int = (float(p) for p in data["params"])
+    steps, envs = data["in_rewards"].shape
+    kwargs = dict(gamma=gamma, gae_lambda=lmbda if case.startswith("gae") else None, gamma_intrinsic=gamma_int,
+                  intrinsic_filter="backward", advantage_eps=1e-5)
+    rb = (pytorchrl_on_policy_buffer(steps, storage="vtrace", **kwargs) if preset
+          else VTraceReplayBuffer(steps, **kwargs))
+    assert rb.gae_lambda == kwargs["gae_lambda"]
+    for t in range(steps):
+        rb.insert(step(np.arange(envs) + 10 * t, data["in_values"][t], data["in_rewards"][t], data["in_dones"][t + 1],
+                       ireward=data["in_irew"][t], ivalue=data["in_ival"][t], log_prob=np.zeros(envs)))
+    rb.compute_returns(critic({"state_value": torch.from_numpy(data["in_boot_val"]),
+                               "intrinsic_state_value": torch.from_numpy(data["in_boot_ival"])}))
+    out = rb.storage.data
+    for key, want in (("intrinsic_value_target", data[f"{case}__IRET"][:steps]),
+                      ("intrinsic_advantage", data[f"{case}__IADV"])):
+        torch.testing.assert_close(out[key][:steps, :, 0], torch.from_numpy(want), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("cls", [OnPolicyReplayBuffer, VTraceReplayBuffer])
+@pytest.mark.parametrize("eps", [None, 0.0])
+def test_one_step_one_env_rollout_gives_finite_advantages(cls, eps):
+    """A single advantage has no spread: normalised it is 0 (its unbiased std alone is NaN),
+    also with advantage_eps=0; the intrinsic stream's too."""
+    rb = cls(16, gamma=0.5, **({} if eps is None else {"advantage_eps": eps}))
+    rb.insert(step([1.0], [0.0], [1.0], [False], ireward=[2.0], ivalue=[0.5], log_prob=[-1.0]))
+    rb.compute_returns()
+    for key in ("advantage", "intrinsic_advantage"):
+        assert rb.storage.data[key][:1].flatten().tolist() == [0.0]
+    assert rb.storage.data["value_target"][:1].flatten().tolist() == [1.0]
+
+
+def test_constant_advantages_with_advantage_eps_zero_are_zero_not_nan():
+    rb = OnPolicyReplayBuffer(2, gamma=0.0, advantage_eps=0.0)
+    for _ in range(2):
+        rb.insert(step([1.0, 2.0], [0.0, 0.0], [1.0, 1.0], [False, False]))
+    rb.compute_returns()
+    assert rb.storage.data["advantage"][:2].flatten().tolist() == [0.0] * 4

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import pickle
+import re
 import subprocess
 import sys
 import textwrap
@@ -434,6 +435,57 @@ def test_a_prioritized_sampler_smaller_than_its_storage_is_refused_at_constructi
     TensorDictReplayBuffer(storage=FastTensorStorage(100), sampler=sampler_cls(100, 0.6, 0.4))
 
 
+@pytest.mark.parametrize("sampler_cls", [PrioritizedSampler, TorchRLPrioritizedSampler])
+def test_a_prioritized_sampler_smaller_than_its_two_dim_storage_is_refused_at_construction(sampler_cls):
+    # Was: only 1-D storages were checked; a [T, num_envs] storage's cells past the sampler's
+    # capacity were refused at the first extend, after they were stored.
+    with pytest.raises(ValueError, match=r"max_capacity=50 priorities but the storage holds max_size=100 cells; "
+                                         r"build the sampler with max_capacity=100"):
+        TensorDictReplayBuffer(storage=LazyTensorStorage(100, ndim=2), sampler=sampler_cls(50, 0.6, 0.4))
+    TensorDictReplayBuffer(storage=LazyTensorStorage(100, ndim=2), sampler=sampler_cls(100, 0.6, 0.4))
+
+
+def _held_by_another_thread(lock) -> bool:
+    """Whether another thread fails to take ``lock`` right now (it is held)."""
+    import threading
+
+    taken = []
+
+    def attempt() -> None:
+        got = lock.acquire(False)
+        taken.append(got)
+        if got:
+            lock.release()
+
+    thread = threading.Thread(target=attempt)
+    thread.start()
+    thread.join()
+    return not taken[0]
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_empty_holds_the_buffer_locks(shared):
+    # Was: TorchRL's empty takes no lock, so a sample in another thread (or a write in another
+    # process) ran on a sampler and storage half reset.
+    from torchrl_ext import _compat
+
+    rb = PrioritizedReplayBuffer(alpha=0.6, beta=0.4, storage=LazyTensorStorage(10))
+    if shared:
+        rb.share(True)  # the process lock, not reentrant, is taken once
+    rb.extend(transitions(5))
+    held = []
+    original = rb.storage._empty
+
+    def spy() -> None:
+        held.append([_held_by_another_thread(lock) for lock in (_compat.replay_lock(rb), _compat.write_lock(rb))
+                     if hasattr(lock, "acquire")])
+        original()
+
+    rb.storage._empty = spy
+    rb.empty()
+    assert held == [[True, True] if shared else [True]] and len(rb) == 0
+
+
 @pytest.mark.parametrize("last_val, error, match", [
     (float("nan"), ValueError, r"`last_val` holds 1 NaN or infinite value\(s\) of 1; the path is still open"),
     ([1.0, 2.0], ValueError, "last_val must hold 1 value"),
@@ -449,3 +501,50 @@ def test_finish_path_refuses_a_bad_last_value_and_keeps_the_path(last_val, error
         rb.finish_path(last_val)
     rb.finish_path(0.0)  # the path is still open: the refused call did not close it
     assert rb._finished[:2].all()
+
+
+# ---------------------------------------------------------------------------- generator, batch_size types
+import numpy as np  # noqa: E402
+
+from torchrl_ext.replay_buffers import EnvRingReplayBuffer  # noqa: E402
+
+
+@pytest.mark.parametrize("bad", [3, "seed", np.random.default_rng(0)])
+def test_a_generator_that_is_not_a_torch_generator_is_refused_where_given(bad):
+    # Was: kept, and the first sample() failed inside torch with a TypeError naming no argument.
+    pattern = rf"generator must be a torch\.Generator or None, got generator={re.escape(repr(bad))}"
+    for build in (lambda: TensorDictReplayBuffer(storage=FastTensorStorage(8), generator=bad),
+                  lambda: PrioritizedReplayBuffer(alpha=0.6, beta=0.4, storage=FastTensorStorage(8), generator=bad),
+                  lambda: EnvRingReplayBuffer(num_envs=2, max_length=4, generator=bad)):
+        with pytest.raises(TypeError, match=pattern):
+            build()
+    rb = TensorDictReplayBuffer(storage=FastTensorStorage(8), batch_size=2)
+    rb.extend(transitions(8))
+    with pytest.raises(TypeError, match=pattern):
+        rb.set_rng(bad)
+    rb.sample()  # the refused generator was not installed
+
+
+@pytest.mark.parametrize("size", [np.int64(5), np.int32(5), torch.tensor(5)])
+@pytest.mark.parametrize("batch_size", [None, 5])
+def test_sample_takes_an_integer_of_another_type_as_torchrl_does(size, batch_size):
+    # Was: "batch_size must be an int >= 0, got batch_size=np.int64(5)"; TorchRL samples it.
+    def drawn(cls, n):
+        rb = cls(storage=LazyTensorStorage(20), batch_size=batch_size, generator=torch.Generator().manual_seed(4))
+        rb.extend(transitions(20))
+        return rb.sample(n)["index"]
+
+    expected = drawn(TorchRLTensorDictReplayBuffer, 5)
+    assert torch.equal(drawn(TorchRLTensorDictReplayBuffer, size), expected)
+    assert torch.equal(drawn(TensorDictReplayBuffer, size), expected)
+    rb = EnvRingReplayBuffer(num_envs=2, max_length=6, generator=torch.Generator().manual_seed(4))
+    rb.extend(TensorDict({"x": torch.arange(6.0).reshape(2, 3)}, [2, 3]))
+    assert rb.sample(size).shape[0] == 5
+
+
+@pytest.mark.parametrize("bad", [True, torch.tensor(True), torch.tensor([5]), 5.0])
+def test_sample_still_refuses_what_is_not_a_count(bad):
+    rb = TensorDictReplayBuffer(storage=FastTensorStorage(8))
+    rb.extend(transitions(8))
+    with pytest.raises(ValueError, match=rf"batch_size must be an int >= 0, got batch_size={re.escape(repr(bad))}\.$"):
+        rb.sample(bad)

@@ -289,3 +289,31 @@ def test_a_refused_epoch_keeps_the_injected_permutation():
     for _ in range(2):  # a bad permutation stays refused until another is set
         with pytest.raises(ValueError, match="call set_permutation\\(\\) with such a permutation"):
             rb.sample()
+
+
+@pytest.mark.parametrize("name", ["shuffle", "drop_last"])
+@pytest.mark.parametrize("cls", [FeedForwardMinibatchSampler, NaiveRecurrentMinibatchSampler])
+def test_flags_refuse_other_values_in_the_constructor_and_the_setter(cls, name):
+    """The string "False" is truthy: taken as a flag it would turn the feature on."""
+    with pytest.raises(TypeError, match=f"{name} must be True or False, got {name}='False'"):
+        cls(2, **{name: "False"})
+    sampler = cls(2)
+    before = getattr(sampler, name)
+    with pytest.raises(TypeError, match=f"{name} must be True or False, got {name}='False'"):
+        setattr(sampler, name, "False")
+    assert getattr(sampler, name) is before
+    setattr(sampler, name, np.bool_(not before))  # numpy bools are bools
+    assert getattr(sampler, name) is (not before)
+
+
+@pytest.mark.parametrize("split, match", [
+    ({"num_mini_batch": 31}, "num_mini_batch=31 is larger than the 30 steps"),
+    ({"mini_batch_size": 31, "drop_last": True}, "mini_batch_size=31 is larger than the 30 steps"),
+])
+def test_check_split_raises_what_the_epoch_would_without_drawing(split, match):
+    sampler = FeedForwardMinibatchSampler(**split)
+    rb = make_buffer(numbered((10, 3)), sampler)
+    with pytest.raises(ValueError, match=match):
+        sampler.check_split(rb.storage)
+    assert sampler._splits is None  # nothing drawn
+    FeedForwardMinibatchSampler(30).check_split(rb.storage)  # a split that fits passes

@@ -263,6 +263,11 @@ def test_writes_while_the_settings_differ_never_reach_the_table_built_for_others
         ("gamma", "0.9", TypeError, "gamma must be a real number"),
         ("n_step", 0, ValueError, "n_step must be an int >= 1, got n_step=0"),
         ("n_step", 2.0, ValueError, "n_step must be an int >= 1, got n_step=2.0"),
+        # Was: the key setters stored anything, and sampling then named the stored value.
+        ("reward_key", 3, TypeError, "reward_key must be a key: a str or a tuple of str .*got reward_key=3"),
+        ("done_key", ["next", 1], TypeError, "done_key must be a key: .*got done_key=\\['next', 1\\]"),
+        ("agent_group", 5, TypeError, "agent_group must be the name of the agents' group key .*got agent_group=5"),
+        ("agent_group", "", TypeError, "agent_group must be the name of the agents' group key .*got agent_group=''"),
     ],
 )
 def test_settings_are_checked_as_the_constructor_checks_them(name, value, exc, match):
@@ -272,6 +277,20 @@ def test_settings_are_checked_as_the_constructor_checks_them(name, value, exc, m
     assert (sampler.n_step, sampler.gamma) == (3, 0.5)
     with pytest.raises(exc, match=match):
         NStepSampler(**{"n_step": 3, "gamma": 0.5, name: value})
+
+
+def test_key_settings_are_normalised_as_the_constructor_does():
+    # Was: sampler.reward_key = ["next", "bonus"] stayed a list, which sampling then reported missing.
+    rb = EnvRingReplayBuffer(num_envs=1, max_length=8, sampler=NStepSampler(2, gamma=0.5))
+    for t in range(4):
+        step = transition([float(t)], [t + 1.0], [1.0], [False])
+        step["next", "bonus"] = torch.full((1, 1), 10.0)
+        rb.extend(step)
+    rb.sampler.reward_key, rb.sampler.done_key = ["next", "bonus"], ["next", "done"]
+    assert (rb.sampler.reward_key, rb.sampler.done_key) == (("next", "bonus"), ("next", "done"))
+    assert set(rb.sample(4)["next", "bonus"].flatten().tolist()) <= {10.0, 15.0}  # 10 + 0.5 * 10
+    rb.sampler.agent_group = None
+    assert rb.sampler.agent_group is None
 
 
 def test_settings_changed_after_construction_are_used_and_pickled():
@@ -305,3 +324,31 @@ def test_chain_table_made_inside_inference_mode_takes_writes_outside():
     r = lambda t: 1.0 if t < 3 else 2.0  # noqa: E731
     expected = [r(int(o)) + (0.5 * r(int(o) + 1) if o < 5 else 0.0) for o in obs.tolist()]
     assert reward.tolist() == expected
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.uint8, torch.bool])
+@pytest.mark.parametrize("path", ["chain table", "walked", "fp agents"])
+def test_integer_and_bool_rewards_give_a_floating_n_step_reward(dtype, path):
+    # Was: the float64 sum was cast back to the reward's dtype (int64 rewards of 1, n_step=3,
+    # gamma=0.5 gave 1, not 1.75), in the chain table and in the walked chains alike.
+    rewards, dones = [1, 0, 1, 1, 1, 0, 1, 1], [False, False, False, True, False, False, False, False]
+    group = ("agents",) if path == "fp agents" else ()
+    shape = (1, 1, 1) if group else (1, 1)  # one env (and one agent)
+    sampler = NStepSampler(3, gamma=0.5, agent_group="agents" if group else None)
+    rb = EnvRingReplayBuffer(num_envs=1, max_length=8, sampler=sampler)
+    for t, (reward, done) in enumerate(zip(rewards, dones)):
+        rb.extend(TensorDict({"observation": torch.full((1, 1), float(t)), "next": {
+            "observation": torch.full((1, 1), t + 1.0), "done": torch.tensor([[done]]), **{
+                key: {"reward": torch.full(shape, reward).to(dtype), "done": torch.full(shape, done)}
+                for key in group}, **({} if group else {"reward": torch.full(shape, reward).to(dtype)})}}, [1]))
+    if path == "walked":
+        rb.storage.share_memory_()  # chains of shared storages are walked at each sample
+    history = [[(float(t), t + 1.0, float(r), d) for t, (r, d) in enumerate(zip(rewards, dones))]]
+    torch.manual_seed(0)
+    batch = torch.cat([rb.sample(8) for _ in range(4)])  # every start, with high probability
+    got = batch[("next", *group, "reward")]
+    assert got.dtype == torch.get_default_dtype()
+    for start, value in zip(batch["observation"].flatten().long().tolist(), got.flatten().tolist()):
+        want = reference(history, 0, start, 3, 0.5, newest=len(rewards) - 1)[0]  # float64 walk
+        assert value == pytest.approx(want, abs=1e-6)
+    assert ("_chain_table" in sampler.__dict__) == (path == "chain table")

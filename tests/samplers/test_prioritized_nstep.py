@@ -277,6 +277,19 @@ def test_state_dict_round_trip(tmp_path):
     torch.testing.assert_close(clone.tree.leaves, sampler.tree.leaves)
 
 
+@pytest.mark.parametrize("dropped", ["gamma", "n_step"])
+def test_a_state_with_half_the_chain_settings_is_refused_before_anything_changes(dropped):
+    # Was: a state with n_step but no gamma raised a bare KeyError('gamma'); one with gamma but
+    # no n_step was loaded and its gamma silently ignored.
+    state = PrioritizedNStepSampler(8, 0.5, 0.5, n_step=2, gamma=0.3).state_dict()
+    del state[dropped]
+    sampler = PrioritizedNStepSampler(8, 0.9, 0.9, n_step=5, gamma=0.9)
+    with pytest.raises(ValueError, match=rf"state_dict lacks \['{dropped}'\]: it is damaged or of another "
+                                         r"sampler; pass a PrioritizedNStepSampler's own state_dict\(\)"):
+        sampler.load_state_dict(state)
+    assert (sampler.n_step, sampler.gamma, sampler.alpha, sampler.beta) == (5, 0.9, 0.9, 0.9)
+
+
 def test_empty_resets_the_priorities():
     rb, sampler, _ = fill("fast", seed=9)
     rb.empty()
@@ -308,15 +321,25 @@ def test_bad_storages_and_sizes_raise():
     with pytest.raises(TypeError, match=r"supports tensor storages with ndim=2 .* got EnvRingStorage; "
                                         r"for per-env rings \(EnvRingStorage\) use NStepSampler"):
         EnvRingReplayBuffer(num_envs=1, max_length=8, sampler=PrioritizedNStepSampler(8, 0.6, 0.4))
-    flat = TensorDictReplayBuffer(storage=FastTensorStorage(8), sampler=PrioritizedNStepSampler(8, 0.6, 0.4))
+    # Was: refused at the first extend, after the batch was stored (len(rb) 0 -> 4 or 8).
     with pytest.raises(TypeError, match="got a 1-D FastTensorStorage"):
-        flat.extend(TensorDict({"obs": torch.zeros(4, 1)}, [4]))
-    # 10 cells over 3 envs round up to 4 rows = 12 cells: a tree of 10 is too small.
-    small = TensorDictReplayBuffer(storage=LazyTensorStorage(10, ndim=2),
-                                   sampler=PrioritizedNStepSampler(10, 0.6, 0.4))
-    with pytest.raises(ValueError, match=r"max_capacity=10 is smaller than the storage's 12 cells "
-                                         r"\(4 rows x 3 envs\): build the sampler with max_capacity=12"):
-        small.extend(collect(random.Random(0), [[], [], []], 2))
+        TensorDictReplayBuffer(storage=FastTensorStorage(8), sampler=PrioritizedNStepSampler(8, 0.6, 0.4))
+    with pytest.raises(TypeError, match="got ListStorage; "):  # TorchRL's default storage
+        TensorDictReplayBuffer(sampler=PrioritizedNStepSampler(8, 0.6, 0.4))
+    for storage in (FastTensorStorage(8, ndim=2), LazyTensorStorage(8, ndim=2)):
+        with pytest.raises(ValueError, match=r"the sampler holds max_capacity=4 priorities but the storage "
+                                             r"holds max_size=8 cells; build the sampler with max_capacity=8"):
+            TensorDictReplayBuffer(storage=storage, sampler=PrioritizedNStepSampler(4, 0.6, 0.4))
+    # 10 cells over 3 envs round up to 4 rows = 12 cells: a tree of 10 is too small, which only
+    # the first batch tells; it is refused before anything is stored.
+    for storage in (FastTensorStorage(10, ndim=2), LazyTensorStorage(10, ndim=2)):
+        small = TensorDictReplayBuffer(storage=storage, sampler=PrioritizedNStepSampler(10, 0.6, 0.4))
+        with pytest.raises(ValueError, match=r"max_capacity=10 is smaller than the storage's 12 cells "
+                                             r"\(4 rows x 3 envs\): build the sampler with max_capacity=12"):
+            small.extend(collect(random.Random(0), [[], [], []], 2))
+        assert len(small) == 0 and not small.storage.initialized
+        small.extend(collect(random.Random(0), [[], [], [], [], []], 2))  # 5 envs: 2 rows, 10 cells
+        assert len(small) == 10
     rb, _, _ = fill("fast", seed=0, steps=2)
     with pytest.raises(ValueError, match="batch_size must be an int >= 1, got batch_size=0"):
         rb.sample(0)

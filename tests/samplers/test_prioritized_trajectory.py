@@ -428,3 +428,96 @@ def test_first_sync_inside_inference_mode_then_outside(inside_first):
             rb.sample(2)
             sampler.update_window_priority([0], [2 * step], [5.0])
     assert sampler._tree.leaves.tolist() == [5.0, 5.0, 5.0, 0.0, 0.0, 0.0]  # new windows: the max leaf
+
+
+def _rings(num_envs=2, max_length=8, seed=0, sample=True):
+    rb, sampler = make(num_envs=num_envs, max_length=max_length, seed=seed, batch_length=2)
+    for t in range(5):
+        write(rb, range(num_envs), t)
+    if sample:
+        rb.sample(4)
+    return rb, sampler
+
+
+def _sampler_state(sampler):
+    state = sampler.state_dict()
+    return state["tree"]["levels"][0].clone(), state["stored"][0].clone(), state["seen"][0].clone()
+
+
+def _damaged(field):
+    def change(state):
+        state[field] = [state[field][0].clone().fill_(math.nan if field == "stored" else -1)]
+        return state
+    return change
+
+
+@pytest.mark.parametrize("change, pattern", [
+    (lambda s: {}, r"state_dict lacks \['initialized', 'tree', 'stored', 'seen', 'seen_geometry'\]: it is damaged"),
+    (lambda s: None, r"state_dict lacks \['initialized'"),
+    (lambda s: {k: v for k, v in s.items() if k != "seen"}, r"state_dict lacks \['seen'\]: it is damaged or of "
+                                                            r"another sampler; pass a PrioritizedTrajectorySampler"),
+    (_damaged("stored"), r"state_dict is damaged: its 'tree', 'stored', 'seen' and 'seen_geometry' do not fit"),
+    (_damaged("seen"), r"state_dict is damaged"),
+    (lambda s: s | {"seen_geometry": "2"}, r"state_dict is damaged"),
+    (lambda s: s | {"stored": [s["stored"][0][:-1]]}, r"state_dict is damaged"),
+])
+def test_a_damaged_or_foreign_state_is_refused_before_anything_changes(change, pattern):
+    # Was: a bare KeyError, raised after the tree had been replaced by the state's.
+    import copy
+
+    _, other = _rings(seed=1)
+    other.update_window_priority([0, 1], [1, 2], [50.0, 7.0])
+    state = change(copy.deepcopy(other.state_dict()))
+    _, sampler = _rings()
+    before = _sampler_state(sampler)
+    with pytest.raises(ValueError, match=pattern):
+        sampler.load_state_dict(state)
+    assert all(torch.equal(a, b) for a, b in zip(before, _sampler_state(sampler)))
+
+
+def test_a_trajectory_samplers_state_is_refused():
+    from torchrl_ext.samplers import TrajectorySampler
+
+    _, sampler = _rings()
+    with pytest.raises(ValueError, match=r"state_dict lacks \['initialized'.*of another sampler"):
+        sampler.load_state_dict(TrajectorySampler(2).state_dict())
+
+
+@pytest.mark.parametrize("attached", [True, False])
+def test_a_state_of_rings_of_another_geometry_is_refused(attached):
+    # Was: a 3 envs x 16 steps state was taken by a sampler serving 2 envs x 8 steps.
+    _, other = _rings(num_envs=3, max_length=16)
+    rb, sampler = _rings()
+    if not attached:  # a copy has no storage link: its own tree's geometry is checked
+        sampler = pickle.loads(pickle.dumps(sampler))
+    before = _sampler_state(sampler)
+    with pytest.raises(ValueError, match=r"state_dict holds window priorities of 3 envs x 16 steps but this "
+                                         r"sampler serves 2 envs x 8 steps; build the buffer as the saved one"):
+        sampler.load_state_dict(other.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(before, _sampler_state(sampler)))
+
+
+def test_a_buffer_refuses_a_sampler_state_of_other_rings_before_loading_its_storage():
+    # Was: the buffer's trial load (on a copy without the storage link) accepted it, then the
+    # real load raised after the storage had been replaced.
+    saved, _ = _rings()
+    state = saved.state_dict()
+    state["_sampler"] = _rings(num_envs=2, max_length=4)[1].state_dict()
+    rb, sampler = make(num_envs=2, max_length=8, batch_length=2)
+    for t in (100, 101):
+        write(rb, [0, 1], t)
+    assert sampler.state_dict() == {"initialized": False}  # no tree of its own to compare with
+    with pytest.raises(ValueError, match=r"state_dict\['_sampler'\] cannot be loaded.*2 envs x 4 steps but "
+                                         r"this sampler serves 2 envs x 8 steps"):
+        rb.load_state_dict(state)
+    assert len(rb) == 4 and set(rb.sample(8)["x"].flatten().tolist()) <= {100.0, 101.0, 1100.0, 1101.0}
+
+
+def test_an_own_state_still_loads_exactly():
+    _, saved = _rings(seed=3)
+    saved.update_window_priority([0, 1], [1, 2], [5.0, 2.0])
+    _, sampler = _rings()
+    sampler.load_state_dict(saved.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(_sampler_state(saved), _sampler_state(sampler)))
+    sampler.load_state_dict({"initialized": False})
+    assert sampler.state_dict() == {"initialized": False}

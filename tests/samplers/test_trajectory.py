@@ -238,3 +238,13 @@ def test_recent_data_ratio_set_later_is_used():
     sampler.recent_data_ratio, sampler.recent_data_steps = 1.0, 2
     starts = rb.sample(8)["positions"][:, 0]
     assert set(starts.tolist()) <= {48, 49}  # every window from the two newest starts
+
+
+def test_with_replacement_refuses_other_values_in_the_constructor_and_the_setter():
+    """The string "False" is truthy: taken as a flag it would draw with replacement."""
+    with pytest.raises(TypeError, match="with_replacement must be True or False, got with_replacement='False'"):
+        TrajectorySampler(2, with_replacement="False")
+    sampler = TrajectorySampler(2)
+    with pytest.raises(TypeError, match="with_replacement must be True or False, got with_replacement='False'"):
+        sampler.with_replacement = "False"
+    assert sampler.with_replacement is False

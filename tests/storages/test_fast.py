@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 import torch
@@ -473,3 +474,18 @@ def test_refused_oversized_write_rewinds_torchrl_writer_over_every_row(storage_c
     assert (rb.writer._cursor, rb.writer._write_count, len(rb)) == (3, 3, 3)
     rb.extend(TensorDict({"x": torch.tensor([9.0])}, [1]))
     assert rb[:]["x"].tolist() == [0.0, 1.0, 2.0, 9.0] and len(rb) == 4
+
+
+@pytest.mark.parametrize("cls", [FastTensorStorage, FastMemmapStorage])
+@pytest.mark.parametrize("device, error", [("nope", ValueError), (1.5, TypeError), (None, TypeError)])
+def test_a_bad_device_is_refused_naming_it(cls, device, error):
+    # Was: torch's RuntimeError / TypeError, naming no argument.
+    with pytest.raises(error, match=rf"device must be a torch.device or a device string such as 'cpu' or "
+                                    rf"'cuda:0', got device={re.escape(repr(device))}\."):
+        cls(8, device=device)
+
+
+def test_torchrls_auto_device_and_devices_are_still_taken():
+    assert FastTensorStorage(8, device="auto").device == "auto"  # the first write's device
+    assert FastMemmapStorage(8, device=torch.device("cpu")).device == torch.device("cpu")
+    assert FastTensorStorage(8, device="cpu").device == torch.device("cpu")

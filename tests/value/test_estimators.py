@@ -15,7 +15,7 @@ from torchrl.objectives.utils import build_value_estimator
 from torchrl.objectives.value import GAE as TorchRLGAE
 from torchrl.objectives.value import MultiAgentGAE as TorchRLMultiAgentGAE
 
-from torchrl_ext.value import GAE, ExtValueEstimators, ValueNorm, VTrace
+from torchrl_ext.value import GAE, ExtValueEstimators, RunningMeanStd, ValueNorm, VTrace
 from torchrl_ext.value import _scan
 from torchrl_ext.value import functional as F
 
@@ -346,3 +346,41 @@ def test_gae_gives_the_same_on_other_forms_of_the_rollout(form):
     for key in ("advantage", "value_target", "state_value"):
         assert torch.equal(got[key], want[key]), key
         torch.testing.assert_close(got[key], theirs[key], rtol=1e-5, atol=1e-5)
+
+
+def _agents_td(B=3, T=5, A=2):
+    gen = torch.Generator().manual_seed(0)
+    v, nv, r = (torch.randn(B, T, A, 1, generator=gen) for _ in range(3))
+    d = torch.zeros(B, T, A, 1, dtype=torch.bool)
+    return TensorDict({"agents": TensorDict({"state_value": v}, [B, T, A]),
+                       "next": {"agents": TensorDict({"state_value": nv, "reward": r, "done": d, "terminated": d},
+                                                     [B, T, A])}}, [B, T])
+
+
+@pytest.mark.parametrize("agent_dim", [4, -5, 7])
+@pytest.mark.parametrize("average_gae", [False, True])
+def test_agent_dim_outside_the_values_is_refused_at_the_first_call(agent_dim, average_gae):
+    est = GAE(gamma=0.9, lmbda=0.9, value_network=None, average_gae=average_gae, agent_dim=agent_dim)
+    est.set_keys(value=("agents", "state_value"), reward=("agents", "reward"), done=("agents", "done"),
+                 terminated=("agents", "terminated"))
+    td = _agents_td()
+    match = rf"agent_dim={agent_dim} is out of range for values of shape \(3, 5, 2, 1\) \(4 dims\); use a dim in \[-4, 3\]"
+    with pytest.raises(ValueError, match=match):
+        est(td)
+    with pytest.raises(ValueError, match=match):
+        est.value_estimate(td)
+    assert "advantage" not in td.keys(True, True)
+
+
+@pytest.mark.parametrize("agent_dim", ["x", 1.0, True])
+def test_agent_dim_of_another_type_is_a_type_error(agent_dim):
+    with pytest.raises(TypeError, match=rf"agent_dim must be an int \(a dim of the value tensor, e.g. -2\) or None, "
+                                        rf"got agent_dim={agent_dim!r}"):
+        GAE(gamma=0.9, lmbda=0.9, value_network=None, agent_dim=agent_dim)
+
+
+@pytest.mark.parametrize("normalizer", ["yes", RunningMeanStd(), torch.nn.Identity()])
+def test_value_normalizer_without_normalize_and_denormalize_is_a_type_error(normalizer):
+    with pytest.raises(TypeError, match=r"value_normalizer must be a ValueNorm \(anything with normalize\(\) and "
+                                        r"denormalize\(\)\) or None, got value_normalizer="):
+        GAE(gamma=0.9, lmbda=0.9, value_network=None, value_normalizer=normalizer)

@@ -598,3 +598,115 @@ def test_intrinsic_inside_and_outside_inference_mode(mode, first_inside, monkeyp
     if mode == "forward":
         expected, final_filter = _forward_reference(rollouts, 0.9)
         _close(plain.forward_filter, final_filter, rtol=1e-12, atol=0)
+
+
+# --------------------------------------------------------------------------- settings set later
+
+
+VN, IRN = (ValueNorm, {"input_shape": 1, "beta": 0.9}), (IntrinsicRewardNormalizer, {"gamma": 0.9})
+
+
+@pytest.mark.parametrize(
+    ("made", "name", "bad", "match"),
+    [
+        (VN, "beta", 1.5, r"beta must be a number in \(0, 1\], got beta=1.5; typical values"),
+        (VN, "beta", math.nan, r"beta must be a number in \(0, 1\], got beta=nan"),
+        (VN, "beta", 0.0, r"beta must be a number in \(0, 1\], got beta=0.0"),
+        (VN, "epsilon", 0.0, r"epsilon must be > 0.0, got epsilon=0.0; the default is 1e-5"),
+        (VN, "epsilon", math.inf, r"epsilon must be a finite number, got epsilon=inf"),
+        (VN, "norm_axes", 0, r"norm_axes must be an int >= 1, got norm_axes=0; use norm_axes=1"),
+        (VN, "norm_axes", 1.0, r"norm_axes must be an int >= 1, got norm_axes=1.0"),
+        (IRN, "gamma", 5.0, r"gamma must be a number in \[0, 1\], got gamma=5.0; e.g. gamma=0.99"),
+        (IRN, "gamma", math.nan, r"gamma must be a number in \[0, 1\], got gamma=nan"),
+    ],
+)
+def test_a_setting_set_later_is_checked_like_the_constructor_argument(made, name, bad, match):
+    # Was: a plain attribute, so ValueNorm.beta = 1.5 gave a running mean of -225000 for inputs 1 and 3.
+    cls, kwargs = made
+    with pytest.raises(ValueError, match=match):
+        cls(**{**kwargs, name: bad})
+    module = cls(**kwargs)
+    before = getattr(module, name)
+    with pytest.raises(ValueError, match=match):
+        setattr(module, name, bad)
+    assert getattr(module, name) == before
+
+
+def test_settings_set_later_are_used_and_stay_plain_attributes():
+    vn = ValueNorm(1, beta=0.9)
+    vn.update(torch.tensor([[1.0]]))
+    vn.beta, vn.epsilon = 0.5, 1e-3
+    vn.update(torch.tensor([[3.0]]))
+    # Reference: EMAs of 1 (weight 0.9) then 3 (weight 0.5), debiased by the sum of weights.
+    running_mean, debias = (0.1 * 1.0) * 0.5 + 0.5 * 3.0, 0.1 * 0.5 + 0.5
+    _close(vn.running_mean_var()[0], [running_mean / debias])
+    assert (vn.beta, vn.epsilon) == (0.5, 1e-3)
+    assert set(vn.state_dict()) == {"running_mean", "running_mean_sq", "debiasing_term"}
+    assert set(dict(vn.named_buffers())) == set(vn.state_dict())
+    vn.norm_axes = 2
+    vn.update(torch.full((2, 3, 1), 3.0))  # two leading dims now
+    with pytest.raises(ValueError, match="2 leading dim"):
+        vn.update(torch.ones(4, 1))
+    norm = IntrinsicRewardNormalizer(0.9)
+    norm.gamma = 0.5
+    norm(torch.tensor([[1.0], [2.0]]))
+    # Backward sums with gamma 0.5: e = [1 + 0.5 * 2, 2] = [2, 2], so a zero variance plus epsilon.
+    _close(norm.rms.mean, [2.0], rtol=1e-3, atol=0)
+
+
+# --------------------------------------------------------------------------- damaged states
+
+
+def _used_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    if isinstance(module, IntrinsicRewardNormalizer):
+        module(torch.tensor([[1.0, 2.0], [3.0, 0.5]]))
+    else:
+        module.update(torch.tensor([[1.0], [3.0]]))
+    return _state(module)
+
+
+@pytest.mark.parametrize(
+    ("make", "key", "bad", "match"),
+    [
+        (lambda: ValueNorm(1), "running_mean", math.nan, r"`state_dict\['running_mean'\]` holds 1 NaN or infinite"),
+        (lambda: ValueNorm(1), "running_mean_sq", -1.0, r"state_dict\['running_mean_sq'\] must be >= 0.0"),
+        (lambda: ValueNorm(1), "debiasing_term", math.inf, r"`state_dict\['debiasing_term'\]` holds 1 NaN"),
+        (lambda: RunningMeanStd((1,)), "mean", -math.inf, r"`state_dict\['mean'\]` holds 1 NaN or infinite"),
+        (lambda: RunningMeanStd((1,)), "var", -4.0, r"state_dict\['var'\] must be >= 0.0, got values in \[-4.0"),
+        (lambda: RunningMeanStd((1,)), "count", -1.0, r"state_dict\['count'\] must be >= 0.0"),
+        (lambda: IntrinsicRewardNormalizer(0.9, mode="forward"), "forward_filter", math.nan,
+         r"`state_dict\['forward_filter'\]` holds 2 NaN"),
+        (lambda: IntrinsicRewardNormalizer(0.9, mode="forward"), "rms.var", -1.0,
+         r"state_dict\['rms.var'\] must be >= 0.0"),
+        (lambda: torch.nn.ModuleDict({"norm": ValueNorm(1)}), "norm.running_mean", math.nan,
+         r"`state_dict\['norm.running_mean'\]` holds"),
+    ],
+)
+def test_a_damaged_state_is_refused_and_nothing_is_loaded(make, key, bad, match):
+    # Was: loaded silently; a NaN mean made every normalize() NaN, a negative var a NaN std.
+    source, target = make(), make()
+    inner = source["norm"] if isinstance(source, torch.nn.ModuleDict) else source
+    _used_state(inner)
+    state = _state(source)
+    state[key] = torch.full_like(state[key], bad)
+    before = _state(target)  # a fresh forward filter is still empty: a refused load must not resize it
+    with pytest.raises(ValueError, match=match):
+        target.load_state_dict(state)
+    assert set(target.state_dict()) == set(before)
+    _assert_state(target, before)
+    with pytest.raises(ValueError, match=match):
+        target.load_state_dict({key: state[key]}, strict=False)
+    _assert_state(target, before)
+
+
+def test_a_sound_state_still_loads_and_missing_keys_are_torchs_errors():
+    source = IntrinsicRewardNormalizer(0.9, mode="forward")
+    expected = _used_state(source)
+    target = IntrinsicRewardNormalizer(0.9, mode="forward")
+    target.load_state_dict(expected)
+    _assert_state(target, expected)
+    partial = ValueNorm(1)
+    partial.load_state_dict({"running_mean": torch.tensor([2.0])}, strict=False)  # strict=False still loads a part
+    assert partial.running_mean.tolist() == [2.0]
+    with pytest.raises(RuntimeError, match="Missing key"):
+        ValueNorm(1).load_state_dict({"running_mean": torch.tensor([2.0])})

@@ -5,7 +5,7 @@ from typing import Any
 
 import torch
 
-from torchrl_ext._checks import check_int
+from torchrl_ext._checks import check_bool, check_int
 from torchrl_ext.replay_buffers.env_ring import EnvRingReplayBuffer
 from torchrl_ext.samplers.prioritized_trajectory import PrioritizedTrajectorySampler
 from torchrl_ext.samplers.trajectory import TrajectorySampler
@@ -56,7 +56,8 @@ def alf_replay_buffer(
         keep_episodic_info: index episodes (``None``: only when frames are ignored,
             as in ALF). Needs ``step_type_key`` in the data.
         record_episodic_return: needs ``keep_episodic_info``; ``gamma``,
-            ``reward_clip`` and ``default_return`` as in ALF.
+            ``reward_clip`` and ``default_return`` as in ALF (checked even when unused).
+        initial_priority: as in ALF (checked even without ``prioritized_sampling``).
         the rest: as in ALF's constructor.
 
     Examples:
@@ -73,32 +74,32 @@ def alf_replay_buffer(
     check_int("num_earliest_frames_ignored", num_earliest_frames_ignored, minimum=0)
     if batch_size is not None:
         check_int("batch_size", batch_size, minimum=1)
+    check_bool("prioritized_sampling", prioritized_sampling)
+    check_bool("record_episodic_return", record_episodic_return)
     if keep_episodic_info is None:
         keep_episodic_info = num_earliest_frames_ignored > 0
+    keep_episodic_info = check_bool("keep_episodic_info", keep_episodic_info)
     if record_episodic_return and not keep_episodic_info:
         raise ValueError(
             "record_episodic_return=True needs keep_episodic_info=True (returns are "
             "written per episode); set keep_episodic_info=True."
         )
-    if keep_episodic_info:
-        storage: EnvRingStorage = EpisodicEnvRingStorage(
-            num_environments, max_length, step_type_key=step_type_key,
-            record_episodic_return=record_episodic_return, gamma=gamma,
-            reward_clip=None if reward_clip is None else tuple(reward_clip),
-            default_return=default_return, device=device,
-        )
-    else:
-        storage = EnvRingStorage(num_environments, max_length, device=device)
+    # Built (1 x 1 when unused) so its checks refuse bad episodic arguments either way.
+    episodic = EpisodicEnvRingStorage(
+        num_environments if keep_episodic_info else 1, max_length if keep_episodic_info else 1,
+        step_type_key=step_type_key, record_episodic_return=record_episodic_return, gamma=gamma,
+        reward_clip=None if reward_clip is None else tuple(reward_clip),
+        default_return=default_return, device=device,
+    )
+    storage = episodic if keep_episodic_info else EnvRingStorage(num_environments, max_length, device=device)
     window = {
         "num_earliest_frames_ignored": num_earliest_frames_ignored,
         "with_replacement": with_replacement,
         "recent_data_steps": recent_data_steps,
         "recent_data_ratio": recent_data_ratio,
     }
-    sampler = (
-        PrioritizedTrajectorySampler(batch_length, initial_priority=initial_priority, **window)
-        if prioritized_sampling
-        else TrajectorySampler(batch_length, **window)
-    )
+    # Built either way (it holds no data until sampling) so initial_priority is checked either way.
+    prioritized = PrioritizedTrajectorySampler(batch_length, initial_priority=initial_priority, **window)
+    sampler = prioritized if prioritized_sampling else TrajectorySampler(batch_length, **window)
     return EnvRingReplayBuffer(storage=storage, sampler=sampler, batch_size=batch_size,
                                generator=generator)

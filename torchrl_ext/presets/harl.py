@@ -6,13 +6,14 @@ from typing import Any, Sequence
 
 import torch
 
-from torchrl_ext._checks import check_int
+from torchrl_ext._checks import check_bool, check_int
 from torchrl_ext.replay_buffers.env_ring import EnvRingReplayBuffer
 from torchrl_ext.replay_buffers.tensordict import TensorDictReplayBuffer
 from torchrl_ext.samplers.minibatch import (
     ChunkedRecurrentMinibatchSampler,
     FeedForwardMinibatchSampler,
     NaiveRecurrentMinibatchSampler,
+    check_optional_count,
 )
 from torchrl_ext.samplers.nstep import NStepSampler
 from torchrl_ext.storages.rollout import RolloutStorage
@@ -50,11 +51,15 @@ def harl_rollout_buffer(
     Keyword Args:
         num_mini_batch: HARL's ``actor_num_mini_batch`` / ``critic_num_mini_batch``.
         mini_batch_size: minibatch size instead (feed-forward only in HARL).
-        use_recurrent_policy: chunks of ``data_chunk_length`` steps.
+        use_recurrent_policy: chunks of ``data_chunk_length`` steps, which must divide
+            ``episode_length``.
         use_naive_recurrent_policy: whole env sequences.
         shuffle, drop_last: see :class:`~torchrl_ext.samplers.FeedForwardMinibatchSampler`;
             ``drop_last=True`` gives HARL's minibatches exactly.
         carry_keys: see :class:`~torchrl_ext.storages.RolloutStorage`.
+
+    ``data_chunk_length`` and ``num_mini_batch`` are checked also when unused
+    (another sampler, or ``mini_batch_size`` given).
 
     Examples:
         >>> import torch
@@ -68,9 +73,20 @@ def harl_rollout_buffer(
         [(3, 2), (3, 2)]
     """
     check_int("episode_length", episode_length, minimum=1)  # HARL's name in the message
+    # Checked even where unused (another sampler, or mini_batch_size given): a typo never passes silently.
+    check_int("data_chunk_length", data_chunk_length, minimum=1)
+    check_optional_count("num_mini_batch", num_mini_batch)
+    check_bool("use_recurrent_policy", use_recurrent_policy)
+    check_bool("use_naive_recurrent_policy", use_naive_recurrent_policy)
     if use_recurrent_policy and use_naive_recurrent_policy:
         raise ValueError(
             "use_recurrent_policy and use_naive_recurrent_policy are exclusive; pick one."
+        )
+    if use_recurrent_policy and episode_length % data_chunk_length:
+        # The sampler would find out only at the first minibatch, after a whole rollout.
+        raise ValueError(
+            f"data_chunk_length={data_chunk_length} must divide episode_length={episode_length} "
+            f"(chunks never cross threads); use a divisor of {episode_length}."
         )
     mb = None if mini_batch_size is not None else num_mini_batch
     common = {"mini_batch_size": mini_batch_size, "shuffle": shuffle, "drop_last": drop_last}
@@ -153,7 +169,9 @@ def harl_off_policy_buffer(
     check_int("n_rollout_threads", n_rollout_threads, minimum=1)
     if batch_size is not None:
         check_int("batch_size", batch_size, minimum=1)
-    sampler = NStepSampler(n_step, gamma, agent_group=agent_group if state_type == "FP" else None)
+    sampler = NStepSampler(n_step, gamma, agent_group=agent_group)  # checks agent_group for EP too
+    if state_type == "EP":
+        sampler.agent_group = None  # env-level chains
     return EnvRingReplayBuffer(
         num_envs=n_rollout_threads,
         max_length=-(-buffer_size // n_rollout_threads),

@@ -6,7 +6,12 @@ from typing import Any
 import torch
 
 from torchrl_ext._checks import check_int
-from torchrl_ext.replay_buffers.on_policy import OnPolicyReplayBuffer, VTraceReplayBuffer
+from torchrl_ext.replay_buffers.on_policy import (
+    OnPolicyReplayBuffer,
+    VTraceReplayBuffer,
+    check_clip_threshold,
+    check_gae_lambda,
+)
 
 __all__ = ["pytorchrl_on_policy_buffer"]
 
@@ -52,12 +57,16 @@ def pytorchrl_on_policy_buffer(
 
     Keyword Args:
         storage: ``"gae"``, ``"vanilla"`` (discounted returns) or ``"vtrace"``.
-        gamma, gae_lambda, gamma_intrinsic: discounts and GAE lambda.
+        gamma, gae_lambda, gamma_intrinsic: discounts and GAE lambda (with ``"vtrace"``,
+            the lambda of the intrinsic stream only).
         clip_rho_thres, clip_c_thres: V-trace clip thresholds.
         recurrent: minibatches of whole env sequences (pytorchrl's recurrent actor).
         num_mini_batch, mini_batch_size: default split of :meth:`generate_batches`.
         **kwargs: any other :class:`~torchrl_ext.replay_buffers.OnPolicyReplayBuffer`
             argument (``intrinsic_filter``, ``normalize_advantage``, ``keys``, ...).
+
+    Every argument is checked, also those the chosen storage does not use
+    (``gae_lambda`` with ``"vanilla"``, the clip thresholds with ``"gae"``, ...).
 
     Examples:
         >>> from torchrl_ext.presets import pytorchrl_on_policy_buffer
@@ -66,6 +75,9 @@ def pytorchrl_on_policy_buffer(
         ('VTraceReplayBuffer', 0.8)
     """
     check_int("size", size, minimum=1)  # pytorchrl's name in the message
+    check_gae_lambda("gae_lambda", gae_lambda)
+    check_clip_threshold("rho_thresh", clip_rho_thres)
+    check_clip_threshold("c_thresh", clip_c_thres)
     common = dict(gamma=gamma, gamma_intrinsic=gamma_intrinsic, recurrent=recurrent,
                   num_mini_batch=num_mini_batch, mini_batch_size=mini_batch_size, device=device,
                   generator=generator, **kwargs)
@@ -74,7 +86,8 @@ def pytorchrl_on_policy_buffer(
     if storage == "vanilla":
         return OnPolicyReplayBuffer(size, gae_lambda=None, **common)
     if storage == "vtrace":
-        return VTraceReplayBuffer(size, rho_thresh=clip_rho_thres, c_thresh=clip_c_thres, **common)
+        return VTraceReplayBuffer(size, gae_lambda=gae_lambda, rho_thresh=clip_rho_thres, c_thresh=clip_c_thres,
+                                  **common)
     raise ValueError(
         f"storage must be 'gae', 'vanilla' or 'vtrace' (pytorchrl's GAEBuffer, VanillaOnPolicyBuffer, "
         f"VTraceBuffer), got storage={storage!r}."

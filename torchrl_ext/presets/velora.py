@@ -55,7 +55,7 @@ from torchrl.data import RandomSampler, RoundRobinWriter
 
 from torchrl_ext import _compat
 from torchrl_ext.presets._velora_warm import NAMES, Progress, warm_gymnasium, warm_torchrl
-from torchrl_ext._checks import check_int, read_only
+from torchrl_ext._checks import check_bool, check_int, read_only
 from torchrl_ext.io.velora import _DIM_FIELD, VeloraCheckpointer, read_velora_metadata, velora_item_layout
 from torchrl_ext.replay_buffers.tensordict import TensorDictReplayBuffer
 from torchrl_ext.storages.fast import FastTensorStorage
@@ -257,6 +257,7 @@ class VeloraReplayBuffer(TensorDictReplayBuffer):
             seed: passed to ``env.reset(seed=)`` / ``env.set_seed``.
         """
         check_int("n_samples", n_samples, minimum=0)
+        check_bool("progress", progress)
         target = max(0, n_samples - len(self))
         if target == 0:
             return 0

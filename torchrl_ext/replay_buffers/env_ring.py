@@ -1,6 +1,7 @@
 """A TorchRL replay buffer over per-environment rings (ALF's ``ReplayBuffer`` data path)."""
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
 import torch
@@ -9,7 +10,7 @@ from tensordict.utils import expand_as_right
 from torchrl.data.replay_buffers.samplers import Sampler
 
 from torchrl_ext import _compat
-from torchrl_ext._checks import check_int
+from torchrl_ext._checks import check_int, check_real
 from torchrl_ext._fastpath import fastpath_enabled
 from torchrl_ext.replay_buffers.tensordict import TensorDictReplayBuffer
 from torchrl_ext.samplers.trajectory import TrajectorySampler
@@ -117,7 +118,8 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
                 bools are refused (``TypeError``).
             blocking: wait until every env has room instead of overwriting its
                 oldest steps. The wait happens outside the buffer lock.
-            timeout: seconds to wait at most (``TimeoutError`` after that).
+            timeout: seconds to wait at most, a finite number >= 0 (``TimeoutError`` after
+                that); ``None`` waits without limit.
             update_priority: as in ``TensorDictReplayBuffer.extend``.
 
         Returns:
@@ -129,13 +131,18 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
         writer: EnvRingWriter = self.writer
         if not isinstance(data, TensorDictBase):
             raise TypeError(f"data must be a TensorDict, got {type(data).__name__}.")
+        if timeout is not None:
+            check_real("timeout", timeout, low=0.0, hint="pass seconds to wait, or None to wait without limit")
         self._check_priority_entry(data, update_priority)  # before any step is stored
         if not blocking or data.batch_size.numel() == 0:  # no step needs room
             return self._write(data, env_ids, update_priority)
         ids = writer._env_ids_of(data, env_ids)[0]  # checked as the write checks them
         steps = 1 if data.batch_dims == 1 else data.shape[1]
+        # One deadline for every retry: another producer may take the room each time.
+        deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            if not writer.wait_for_room(ids, steps, timeout):
+            remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            if not writer.wait_for_room(ids, steps, remaining):
                 if writer.stopped:
                     return None
                 raise TimeoutError(
@@ -144,7 +151,9 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
                 )
             with _compat.replay_lock(self):
                 # Another producer may have taken the room between the wait and the lock.
-                if writer.has_room(ids, steps):
+                with _compat.write_lock(self):
+                    room = writer.has_room(ids, steps)
+                if room:
                     return self._write(data, env_ids, update_priority)
 
     def _write(self, data: TensorDictBase, env_ids: Any, update_priority: bool | None) -> torch.Tensor:
@@ -161,16 +170,19 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
             return super().extend(data, update_priority=update_priority)
         # TorchRL's extend without the transform, transpose and consumption
         # branches that cannot apply here; same locks, same calls, same result.
-        with _compat.replay_lock(self), _compat.write_lock(self):
-            index = self.writer.write(data, env_ids)
-            self.sampler.extend(index)
-        # The rings store exactly the leaves they are written (the storage checks), so a
-        # priority entry can only be a stored leaf: a dict lookup spares TensorDict.get's
-        # costly miss on every step write.
-        if (update_priority is None or update_priority) and self.storage.stores_leaf(self.priority_key):
-            priority = data.get(self.priority_key, None)
-            if priority is not None:
-                self.update_priority(index, priority)
+        # The replay lock spans the write and its priorities (another thread must not write
+        # the same rows in between); update_priority takes the process lock itself.
+        with _compat.replay_lock(self):
+            with _compat.write_lock(self):
+                index = self.writer.write(data, env_ids)
+                self.sampler.extend(index)
+            # The rings store exactly the leaves they are written (the storage checks), so a
+            # priority entry can only be a stored leaf: a dict lookup spares TensorDict.get's
+            # costly miss on every step write.
+            if (update_priority is None or update_priority) and self.storage.stores_leaf(self.priority_key):
+                priority = data.get(self.priority_key, None)
+                if priority is not None:
+                    self.update_priority(index, priority)
         return index
 
     def sample(
@@ -256,24 +268,24 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
 
     def dequeue(self, n: int = 1, env_ids: Any = None) -> TensorDictBase:
         """Removes and returns the ``n`` oldest steps of each env, ``[len(env_ids), n]``."""
-        with _compat.replay_lock(self):
+        with _compat.replay_lock(self), _compat.write_lock(self):
             return self.writer.dequeue(n, env_ids)
 
     def remove_up_to(self, n: int, env_ids: Any = None) -> None:
         """Forgets up to ``n`` oldest steps of each env in ``env_ids`` (any subset)."""
-        with _compat.replay_lock(self):
+        with _compat.replay_lock(self), _compat.write_lock(self):
             self.writer.remove_up_to(n, env_ids)
 
     def clear(self, env_ids: Any = None) -> None:
         """Empties ``env_ids`` (all envs by default)."""
-        with _compat.replay_lock(self):
+        with _compat.replay_lock(self), _compat.write_lock(self):
             self.writer.clear(env_ids)
 
     def gather_all(self, ignore_earliest_frames: int | bool = 0) -> tuple[TensorDictBase, torch.Tensor]:
         """All stored steps ``[E, n]`` in order, and the start positions ``[E]``, without the
         ``ignore_earliest_frames`` oldest steps of each env; ``True`` (ALF's flag) leaves out
         those no window starts at (the sampler's ``num_earliest_frames_ignored``)."""
-        with _compat.replay_lock(self):
+        with _compat.replay_lock(self), _compat.write_lock(self):
             if isinstance(ignore_earliest_frames, bool):
                 ignored = getattr(self.sampler, "ignored_frames", lambda storage: storage.required_lookback)
                 ignore_earliest_frames = ignored(self.storage) if ignore_earliest_frames else 0
@@ -282,7 +294,7 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
 
     def read(self, env_ids: Any, positions: Any) -> TensorDictBase:
         """Steps at absolute ``positions`` of ``env_ids`` (ALF's ``get_field``), checked."""
-        with _compat.replay_lock(self):
+        with _compat.replay_lock(self), _compat.write_lock(self):
             return self.storage.read(env_ids, positions)
 
     def stop(self) -> None:
@@ -293,7 +305,7 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
         self.writer.revive()
 
     def empty(self, empty_write_count: bool = True) -> None:
-        super().empty(empty_write_count=empty_write_count)
+        super().empty(empty_write_count=empty_write_count)  # under the buffer's locks
         self.writer.notify_room()
 
 

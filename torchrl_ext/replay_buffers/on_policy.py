@@ -24,15 +24,30 @@ import torch
 from tensordict import TensorDictBase
 
 from torchrl_ext import _compat
-from torchrl_ext._checks import check_finite, check_int, check_real, read_only
+from torchrl_ext._checks import CheckedSetting, check_bool, check_finite, check_int, check_real, read_only
 from torchrl_ext._keys import has_leaf, nested_key, next_key
 from torchrl_ext.replay_buffers.tensordict import TensorDictReplayBuffer
-from torchrl_ext.samplers.minibatch import FeedForwardMinibatchSampler, NaiveRecurrentMinibatchSampler
+from torchrl_ext.samplers.minibatch import (
+    FeedForwardMinibatchSampler,
+    NaiveRecurrentMinibatchSampler,
+    check_optional_count,
+)
 from torchrl_ext.storages.rollout import RolloutStorage
 from torchrl_ext.value.functional import generalized_advantage_estimate, vtrace_advantage_estimate
 from torchrl_ext.value.normalizers import IntrinsicRewardNormalizer
 
 __all__ = ["OnPolicyKeys", "OnPolicyReplayBuffer", "VTraceReplayBuffer"]
+
+
+def check_gae_lambda(name: str, value: float | None) -> float | None:
+    """A GAE lambda in ``[0, 1]``, or ``None`` for discounted returns (lambda 1)."""
+    return None if value is None else check_real(name, value, low=0.0, high=1.0)
+
+
+def check_clip_threshold(name: str, value: float) -> float:
+    """A V-trace clip threshold ``> 0`` (``+inf``: no clipping)."""
+    return check_real(name, value, low=0.0, open_low=True, finite=False,
+                      hint="e.g. 1.0, the IMPALA default (+inf: no clipping)")
 
 
 @dataclass(frozen=True)
@@ -74,7 +89,8 @@ class OnPolicyReplayBuffer(TensorDictReplayBuffer):
         advantage_eps: added to the std.
         recurrent: minibatches of whole env sequences ``[k, T]`` instead of steps.
         num_mini_batch, mini_batch_size, shuffle: default epoch split (see
-            :meth:`generate_batches`).
+            :meth:`generate_batches`); ``num_mini_batch`` is checked but unused when
+            ``mini_batch_size`` is given.
         keys: an :class:`OnPolicyKeys` (or a dict of its fields).
         carry_keys, device: see :class:`~torchrl_ext.storages.RolloutStorage`.
         generator: RNG of the minibatch permutations.
@@ -123,11 +139,10 @@ class OnPolicyReplayBuffer(TensorDictReplayBuffer):
         generator: torch.Generator | None = None,
     ) -> None:
         self.keys = keys if isinstance(keys, OnPolicyKeys) else OnPolicyKeys(**(keys or {}))
-        self.recurrent = bool(recurrent)
-        given = {"gamma": gamma, "gae_lambda": gae_lambda, "gamma_intrinsic": gamma_intrinsic,
-                 "normalize_advantage": normalize_advantage, "advantage_eps": advantage_eps}
-        for name in self._parameters:  # subclasses set their extra parameters first
-            self.update_storage_parameter(name, given[name] if name in given else getattr(self, name))
+        self.recurrent = recurrent
+        # Each setting checks its value (subclasses set their extra parameters first).
+        self.gamma, self.gae_lambda, self.gamma_intrinsic = gamma, gae_lambda, gamma_intrinsic
+        self.normalize_advantage, self.advantage_eps = normalize_advantage, advantage_eps
         if intrinsic_filter not in ("forward", "backward"):
             raise ValueError(
                 f"intrinsic_filter must be 'forward' or 'backward', got intrinsic_filter={intrinsic_filter!r}."
@@ -143,9 +158,27 @@ class OnPolicyReplayBuffer(TensorDictReplayBuffer):
         )
         self._constructor_sampler = self.sampler  # generate_batches() without a split returns to it
 
+    # Settings: every assignment (update_storage_parameter's too) runs the constructor's check.
+    gamma = CheckedSetting(check_real, "Discount of the extrinsic stream, in ``[0, 1]``.", low=0.0, high=1.0)
+    gae_lambda = CheckedSetting(check_gae_lambda, "GAE lambda in ``[0, 1]``, or ``None`` for discounted returns.")
+    gamma_intrinsic = CheckedSetting(
+        check_real, "Discount of the intrinsic stream, in ``[0, 1]``.", hook="_gamma_intrinsic_changed",
+        low=0.0, high=1.0,
+    )
+    normalize_advantage = CheckedSetting(check_bool, "Scale advantages to zero mean, unit std, a bool.")
+    advantage_eps = CheckedSetting(check_real, "Added to the advantages' std, ``>= 0``.", low=0.0)
+    recurrent = CheckedSetting(
+        check_bool, "Minibatches of whole env sequences (used by the next :meth:`generate_batches` split), a bool."
+    )
+
+    def _gamma_intrinsic_changed(self, gamma_intrinsic: float) -> None:
+        if hasattr(self, "intrinsic_normalizer"):  # absent while the constructor runs
+            self.intrinsic_normalizer.gamma = gamma_intrinsic
+
     # ------------------------------------------------------------------
     def _make_sampler(self, num_mini_batch: int | None, mini_batch_size: int | None, shuffle: bool) -> Any:
         cls = NaiveRecurrentMinibatchSampler if self.recurrent else FeedForwardMinibatchSampler
+        check_optional_count("num_mini_batch", num_mini_batch)  # checked even when mini_batch_size wins
         num_mini_batch = num_mini_batch if mini_batch_size is None else None  # mini_batch_size wins
         return cls(num_mini_batch, mini_batch_size=mini_batch_size, shuffle=shuffle)
 
@@ -166,7 +199,7 @@ class OnPolicyReplayBuffer(TensorDictReplayBuffer):
         """The filled steps and the slot after them, ``[L + 1, N]`` (inserted entries only)."""
         storage = self.storage
         data = storage.data[: storage.step + 1].select(*storage.step_keys).clone()
-        return data.to("cpu") if to_cpu else data
+        return data.to("cpu") if check_bool("to_cpu", to_cpu) else data
 
     def insert_data_slice(self, data: TensorDictBase) -> None:
         """Takes over a rollout from :meth:`get_all_buffer_data` (e.g. of a remote worker)."""
@@ -179,18 +212,7 @@ class OnPolicyReplayBuffer(TensorDictReplayBuffer):
                 f"{type(self).__name__} has no parameter {name!r}; it can update "
                 f"{', '.join(self._parameters)}."
             )
-        if name in ("gamma", "gamma_intrinsic") or (name == "gae_lambda" and value is not None):
-            value = check_real(name, value, low=0.0, high=1.0)
-        elif name in ("rho_thresh", "c_thresh"):
-            value = check_real(name, value, low=0.0, open_low=True, finite=False,
-                               hint="e.g. 1.0, the IMPALA default (+inf: no clipping)")
-        elif name == "advantage_eps":
-            value = check_real(name, value, low=0.0)
-        elif name == "normalize_advantage":
-            value = bool(value)
-        setattr(self, name, value)
-        if name == "gamma_intrinsic" and hasattr(self, "intrinsic_normalizer"):
-            self.intrinsic_normalizer.gamma = value
+        setattr(self, name, value)  # each parameter is a checked setting
 
     # ------------------------------------------------------------------
     @torch.no_grad()
@@ -254,7 +276,7 @@ class OnPolicyReplayBuffer(TensorDictReplayBuffer):
             data.get(key)[filled] = value
         for key, value in results["derived"].items():
             if key in (self.keys.advantage, self.keys.intrinsic_advantage) and self.normalize_advantage:
-                value = (value - value.mean()) / (value.std(correction=1) + self.advantage_eps)
+                value = _normalized(value, self.advantage_eps)
             padded = value.new_zeros((self.storage.num_steps + 1, *value.shape[1:]))
             padded[:filled] = value
             self.storage.set_derived(key, padded)
@@ -316,24 +338,32 @@ class OnPolicyReplayBuffer(TensorDictReplayBuffer):
         num_mini_batch: int | None = None,
         mini_batch_size: int | None = None,
         num_epochs: int = 1,
-        shuffle: bool = True,
+        shuffle: bool | None = None,
     ) -> Iterator[TensorDictBase]:
         """``num_epochs`` epochs of minibatches over the filled steps.
 
         Give ``num_mini_batch`` or ``mini_batch_size`` (steps, or env sequences
         when ``recurrent``); with neither, the constructor's split is used.
-        Every filled step appears once per epoch.
+        ``shuffle=None`` keeps the constructor's setting. Every filled step
+        appears once per epoch. The arguments and the split are checked at the
+        call, before anything changes; a split or ``shuffle`` other than the
+        constructor's gets a sampler of its own (the buffer's sampler until the
+        next call), so the constructor's sampler is never altered.
         """
         check_int("num_epochs", num_epochs, minimum=1)
-        if num_mini_batch is not None or mini_batch_size is not None:
+        sampler = getattr(self, "_constructor_sampler", self.sampler)  # older pickles lack it
+        shuffle = sampler.shuffle if shuffle is None else check_bool("shuffle", shuffle)
+        if num_mini_batch is not None or mini_batch_size is not None or shuffle != sampler.shuffle:
+            if num_mini_batch is None and mini_batch_size is None:
+                num_mini_batch, mini_batch_size = sampler.num_mini_batch, sampler.mini_batch_size
             sampler = self._make_sampler(num_mini_batch, mini_batch_size, shuffle)
             _compat.set_generator(sampler, _compat.generator(self))
+        sampler.check_split(self.storage)
+        if self.sampler is not sampler:
             self.set_sampler(sampler)
-        else:
-            constructed = getattr(self, "_constructor_sampler", self.sampler)  # older pickles lack it
-            if self.sampler is not constructed:
-                self.set_sampler(constructed)
-            self.sampler.shuffle = bool(shuffle)
+        return self._epochs(num_epochs)
+
+    def _epochs(self, num_epochs: int) -> Iterator[TensorDictBase]:
         for _ in range(num_epochs):
             self.sampler.new_epoch()
             yield from self
@@ -345,7 +375,10 @@ class VTraceReplayBuffer(OnPolicyReplayBuffer):
     Keyword Args:
         rho_thresh, c_thresh: clip thresholds of the importance ratios.
         advantage_eps: defaults to 1e-8.
-        **kwargs: see :class:`OnPolicyReplayBuffer` (``gae_lambda`` is unused).
+        **kwargs: see :class:`OnPolicyReplayBuffer`. ``gae_lambda`` is the lambda of the
+            intrinsic stream's GAE, as in :class:`OnPolicyReplayBuffer` (``None``: the
+            discounted returns of pytorchrl's vanilla storage, which its ``VTraceBuffer``
+            derives from but whose intrinsic step it skips); the V-trace targets do not use it.
 
     :meth:`compute_returns` takes ``refresh``: called on the filled steps
     ``[L, N]`` before the targets, it returns them with ``keys.log_prob`` (the
@@ -361,8 +394,11 @@ class VTraceReplayBuffer(OnPolicyReplayBuffer):
 
     def __init__(self, num_steps: int, *, rho_thresh: float = 1.0, c_thresh: float = 1.0,
                  advantage_eps: float = 1e-8, **kwargs: Any) -> None:
-        self.rho_thresh, self.c_thresh = rho_thresh, c_thresh
+        self.rho_thresh, self.c_thresh = rho_thresh, c_thresh  # checked by the settings
         super().__init__(num_steps, advantage_eps=advantage_eps, **kwargs)
+
+    rho_thresh = CheckedSetting(check_clip_threshold, "Clip threshold of the importance ratios in the targets.")
+    c_thresh = CheckedSetting(check_clip_threshold, "Clip threshold of the trace coefficients.")
 
     @torch.no_grad()
     def compute_returns(
@@ -411,6 +447,16 @@ class VTraceReplayBuffer(OnPolicyReplayBuffer):
             self.gamma, log_pi, log_mu, value, next_value,
             steps.get(self.keys.reward), done, terminated, self.rho_thresh, self.c_thresh, time_dim=0,
         )
+
+
+def _normalized(advantage: torch.Tensor, eps: float) -> torch.Tensor:
+    """``advantage`` at zero mean, divided by its unbiased std plus ``eps`` (pytorchrl's rule).
+
+    One value (a one-step, one-env rollout) has no spread: its std is taken as 0 (the unbiased
+    std of one value is NaN), so it becomes 0. Without spread and with ``eps=0`` the centred
+    zeros are kept rather than divided by 0."""
+    std = advantage.std(correction=1) if advantage.numel() > 1 else advantage.new_zeros(())
+    return (advantage - advantage.mean()) / (std + eps).clamp_min(torch.finfo(advantage.dtype).tiny)
 
 
 def _network_values(out: Any, key: Any, shape: torch.Size, source: str) -> torch.Tensor:

@@ -16,7 +16,7 @@ import torch
 from tensordict import TensorDictBase
 
 from torchrl_ext import _compat
-from torchrl_ext._checks import check_device, check_finite, check_int, check_real
+from torchrl_ext._checks import CheckedSetting, check_device, check_finite, check_int, check_real
 from torchrl_ext._keys import has_leaf, nested_key
 from torchrl_ext.replay_buffers.tensordict import TensorDictReplayBuffer
 from torchrl_ext.samplers.uniform import DistinctUniformSampler
@@ -36,8 +36,8 @@ class PathGAEReplayBuffer(TensorDictReplayBuffer):
         batch_size: items per :meth:`sample_batch` (fewer while fewer steps are finished).
 
     Keyword Args:
-        gamma, lam: discount and GAE lambda.
-        eps: added to the (population) std when normalising advantages.
+        gamma, lam: discount and GAE lambda, in ``[0, 1]``.
+        eps: added to the (population) std when normalising advantages, ``>= 0``.
         reward_key, value_key: where a stored step keeps its reward and ``V(s)``.
         device: where the ring lives.
         generator: RNG of the minibatch draws.
@@ -61,6 +61,13 @@ class PathGAEReplayBuffer(TensorDictReplayBuffer):
         torch.Size([3])
     """
 
+    gamma = CheckedSetting(check_real, "Discount in ``[0, 1]``; settable (used by the next finish_path).",
+                           low=0.0, high=1.0)
+    lam = CheckedSetting(check_real, "GAE lambda in ``[0, 1]``; settable (used by the next finish_path).",
+                         low=0.0, high=1.0)
+    eps = CheckedSetting(check_real, "Added to the advantages' std, ``>= 0``; settable (used by the next "
+                         "sample_batch).", low=0.0)
+
     def __init__(
         self,
         size: int,
@@ -76,9 +83,7 @@ class PathGAEReplayBuffer(TensorDictReplayBuffer):
     ) -> None:
         check_int("size", size, minimum=1)
         check_int("batch_size", batch_size, minimum=1)
-        self.gamma = check_real("gamma", gamma, low=0.0, high=1.0)
-        self.lam = check_real("lam", lam, low=0.0, high=1.0)
-        self.eps = check_real("eps", eps, low=0.0)
+        self.gamma, self.lam, self.eps = gamma, lam, eps
         self.reward_key, self.value_key = nested_key(reward_key, "reward_key"), nested_key(value_key, "value_key")
         self._finished = torch.zeros(size, dtype=torch.bool)
         self._path_length = 0  # steps stored since the last finish_path

@@ -26,10 +26,13 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase, is_tensor_collection
 from torchrl.data import TensorDictReplayBuffer as _TorchRLTensorDictReplayBuffer
+from torchrl.data.replay_buffers.samplers import Sampler
 from torchrl.data.replay_buffers.storages import Storage, TensorStorage
 
 from torchrl_ext import _compat
-from torchrl_ext._checks import check_int, check_priorities, is_int_tensor, makes_kept_tensors
+from torchrl_ext._checks import (
+    as_index, check_generator, check_int, check_priorities, is_int_tensor, makes_kept_tensors,
+)
 from torchrl_ext._fastpath import fastpath_enabled
 from torchrl_ext.io.atomic_dir import atomic_save_dir, committed_dir, verify_checkpoint
 from torchrl_ext.io.state_files import load_state, save_state
@@ -59,19 +62,20 @@ class PriorityEntryError(ValueError, RuntimeError):
 
 
 def _check_sampler_capacity(sampler: Any, storage: Any) -> None:
-    """Refuses a prioritized sampler with fewer priorities than a 1-D storage has rows: rows
-    past its capacity could be stored but never get a priority (TorchRL would find out only
-    after storing them)."""
+    """Refuses a prioritized sampler with fewer priorities than a 1-D storage has rows (a tensor
+    storage of more dims: cells, at least ``max_size``): items past its capacity could be stored
+    but never get a priority (TorchRL would find out only after storing them)."""
     capacity = getattr(sampler, "max_size", None)
     rows = getattr(storage, "max_size", None)
+    ndim = getattr(storage, "ndim", 1)
     if (
         isinstance(capacity, int) and isinstance(rows, int) and capacity < rows
-        and getattr(storage, "ndim", 1) == 1 and hasattr(sampler, "update_priority")
+        and (ndim == 1 or isinstance(storage, TensorStorage)) and hasattr(sampler, "update_priority")
     ):
         raise ValueError(
             f"the sampler holds max_capacity={capacity} priorities but the storage holds "
-            f"max_size={rows} rows; build the sampler with max_capacity={rows} (the storage's "
-            "max_size)."
+            f"max_size={rows} {'rows' if ndim == 1 else 'cells'}; build the sampler with "
+            f"max_capacity={rows} (the storage's max_size)."
         )
 
 
@@ -165,8 +169,20 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
         if kwargs.get("batch_size") is None and isinstance(kwargs.get("sampler"), _EpochMinibatchSampler):
             # The minibatch sampler sizes its minibatches; TorchRL only needs a batch size to iterate.
             kwargs["batch_size"] = 1
-        _check_sampler_capacity(kwargs.get("sampler"), kwargs.get("storage"))
+        sampler, storage = kwargs.get("sampler"), kwargs.get("storage")
+        # A sampler's storage check: it would refuse the storage only at the first write, once stored.
+        check_storage = getattr(sampler, "_check_storage", None) if isinstance(sampler, Sampler) else None
+        if check_storage is not None and storage is not None:
+            check_storage(storage)
+        _check_sampler_capacity(sampler, storage)
+        check_generator("generator", kwargs.get("generator"))  # torch would refuse it at the first draw
         super().__init__(**kwargs)
+        if check_storage is not None and storage is None and self.initialized:
+            check_storage(self.storage)  # TorchRL's default storage, built just now
+
+    def set_rng(self, generator: torch.Generator | None) -> None:
+        """TorchRL's ``set_rng``; ``TypeError`` for anything but a ``torch.Generator`` or ``None``."""
+        super().set_rng(check_generator("generator", generator))
 
     def _transpose(self, data: Any) -> Any:
         if isinstance(self.storage, RolloutStorage) and isinstance(data, TensorDictBase) and data.batch_dims == 1:
@@ -183,10 +199,21 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
             # Nothing to write. TorchRL fails on a first write of no rows: its lazy
             # allocation reads row 0, and its writer then reads the unset storage shape.
             return torch.zeros((0, self.storage.ndim) if self.storage.ndim > 1 else (0,), dtype=torch.long)
+        self._check_first_write(tensordicts)
         if self._lean_extend_applies(tensordicts):
             return self._lean_extend(tensordicts, update_priority)
         with _compat.replay_lock(self), self._writer_restored_on_error():
             return super().extend(tensordicts, update_priority=update_priority)
+
+    def _check_first_write(self, data: Any) -> None:
+        """Lets the sampler refuse the shape a 2-D storage's first write would allocate before
+        it is written (TorchRL rounds ``max_size`` up to whole env columns of the batch)."""
+        check = getattr(self.sampler, "_check_capacity", None)
+        storage = self.storage
+        if check is None or getattr(storage, "ndim", 1) != 2 or getattr(storage, "initialized", True) \
+                or not isinstance(data, TensorDictBase) or data.batch_dims < 2 or self._has_transform():
+            return
+        check(storage, num_envs=data.shape[1 - self.dim_extend])  # the envs' dim: the one not extended
 
     def _check_priority_entry(self, data: Any, update_priority: bool | None, *, single: bool = False) -> None:
         """Validates the batch's priority entry (values, and its length on a 1-D storage)
@@ -210,6 +237,12 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
                 f"the {self.priority_key!r} entry, or pass update_priority=False and update "
                 "the priorities afterwards."
             ) from err
+
+    def empty(self, empty_write_count: bool = True) -> None:
+        """TorchRL's ``empty`` under the buffer's locks (TorchRL's takes none), so that no sample
+        or write in another thread or process sees a half-emptied buffer."""
+        with _compat.replay_lock(self), _compat.write_lock(self):
+            super().empty(empty_write_count=empty_write_count)
 
     def update_priority(self, index: Any, priority: Any = None) -> None:
         """TorchRL's ``update_priority(index, priority)``; a sampled TensorDict alone
@@ -267,9 +300,11 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
     ) -> Any:
         """Samples ``batch_size`` items with ``index`` and ``priority_weight`` set.
 
-        Same contract as ``TensorDictReplayBuffer.sample``; a negative or non-int
-        ``batch_size`` is a ``ValueError`` (TorchRL fails inside torch).
+        Same contract as ``TensorDictReplayBuffer.sample`` (a numpy or 0-d tensor integer
+        ``batch_size`` is taken as its int); a negative or non-int ``batch_size`` is a
+        ``ValueError`` (TorchRL fails inside torch).
         """
+        batch_size = as_index(batch_size)  # TorchRL's fallback below then gets the int too
         size = self._plain_batch_size(batch_size, include_info, self._lean_path)
         if size is None:
             return super().sample(batch_size, return_info=return_info, include_info=include_info)
@@ -279,6 +314,7 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
     def _plain_batch_size(self, batch_size: Any, include_info: bool | None, lean: Callable[[], bool]) -> int | None:
         """Checks ``batch_size``; the size a one-layer sample draws, or ``None`` where TorchRL's
         ``sample`` must run (it warns about a size other than the buffer's, raises without one)."""
+        batch_size = as_index(batch_size)  # subclasses' sample calls this first
         if batch_size is not None:  # None: the buffer's batch_size
             check_int("batch_size", batch_size, minimum=0)
         _compat.ensure_initialized(self)
@@ -434,6 +470,8 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
                 trial = copy.deepcopy(part, memo=dict(shared))
             except Exception:  # a part that cannot be copied is loaded as TorchRL would
                 continue
+            if callable(getattr(trial, "use_storage", None)):
+                trial.use_storage(self.storage)  # a copy drops that link, which its checks need
             try:
                 load(trial, name)
             except Exception as err:

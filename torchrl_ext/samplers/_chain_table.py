@@ -3,8 +3,9 @@
 A chain from start ``p`` reads ``n_step`` steps forward, so a write at ``p``
 can change only the chains from ``p - n_step + 1 .. p`` (it may extend them or
 cut them at a new ``done``). The table holds, per flat storage row, where the
-chain from that row stops (``m``, int8) and its discounted reward sum (the
-reward's dtype, summed in float64), so a sample looks each draw up once
+chain from that row stops (``m``, int8) and its discounted reward sum (summed
+in float64, kept in the n-step reward's dtype: a float reward's own, torch's
+default float dtype for an integer or bool reward), so a sample looks each draw up once
 instead of reading ``n_step`` rewards and done flags per draw.
 
 The table trusts only what it saw: it records the storage's

@@ -26,7 +26,7 @@ import torch
 from torchrl.data.replay_buffers.samplers import Sampler
 
 from torchrl_ext import _compat
-from torchrl_ext._checks import CheckedSetting, check_indices, check_int, makes_kept_tensors
+from torchrl_ext._checks import CheckedSetting, check_bool, check_indices, check_int, makes_kept_tensors
 from torchrl_ext.io.state_files import StateFiles
 
 __all__ = [
@@ -36,7 +36,8 @@ __all__ = [
 ]
 
 
-def _optional_count(name: str, value: int | None) -> int | None:
+def check_optional_count(name: str, value: int | None) -> int | None:
+    """A split setting: ``None`` or an int ``>= 1`` (:func:`~torchrl_ext._checks.check_int`'s error)."""
     return None if value is None else check_int(name, value, minimum=1)
 
 
@@ -66,19 +67,24 @@ class _EpochMinibatchSampler(StateFiles, Sampler):
             self.num_mini_batch = num_mini_batch
         else:
             self.mini_batch_size = mini_batch_size
-        self.shuffle, self.drop_last = bool(shuffle), bool(drop_last)
+        self.shuffle, self.drop_last = shuffle, drop_last
         self._empty()
         self._injected: torch.Tensor | None = None
 
     # ------------------------------------------------------------------
     # The split: exactly one of num_mini_batch and mini_batch_size is set (from the next epoch on).
     num_mini_batch = CheckedSetting(
-        _optional_count, "Minibatches per epoch, or ``None`` when ``mini_batch_size`` decides; setting an int "
+        check_optional_count, "Minibatches per epoch, or ``None`` when ``mini_batch_size`` decides; setting an int "
         "clears ``mini_batch_size``.", hook="_split_changed",
     )
     mini_batch_size = CheckedSetting(
-        _optional_count, "Units per minibatch, or ``None`` when ``num_mini_batch`` decides; setting an int "
+        check_optional_count, "Units per minibatch, or ``None`` when ``num_mini_batch`` decides; setting an int "
         "clears ``num_mini_batch``.", hook="_split_changed",
+    )
+
+    shuffle = CheckedSetting(check_bool, "A new random permutation every epoch (else in order), a bool.")
+    drop_last = CheckedSetting(
+        check_bool, "Drop the units left over by an equal split (HARL) instead of spreading them, a bool."
     )
 
     def _split_changed(self, **setting: int | None) -> None:
@@ -128,8 +134,13 @@ class _EpochMinibatchSampler(StateFiles, Sampler):
             raise RuntimeError("Cannot sample from an empty storage.")
         return filled, threads
 
-    def _new_epoch(self, count: int) -> None:
-        # Every check before the injected permutation is used up: a refused epoch keeps it.
+    def check_split(self, storage: Any) -> None:
+        """Raises the error an epoch over ``storage`` would raise for this split, before anything is
+        drawn (so a caller can refuse a split without changing any state)."""
+        steps, threads = self._layout(storage)
+        self._check_split(self._units(steps, threads.numel()))
+
+    def _check_split(self, count: int) -> None:
         if self.num_mini_batch is not None and self.num_mini_batch > count:
             raise ValueError(
                 f"num_mini_batch={self.num_mini_batch} is larger than the {count} "
@@ -141,6 +152,11 @@ class _EpochMinibatchSampler(StateFiles, Sampler):
                 f"mini_batch_size={size} is larger than the {count} {self.unit_name}s of the "
                 "rollout and drop_last=True leaves no minibatch."
             )
+
+    def _new_epoch(self, count: int) -> None:
+        # Every check before the injected permutation is used up: a refused epoch keeps it.
+        self._check_split(count)
+        size = self.mini_batch_size
         if self._injected is not None:
             order = self._injected
             if order.numel() != count or not torch.equal(order.sort().values, torch.arange(count)):

@@ -5,7 +5,8 @@ forward up to ``n_step`` steps and stops at the first ``done`` step or at the
 env's newest step (whose episode is not known to be over yet). With ``m`` the
 index where it stops:
 
-* ``("next", reward) = sum_{k <= m} gamma**k r_{p+k}`` (accumulated in float64),
+* ``("next", reward) = sum_{k <= m} gamma**k r_{p+k}`` (accumulated in float64, returned
+  in the reward's dtype; integer or bool rewards give torch's default float dtype),
 * every other ``("next", ...)`` entry (observation, ``done``, ``terminated``,
   ``truncated``, ``available_actions``) comes from step ``p + m``, root entries
   (observation, action, ``valid_transitions``, ``available_actions``) from ``p``,
@@ -51,6 +52,20 @@ from torchrl_ext.samplers.trajectory import StatelessSampler
 __all__ = ["NStepSampler"]
 
 
+def _check_key(name: str, key: Any) -> Any:
+    """``key`` as a TensorDict key (a list becomes a tuple); ``TypeError`` naming ``name`` otherwise."""
+    return nested_key(key, name)
+
+
+def _check_group(name: str, group: Any) -> str | None:
+    """``group``, a non-empty str or ``None``; ``TypeError`` otherwise."""
+    if group is not None and (not isinstance(group, str) or not group):
+        raise TypeError(
+            f"{name} must be the name of the agents' group key (e.g. 'agents') or None, got {name}={group!r}."
+        )
+    return group
+
+
 class NStepSampler(StatelessSampler):
     """Uniform n-step transitions over per-env streams, single-agent, EP or FP.
 
@@ -75,7 +90,8 @@ class NStepSampler(StatelessSampler):
         ``sample(storage, B)`` returns ``(env, start, end)`` ``[B]`` each on
         rings (the buffer reads root entries at ``start`` and ``"next"`` entries
         at ``end``) or ``(time, env)`` start coordinates on ``[T, E]`` storages.
-        Info: ``("next", reward)`` ``[B, *reward_shape]``, ``steps_to_next_obs``
+        Info: ``("next", reward)`` ``[B, *reward_shape]`` (a floating reward keeps its
+        dtype, an integer or bool one gives ``torch.get_default_dtype()``), ``steps_to_next_obs``
         (int64) and ``nstep_discount`` (float32) shaped like the reward, plus
         every ``"next"`` entry taken at a chain end where the storage does not
         read chains itself (``[T, E]`` storages, FP agents).
@@ -105,15 +121,9 @@ class NStepSampler(StatelessSampler):
         agent_group: str | None = None,
     ) -> None:
         super().__init__()
-        self.n_step, self.gamma = n_step, gamma  # checked by the setters
-        if agent_group is not None and (not isinstance(agent_group, str) or not agent_group):
-            raise TypeError(
-                f"agent_group must be the name of the agents' group key (e.g. 'agents') or None, "
-                f"got agent_group={agent_group!r}."
-            )
-        self.reward_key = nested_key(reward_key, "reward_key")
-        self.done_key = nested_key(done_key, "done_key")
-        self.agent_group = agent_group
+        # Checked by the setters, which also check later assignments.
+        self.n_step, self.gamma = n_step, gamma
+        self.agent_group, self.reward_key, self.done_key = agent_group, reward_key, done_key
 
     n_step = CheckedSetting(
         check_int, "Maximum steps per transition, an int ``>= 1``; settable (takes effect at the next sample).",
@@ -121,6 +131,11 @@ class NStepSampler(StatelessSampler):
     )
     gamma = CheckedSetting(
         check_real, "Discount in ``[0, 1]``; settable (takes effect at the next sample).", low=0.0, high=1.0
+    )
+    reward_key = CheckedSetting(_check_key, "Key of the env-level rewards summed along a chain; settable.")
+    done_key = CheckedSetting(_check_key, "Key of the env-level done flags that stop a chain; settable.")
+    agent_group = CheckedSetting(
+        _check_group, "Key of the agents' group whose agents get their own chains (FP), or ``None``; settable.",
     )
 
     def __getstate__(self) -> dict[str, Any]:
@@ -312,7 +327,9 @@ class NStepSampler(StatelessSampler):
         # gamma**k up to each chain's stop m, 0 after it (float64): [B, n, *agents]
         weight = torch.where(k <= m.to(reward.device).unsqueeze(-1), powers, 0.0).movedim(-1, 1)
         weight = weight.reshape(*weight.shape, *(1,) * (reward.dim() - weight.dim()))
-        return (weight * reward.double()).sum(1).to(reward.dtype)
+        # A discounted sum of integer (or bool) rewards is fractional: it gets torch's default float dtype.
+        dtype = reward.dtype if reward.is_floating_point() else torch.get_default_dtype()
+        return (weight * reward.double()).sum(1).to(dtype)
 
     def _agent_chains(
         self, streams: Any, flat: torch.Tensor, to_newest: torch.Tensor, info: dict[Any, Any]

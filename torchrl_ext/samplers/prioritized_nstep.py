@@ -188,11 +188,16 @@ class PrioritizedNStepSampler(PrioritizedSampler):
             f"{storage_layout(storage)}; for per-env rings (EnvRingStorage) use NStepSampler."
         )
 
-    def _check_capacity(self, storage: TensorStorage) -> None:
+    def _check_capacity(self, storage: TensorStorage, num_envs: int | None = None) -> None:
+        """Refuses a storage of more cells than the trees hold: as allocated, or before its first
+        write, as a first write of ``num_envs`` envs would allocate it (the buffer asks then)."""
         stored = _compat.stored_data(storage)
-        if not storage.initialized or stored is None:
+        if storage.initialized and stored is not None:
+            rows, num_envs = int(stored.shape[0]), int(stored.shape[1])
+        elif num_envs:
+            rows = -(-storage.max_size // num_envs)  # TorchRL rounds the rows up to whole env columns
+        else:
             return
-        rows, num_envs = int(stored.shape[0]), int(stored.shape[1])
         cells = rows * num_envs
         if cells > self._capacity:
             raise ValueError(
@@ -209,7 +214,13 @@ class PrioritizedNStepSampler(PrioritizedSampler):
     @makes_kept_tensors
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         chains = None
-        if "n_step" in state_dict:  # a plain PrioritizedSampler's state keeps the current ones
+        if "n_step" in state_dict or "gamma" in state_dict:  # a plain PrioritizedSampler's has neither
+            missing = sorted({"n_step", "gamma"} - state_dict.keys())
+            if missing:
+                raise ValueError(
+                    f"state_dict lacks {missing}: it is damaged or of another sampler; pass a "
+                    f"{type(self).__name__}'s own state_dict()."
+                )
             # Built (so checked) before the trees change.
             chains = self._chains_with(n_step=state_dict["n_step"], gamma=state_dict["gamma"])
         super().load_state_dict(state_dict)

@@ -366,17 +366,54 @@ class PrioritizedTrajectorySampler(StateFiles, TrajectorySampler):
 
     @makes_kept_tensors
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if not state_dict["initialized"]:
+        """Restores a :meth:`state_dict`. ``ValueError``, before anything changes, for a state
+        that is damaged, of another sampler, or of rings of another number of envs or length."""
+        state = state_dict if isinstance(state_dict, dict) else {}
+        keys = ("initialized", "tree", "stored", "seen", "seen_geometry")
+        missing = [key for key in (keys[:1] if state.get("initialized") is False else keys) if key not in state]
+        if missing:
+            raise ValueError(f"state_dict lacks {missing}: it is damaged or of another sampler; pass "
+                             f"a {type(self).__name__}'s state_dict().")
+        if not state["initialized"]:
             self._empty()
             return
-        tree_state = state_dict["tree"]
-        self._tree = PrioritySegmentTree(tree_state["capacity"], track_max=True, dtype=_DTYPE)
-        self._tree.load_state_dict(tree_state)
-        self._stored = state_dict["stored"][0].clone()
-        self._seen = state_dict["seen"][0].clone()
-        geometry = state_dict["seen_geometry"]
+        tree_state, stored, seen = state["tree"], _one_tensor(state["stored"]), _one_tensor(state["seen"])
+        capacity = tree_state.get("capacity") if isinstance(tree_state, dict) else None
+        geometry = state["seen_geometry"]
+        if not (
+            isinstance(capacity, int) and capacity > 0 and stored is not None and seen is not None
+            and stored.shape == (capacity,) and stored.is_floating_point()
+            and bool(((stored >= 0) | (stored == _UNSET)).all())  # NaN fails both
+            and seen.ndim == 2 and seen.shape[0] == 3 and 0 < seen.shape[1] and capacity % seen.shape[1] == 0
+            and seen.dtype in (torch.int64, torch.int32) and bool((seen >= 0).all())
+            and isinstance(geometry, (list, tuple)) and len(geometry) in (0, 2)
+            and all(isinstance(g, int) for g in geometry)
+        ):
+            raise ValueError("state_dict is damaged: its 'tree', 'stored', 'seen' and 'seen_geometry' do "
+                             f"not fit together; pass a {type(self).__name__}'s state_dict().")
+        envs, length = seen.shape[1], capacity // seen.shape[1]
+        storage = getattr(self, "_storage_ref", None)
+        own = None
+        if storage is not None:
+            own = (storage.num_envs, storage.max_length)
+        elif self._seen is not None:  # a copy (pickling drops the storage link) that has synced
+            own = (self._seen.shape[1], self._tree.capacity // self._seen.shape[1])
+        if own is not None and own != (envs, length):
+            raise ValueError(f"state_dict holds window priorities of {envs} envs x {length} steps but this "
+                             f"sampler serves {own[0]} envs x {own[1]} steps; build the buffer as the "
+                             "saved one was built.")
+        tree = PrioritySegmentTree(capacity, track_max=True, dtype=_DTYPE)
+        tree.load_state_dict(tree_state)  # checks the levels before writing them
+        # Everything checked: the state changes all at once.
+        self._tree, self._stored, self._seen = tree, stored.clone(), seen.to(torch.long, copy=True)
         self._seen_geometry = tuple(geometry) if geometry else None
         self._seen_source = None  # restored with its storage: the next sync takes it as seen
+
+
+def _one_tensor(value: Any) -> torch.Tensor | None:
+    """The tensor of a state's one-tensor list (``[tensor]``), or ``None`` for anything else."""
+    ok = isinstance(value, (list, tuple)) and len(value) == 1 and isinstance(value[0], torch.Tensor)
+    return value[0].detach().cpu() if ok else None
 
 
 def _as_float64(name: str, value: Any) -> torch.Tensor:

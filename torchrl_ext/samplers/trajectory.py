@@ -25,7 +25,7 @@ import torch
 from torchrl.data.replay_buffers.samplers import Sampler
 
 from torchrl_ext import _compat
-from torchrl_ext._checks import CheckedSetting, check_batch_size, check_int, check_real
+from torchrl_ext._checks import CheckedSetting, check_batch_size, check_bool, check_int, check_real
 from torchrl_ext.io.state_files import NoState
 from torchrl_ext.storages.ring import EnvRingStorage
 
@@ -93,7 +93,7 @@ class TrajectorySampler(StatelessSampler):
         # Each setter runs the check of its argument.
         self.batch_length = batch_length
         self.num_earliest_frames_ignored = num_earliest_frames_ignored
-        self.with_replacement = bool(with_replacement)
+        self.with_replacement = with_replacement
         self.recent_data_steps = recent_data_steps
         self.recent_data_ratio = recent_data_ratio
 
@@ -101,6 +101,7 @@ class TrajectorySampler(StatelessSampler):
     num_earliest_frames_ignored = CheckedSetting(
         check_int, "Oldest stored steps of each env that never start a window, an int ``>= 0``.", minimum=0
     )
+    with_replacement = CheckedSetting(check_bool, "Draw each window independently, a bool.")
     recent_data_steps = CheckedSetting(
         check_int, "How many of the newest valid starts count as recent, an int ``>= 1``.", minimum=1
     )

@@ -215,7 +215,10 @@ class RingData:
 
     def share_memory_(self, example: TensorDictBase | None, owner: str) -> None:
         """Moves the leaves (allocated from ``example`` if nothing was written) and the
-        counters to shared memory; ``owner`` names the storage in errors."""
+        counters to shared memory; ``owner`` names the storage in errors. Once shared, a
+        call changes nothing: new counters would cut off the processes holding the old ones."""
+        if self.shared:
+            return
         if self.device.type != "cpu":
             raise ValueError(
                 f"{owner}.share_memory_() shares CPU storages only, got device={self.device}; "

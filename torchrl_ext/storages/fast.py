@@ -44,7 +44,7 @@ from torchrl.data import LazyMemmapStorage, LazyTensorStorage
 from torchrl.data.replay_buffers.writers import RoundRobinWriter
 
 from torchrl_ext import _compat
-from torchrl_ext._checks import bounds, check_int, is_int_tensor, makes_kept_tensors
+from torchrl_ext._checks import bounds, check_device, check_int, is_int_tensor, makes_kept_tensors
 from torchrl_ext.storages._layouts import (
     StorageLayoutError, _check_common_keys, _layout, _newest_rows, _raise_key_mismatch, _refuse_non_tensors,
     has_lazy_stack,
@@ -93,6 +93,9 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
         check_int("max_size", max_size, minimum=1)  # TorchRL fails later, or never, on 0 or -1
         if not isinstance(strict, bool):
             raise TypeError(f"strict must be True or False, got {strict!r}.")
+        device = kwargs.get("device", "auto")
+        if not (isinstance(device, str) and device == "auto"):  # TorchRL's "auto": the first write's device
+            check_device("device", device)  # torch's own error names no argument
         super().__init__(max_size, *args, **kwargs)
         self.strict = strict
 

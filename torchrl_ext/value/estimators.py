@@ -26,7 +26,7 @@ from torchrl.objectives.value import GAE as _TorchRLGAE
 from torchrl.objectives.value import VTrace as _TorchRLVTrace
 
 from torchrl_ext import _compat
-from torchrl_ext._checks import check_int, check_reals
+from torchrl_ext._checks import check_reals
 from torchrl_ext._keys import nested_key, next_key
 from torchrl_ext.value import functional
 from torchrl_ext.value.normalizers import ValueNorm
@@ -223,10 +223,12 @@ class GAE(_SignalsMixin, _CheckedLambda, _TorchRLGAE):
             ``-2`` if the value has one more dim than the reward, and
             ``average_gae`` standardizes over everything. An int: like
             TorchRL's ``MultiAgentGAE``, ``average_gae`` standardizes each
-            agent separately.
+            agent separately; a dim outside the value tensor raises
+            ``ValueError`` at the first call.
         value_normalizer (ValueNorm, optional): when given, values are
             denormalized before the recursion (HARL's convention), so
             ``advantage`` and ``value_target`` come out in the raw return scale.
+            Anything with ``normalize`` and ``denormalize`` methods.
         **kwargs: every other keyword of TorchRL's ``GAE`` (``average_gae``,
             ``differentiable``, ``shifted``, ``time_dim``, ``auto_reset_env``,
             ``device``, ``value_chunk_size``, ``group_key``, ...).
@@ -259,8 +261,17 @@ class GAE(_SignalsMixin, _CheckedLambda, _TorchRLGAE):
         value_normalizer: ValueNorm | None = None,
         **kwargs,
     ) -> None:
+        # Both checked before TorchRL stores anything; agent_dim's range needs the data (_agents_at).
+        if agent_dim is not None and (isinstance(agent_dim, bool) or not isinstance(agent_dim, int)):
+            raise TypeError(f"agent_dim must be an int (a dim of the value tensor, e.g. -2) or None, "
+                            f"got agent_dim={agent_dim!r}.")
+        if value_normalizer is not None and not all(
+            callable(getattr(value_normalizer, name, None)) for name in ("normalize", "denormalize")
+        ):
+            raise TypeError(f"value_normalizer must be a ValueNorm (anything with normalize() and "
+                            f"denormalize()) or None, got value_normalizer={value_normalizer!r}.")
         super().__init__(gamma=gamma, lmbda=lmbda, value_network=value_network, **kwargs)
-        self.agent_dim = None if agent_dim is None else check_int("agent_dim", agent_dim, minimum=-2**62)
+        self.agent_dim = agent_dim
         self.value_normalizer = value_normalizer
 
     def value_estimate(
@@ -277,13 +288,21 @@ class GAE(_SignalsMixin, _CheckedLambda, _TorchRLGAE):
         return self._advantage(tensordict, params, target_params, time_dim)[1]
 
     def _prepare_signals(self, reward, done, terminated, value):
-        return self._team_signals(reward, done, terminated, value, self._agents_at())
+        return self._team_signals(reward, done, terminated, value, self._agents_at(value))
 
     def _broadcast_optional(self, tensor: Tensor, value: Tensor) -> Tensor:
-        return _broadcast_team_signal(tensor, value, self._agents_at(), ("next", "truncated"))
+        return _broadcast_team_signal(tensor, value, self._agents_at(value), ("next", "truncated"))
 
-    def _agents_at(self) -> int:
-        return -2 if self.agent_dim is None else self.agent_dim
+    def _agents_at(self, value: Tensor) -> int:
+        """The agent dim of ``value`` (``ValueError`` if ``agent_dim`` is not one of its dims)."""
+        if self.agent_dim is None:
+            return -2
+        if not -value.ndim <= self.agent_dim < value.ndim:
+            raise ValueError(
+                f"agent_dim={self.agent_dim} is out of range for values of shape {tuple(value.shape)} "
+                f"({value.ndim} dims); use a dim in [{-value.ndim}, {value.ndim - 1}], e.g. -2 for [*B, T, A, 1]."
+            )
+        return self.agent_dim
 
     def _normalize_advantage(self, adv, valid=None, groups=None):
         if self.agent_dim is None:
@@ -291,7 +310,7 @@ class GAE(_SignalsMixin, _CheckedLambda, _TorchRLGAE):
         # Each agent apart (within each group when group_key is set), with the unbiased std on
         # every path. TorchRL 0.14.1's MultiAgentGAE takes the population std under a
         # shifted_valid mask without groups; its later releases take the unbiased one there too.
-        agent_dim = self.agent_dim % adv.ndim
+        agent_dim = self._agents_at(adv) % adv.ndim
         mask = None if valid is None else _compat.expand_to_match(valid, adv)
         n_agents = adv.shape[agent_dim]
         ids = torch.arange(n_agents, device=adv.device).reshape([-1 if d == agent_dim else 1 for d in range(adv.ndim)])
@@ -303,7 +322,7 @@ class GAE(_SignalsMixin, _CheckedLambda, _TorchRLGAE):
     def _advantage(self, tensordict, params, target_params, time_dim):
         sig = self._read_signals(tensordict, params, target_params, time_dim)
         reward, done, terminated = self._prepare_signals(sig.reward, sig.done, sig.terminated, sig.value)
-        gamma = self._team_gamma(sig, sig.value, self._agents_at())
+        gamma = self._team_gamma(sig, sig.value, self._agents_at(sig.value))
         value, next_value = sig.value, sig.next_value
         if self.value_normalizer is not None:
             value = self.value_normalizer.denormalize(value)

@@ -16,8 +16,6 @@ from torchrl_ext.value.td_lambda import TDLambda
 
 __all__ = ["make_value_estimator"]
 
-_REGISTERED = {GAE: ExtValueEstimators.EXT_GAE, VTrace: ExtValueEstimators.EXT_VTRACE,
-               TDLambda: ExtValueEstimators.EXT_TD_LAMBDA}
 #: TorchRL's estimators of the same math: a loss wires them, and the wiring is taken over.
 _TWINS = {GAE: ValueEstimators.GAE, VTrace: ValueEstimators.VTrace, TDLambda: ValueEstimators.TDLambda}
 #: The loss keys TorchRL's policy-gradient losses hand their estimator (``make_value_estimator``).
@@ -47,6 +45,10 @@ def make_value_estimator(loss: LossModule, estimator: Any = "ext_gae", **hyperpa
     Returns:
         ``loss``, for chaining.
 
+    Raises:
+        TypeError, ValueError: for a bad ``loss``, ``estimator`` or hyperparameter; ``loss``
+            then keeps its previous estimator and ``value_type``.
+
     Examples:
         >>> import torch
         >>> from tensordict.nn import NormalParamExtractor, TensorDictModule
@@ -68,16 +70,24 @@ def make_value_estimator(loss: LossModule, estimator: Any = "ext_gae", **hyperpa
     if hasattr(loss, "gamma"):
         settings["gamma"] = loss.gamma
     settings.update(hyperparams)
-    wiring = _torchrl_wiring(loss, cls, settings)
-    if wiring is None:  # the loss knows no TorchRL estimator of this math: a critic's usual wiring
-        value_estimator = cls.for_loss(loss, **settings)
-        keys = {name: getattr(loss.tensor_keys, name) for name in _LOSS_KEYS if hasattr(loss.tensor_keys, name)}
-    else:
-        networks, keys = wiring
-        value_estimator = cls(**networks, **settings)
-    accepted = {field.name for field in dataclasses.fields(value_estimator.tensor_keys)}
-    # A key TorchRL leaves None is unset (and set_keys refuses None).
-    value_estimator.set_keys(**{name: key for name, key in keys.items() if name in accepted and key is not None})
+    # The wiring runs TorchRL's make_value_estimator, which replaces the loss's estimator before
+    # ours checks the settings: a refused call puts the previous one back.
+    previous = loss._value_estimator, loss.value_type
+    try:
+        wiring = _torchrl_wiring(loss, cls, settings)
+        if wiring is None:  # the loss knows no TorchRL estimator of this math: a critic's usual wiring
+            value_estimator = cls.for_loss(loss, **settings)
+            keys = {name: getattr(loss.tensor_keys, name) for name in _LOSS_KEYS if hasattr(loss.tensor_keys, name)}
+        else:
+            networks, keys = wiring
+            value_estimator = cls(**networks, **settings)
+        accepted = {field.name for field in dataclasses.fields(value_estimator.tensor_keys)}
+        # A key TorchRL leaves None is unset (and set_keys refuses None).
+        value_estimator.set_keys(**{name: key for name, key in keys.items() if name in accepted and key is not None})
+    except BaseException:
+        _compat.set_value_estimator(loss, previous[0])
+        loss.value_type = previous[1]
+        raise
     _compat.set_value_estimator(loss, value_estimator)
     loss.value_type = cls
     return loss
@@ -99,10 +109,15 @@ def _torchrl_wiring(loss: LossModule, cls: type, settings: dict[str, Any]) -> tu
 
 
 def _resolve(estimator: Any) -> tuple[type, dict[str, Any]]:
-    """The estimator class and a fresh copy of its registry defaults."""
+    """The estimator class and a fresh copy of its registry defaults (none for a class that is
+    not registered, e.g. a user's subclass)."""
     if isinstance(estimator, type) and issubclass(estimator, ValueEstimatorBase):
-        key = _REGISTERED.get(estimator)
-        return estimator, ({} if key is None else dict(get_value_estimator_entry(key).default_kwargs))
+        # TorchRL's classes too, as loss.make_value_estimator(ValueEstimators.GAE) gives them.
+        for key in (*ExtValueEstimators, *ValueEstimators):
+            entry = get_value_estimator_entry(key)
+            if entry.cls is estimator:
+                return estimator, dict(entry.default_kwargs)
+        return estimator, {}
     if isinstance(estimator, (str, Enum)):
         try:
             entry = get_value_estimator_entry(estimator)

@@ -5,7 +5,8 @@
 * :class:`IntrinsicRewardNormalizer`: pytorchrl's / RND's intrinsic-reward scaling.
 
 All state lives in registered buffers, so ``state_dict()``, ``load_state_dict()`` and ``.to()``
-behave like any other module.
+behave like any other module; ``load_state_dict`` refuses a damaged state (NaN, infinite or
+negative statistics) with a ``ValueError`` before copying any of it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from torchrl_ext._checks import check_device, check_finite, check_int, check_real
+from torchrl_ext._checks import CheckedSetting, check_device, check_finite, check_int, check_real, check_reals
 from torchrl_ext.value.functional import discounted_cumsum
 
 __all__ = ["ValueNorm", "RunningMeanStd", "IntrinsicRewardNormalizer"]
@@ -63,7 +64,33 @@ def _check_trailing(x: Tensor, shape: torch.Size, name: str, lead: int | None) -
         )
 
 
-class ValueNorm(nn.Module):
+class _CheckedState(nn.Module):
+    """A module whose ``load_state_dict`` refuses damaged statistics before copying any of them:
+    a NaN mean or a negative variance loads silently and turns every later output NaN.
+
+    ``_finite`` names the buffers that must be finite, ``_nonnegative`` those that must also be
+    ``>= 0``. Missing or non-tensor entries are left to torch's own errors (``strict=False`` stays).
+    """
+
+    _finite: tuple[str, ...] = ()
+    _nonnegative: tuple[str, ...] = ()
+
+    def _check_state(self, state_dict: dict[str, Any], prefix: str) -> None:
+        hint = "nothing was loaded; load a state saved by this module, not a damaged or edited one"
+        for key in self._finite + self._nonnegative:
+            value = state_dict.get(prefix + key)
+            if isinstance(value, Tensor):
+                name = f"state_dict['{prefix}{key}']"
+                check_finite(name, value, hint + ".")
+                if key in self._nonnegative:
+                    check_reals(name, value, low=0.0, hint=hint)
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
+        self._check_state(state_dict, prefix)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+
+class ValueNorm(_CheckedState):
     """HARL's value normaliser: debiased exponential moving averages of ``x`` and ``x**2``.
 
     ``update`` folds a batch into the EMAs (weight ``w = beta``, or ``beta ** batch_size`` with
@@ -84,7 +111,8 @@ class ValueNorm(nn.Module):
           takes the batch moments in float64 and refuses a mean square the state dtype cannot
           hold (float16: values near 256 or beyond) instead of storing inf.
         * Invalid arguments / inputs raise ``ValueError``/``TypeError`` up front; a failing
-          ``update`` leaves the state untouched.
+          ``update`` leaves the state untouched. ``beta``, ``epsilon`` and ``norm_axes`` stay
+          checked when set later, and ``load_state_dict`` refuses a damaged state.
 
     Args:
         input_shape: Shape of one value (``1`` for a scalar critic).
@@ -110,6 +138,21 @@ class ValueNorm(nn.Module):
     running_mean: Tensor
     running_mean_sq: Tensor
     debiasing_term: Tensor
+    _finite = ("running_mean",)
+    _nonnegative = ("running_mean_sq", "debiasing_term")  # a mean of squares, a sum of weights
+
+    norm_axes = CheckedSetting(
+        check_int, "Leading batch dims reduced over in ``update``, an int ``>= 1``; settable.",
+        minimum=1, hint="use norm_axes=1 for (B, *input_shape) inputs",
+    )
+    beta = CheckedSetting(
+        check_real, "EMA decay in ``(0, 1]``; settable.", low=0.0, high=1.0, open_low=True,
+        hint="typical values are 0.99999 or 0.99",
+    )
+    epsilon = CheckedSetting(
+        check_real, "Lower bound of the debiasing term, ``> 0``; settable.", low=0.0, open_low=True,
+        hint="the default is 1e-5",
+    )
 
     def __init__(
         self,
@@ -124,17 +167,13 @@ class ValueNorm(nn.Module):
     ) -> None:
         super().__init__()
         shape = _as_shape(input_shape, "input_shape")
-        check_int("norm_axes", norm_axes, minimum=1, hint="use norm_axes=1 for (B, *input_shape) inputs")
-        self.beta = check_real("beta", beta, low=0.0, high=1.0, open_low=True,
-                               hint="typical values are 0.99999 or 0.99")
-        self.epsilon = check_real("epsilon", epsilon, low=0.0, open_low=True, hint="the default is 1e-5")
+        self.norm_axes, self.beta, self.epsilon = norm_axes, beta, epsilon
         if isinstance(dtype, str):  # configs name dtypes as strings ("float32")
             dtype = getattr(torch, dtype, dtype)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"`dtype` must be a floating dtype, got {dtype!r}; use torch.float32.")
         device = None if device is None else check_device("device", device)
         self.input_shape = shape
-        self.norm_axes = norm_axes
         self.per_element_update = bool(per_element_update)
         self.register_buffer("running_mean", torch.zeros(shape, device=device, dtype=dtype))
         self.register_buffer("running_mean_sq", torch.zeros(shape, device=device, dtype=dtype))
@@ -199,7 +238,7 @@ class ValueNorm(nn.Module):
         return self.normalize(x)
 
 
-class RunningMeanStd(nn.Module):
+class RunningMeanStd(_CheckedState):
     """pytorchrl's running mean / variance (float64), merged by the parallel rule of Chan et al.
 
     With batch moments ``bm``, ``bv`` (unbiased) and ``n`` samples: ``delta = bm - mean``,
@@ -217,7 +256,8 @@ class RunningMeanStd(nn.Module):
         * Batch moments are computed in float64 (pytorchrl reduces float32 inputs in float32).
         * An update whose merged statistics overflow float64 is refused (``ValueError``) and
           stores nothing.
-        * The state is in buffers, so it is saved by ``state_dict()``.
+        * The state is in buffers, so it is saved by ``state_dict()``; ``load_state_dict``
+          refuses a non-finite state or a negative ``var`` / ``count``.
 
     Args:
         shape: Shape of one sample.
@@ -234,6 +274,8 @@ class RunningMeanStd(nn.Module):
     mean: Tensor
     var: Tensor
     count: Tensor
+    _finite = ("mean",)
+    _nonnegative = ("var", "count")
 
     def __init__(
         self,
@@ -318,7 +360,7 @@ class RunningMeanStd(nn.Module):
         self._set(*self._merged(bm, bv, batch_count, "batch_mean` / `batch_var"))
 
 
-class IntrinsicRewardNormalizer(nn.Module):
+class IntrinsicRewardNormalizer(_CheckedState):
     """Scales intrinsic rewards by the running std of a discounted intrinsic-reward sum.
 
     * ``mode="backward"`` (pytorchrl's ``normalize_int_rewards``): per rollout,
@@ -337,6 +379,8 @@ class IntrinsicRewardNormalizer(nn.Module):
           ``T = 0`` returns an empty result and changes nothing.
         * A refused call (``ValueError``) moves neither the forward filter nor the statistics.
         * The statistics use :class:`RunningMeanStd` (float64 batch moments; see its notes).
+        * ``gamma`` stays checked when set later; ``load_state_dict`` refuses a non-finite
+          filter or damaged statistics before copying any of them.
 
     Args:
         gamma: Discount of the summed rewards, in ``[0, 1]``.
@@ -353,6 +397,12 @@ class IntrinsicRewardNormalizer(nn.Module):
         4.0001
     """
 
+    _finite = ("forward_filter",)
+    gamma = CheckedSetting(
+        check_real, "Discount of the summed rewards, in ``[0, 1]``; settable.", low=0.0, high=1.0,
+        hint="e.g. gamma=0.99",
+    )
+
     def __init__(
         self,
         gamma: float,
@@ -362,7 +412,7 @@ class IntrinsicRewardNormalizer(nn.Module):
         device: torch.device | str | None = None,
     ) -> None:
         super().__init__()
-        self.gamma = check_real("gamma", gamma, low=0.0, high=1.0, hint="e.g. gamma=0.99")
+        self.gamma = gamma
         if mode not in ("backward", "forward"):
             raise ValueError(f"`mode` must be 'backward' or 'forward', got {mode!r}.")
         self.mode = mode
@@ -374,11 +424,17 @@ class IntrinsicRewardNormalizer(nn.Module):
     def extra_repr(self) -> str:
         return f"gamma={self.gamma}, mode={self.mode!r}"
 
+    def _check_state(self, state_dict: dict[str, Any], prefix: str) -> None:
+        super()._check_state(state_dict, prefix)
+        self.rms._check_state(state_dict, prefix + "rms.")  # loaded after the filter: check it first
+
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any,
                               **kwargs: Any) -> None:
-        # The filter's shape is only known after the first call, so size it from the checkpoint.
+        # The filter's shape is only known after the first call, so size it from the checkpoint
+        # (once the checkpoint is known to be sound).
         saved = state_dict.get(prefix + "forward_filter")
         if self.mode == "forward" and saved is not None and saved.shape != self.forward_filter.shape:
+            self._check_state(state_dict, prefix)
             self.forward_filter = self.forward_filter.new_zeros(saved.shape)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
