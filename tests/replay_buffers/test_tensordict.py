@@ -445,28 +445,11 @@ def test_a_prioritized_sampler_smaller_than_its_two_dim_storage_is_refused_at_co
     TensorDictReplayBuffer(storage=LazyTensorStorage(100, ndim=2), sampler=sampler_cls(100, 0.6, 0.4))
 
 
-def _held_by_another_thread(lock) -> bool:
-    """Whether another thread fails to take ``lock`` right now (it is held)."""
-    import threading
-
-    taken = []
-
-    def attempt() -> None:
-        got = lock.acquire(False)
-        taken.append(got)
-        if got:
-            lock.release()
-
-    thread = threading.Thread(target=attempt)
-    thread.start()
-    thread.join()
-    return not taken[0]
-
-
 @pytest.mark.parametrize("shared", [False, True])
 def test_empty_holds_the_buffer_locks(shared):
     # Was: TorchRL's empty takes no lock, so a sample in another thread (or a write in another
     # process) ran on a sampler and storage half reset.
+    from tests.replay_buffers.test_buffer_locks import _held_by_another_thread
     from torchrl_ext import _compat
 
     rb = PrioritizedReplayBuffer(alpha=0.6, beta=0.4, storage=LazyTensorStorage(10))
