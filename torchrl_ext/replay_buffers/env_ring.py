@@ -85,9 +85,6 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
             if not isinstance(part, kind):
                 raise TypeError(f"{name} must be an {kind.__name__}, got {type(part).__name__}.")
         sampler = TrajectorySampler() if sampler is None else sampler
-        check_storage = getattr(sampler, "_check_storage", None)
-        if check_storage is not None:  # it would refuse the rings only at the first write, once stored
-            check_storage(storage)
         if kwargs.get("dim_extend") is None:
             # TorchRL reads None as storage.ndim - 1 = 1 (time); the rings extend along envs.
             kwargs["dim_extend"] = 0
