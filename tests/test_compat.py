@@ -13,6 +13,7 @@ import importlib
 import inspect
 import pkgutil
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,7 @@ from torchrl.data.replay_buffers.checkpointers import TensorStorageCheckpointer
 from torchrl.objectives.value import GAE
 
 import torchrl_ext
+from tests.replay_buffers.test_buffer_locks import _held_by_another_thread
 from torchrl_ext import _compat
 
 PACKAGE = Path(torchrl_ext.__file__).parent
@@ -257,6 +259,50 @@ def test_replay_lock_and_write_lock_are_the_buffers_locks():
         pass
     shared = ReplayBuffer(storage=LazyTensorStorage(4), shared=True)
     assert hasattr(_compat.write_lock(shared), "acquire")
+
+
+def test_empty_takes_locks_says_whether_torchrls_empty_holds_the_process_lock():
+    # Independently of the probe: look from another thread while TorchRL's empty runs.
+    rb = ReplayBuffer(storage=LazyTensorStorage(4), shared=True)
+    rb.extend(torch.arange(2))
+    lock, held = _compat.write_lock(rb), []
+    original = rb._storage._empty
+
+    def spy() -> None:
+        held.append(_held_by_another_thread(lock))
+        original()
+
+    rb._storage._empty = spy
+    ReplayBuffer.empty(rb)
+    assert held == [_compat.empty_takes_locks()]
+    assert len(rb) == 0 and lock.acquire(False)  # emptied, and the lock given back
+    lock.release()
+
+
+@pytest.mark.parametrize("buffer", ["tensordict", "env_ring"])
+def test_empty_on_a_shared_buffer_returns_and_gives_its_locks_back(buffer):
+    # Was: with a TorchRL whose empty takes the process lock itself, ours took it first and
+    # empty() never returned (the process lock is not reentrant).
+    from torchrl_ext.distributed import share_buffer
+    from torchrl_ext.replay_buffers import EnvRingReplayBuffer
+    from torchrl_ext.replay_buffers import TensorDictReplayBuffer as OurBuffer
+    from torchrl_ext.storages import FastTensorStorage
+
+    if buffer == "tensordict":
+        rb = OurBuffer(storage=FastTensorStorage(4), shared=True)
+        rb.extend(TensorDict({"x": torch.arange(2.0)}, [2]))
+    else:
+        rb = EnvRingReplayBuffer(num_envs=2, max_length=4)
+        rb.extend(TensorDict({"x": torch.arange(2.0)}, [2]))
+        share_buffer(rb)
+    thread = threading.Thread(target=rb.empty, daemon=True)
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive(), "empty() hangs on its own locks"
+    assert len(rb) == 0
+    for lock in (_compat.write_lock(rb), _compat.replay_lock(rb)):
+        assert lock.acquire(False)
+        lock.release()
 
 
 def test_sample_unit_ensure_initialized_and_samples_plainly():

@@ -17,6 +17,7 @@ Two kinds of names are listed:
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Iterable
 
 import torch
@@ -28,6 +29,7 @@ from torchrl.data.replay_buffers.samplers import PrioritizedSampler as _Prioriti
 from torchrl.data.replay_buffers.samplers import Sampler as _Sampler
 from torchrl.data.replay_buffers.storages import LazyMemmapStorage as _LazyMemmapStorage
 from torchrl.data.replay_buffers.storages import LazyTensorStorage as _LazyTensorStorage
+from torchrl.data.replay_buffers.storages import ListStorage as _ListStorage
 from torchrl.data.replay_buffers.storages import Storage as _Storage
 from torchrl.data.replay_buffers.writers import Writer as _Writer
 from torchrl.objectives.value import GAE as _GAE
@@ -137,6 +139,29 @@ def write_lock(buffer: Any) -> Any:
     """The lock a shared TorchRL buffer holds around writes (``_write_lock``; a null context
     unless the buffer is shared)."""
     return buffer._write_lock
+
+
+@functools.cache
+def empty_takes_locks() -> bool:
+    """Whether TorchRL's ``ReplayBuffer.empty`` holds the buffer's locks itself.
+
+    0.14.1 holds none; later releases hold both. The process lock is not reentrant, so a
+    caller that holds it must not call an ``empty`` that takes it again: that hangs. Found out
+    once, by calling ``empty`` on a small buffer whose process lock records being taken.
+    """
+    taken = []
+
+    class _RecordingLock:
+        def __enter__(self) -> None:
+            taken.append(True)
+
+        def __exit__(self, *exc_info: Any) -> bool:
+            return False
+
+    probe = _ReplayBuffer(storage=_ListStorage(1))
+    probe._write_lock = _RecordingLock()
+    probe.empty()
+    return bool(taken)
 
 
 def sample_unit(buffer: Any) -> Any:

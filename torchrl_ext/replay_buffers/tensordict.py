@@ -239,8 +239,12 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
             ) from err
 
     def empty(self, empty_write_count: bool = True) -> None:
-        """TorchRL's ``empty`` under the buffer's locks (TorchRL's takes none), so that no sample
-        or write in another thread or process sees a half-emptied buffer."""
+        """TorchRL's ``empty`` under the buffer's locks, so that no sample or write in another
+        thread or process sees a half-emptied buffer (TorchRL 0.14.1's takes none; later
+        releases take them themselves, and taking the process lock twice would hang)."""
+        if _compat.empty_takes_locks():
+            super().empty(empty_write_count=empty_write_count)
+            return
         with _compat.replay_lock(self), _compat.write_lock(self):
             super().empty(empty_write_count=empty_write_count)
 
