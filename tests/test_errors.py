@@ -59,7 +59,7 @@ from torchrl_ext.storages import (
     DedupEnvRingStorage, EnvRingStorage, EpisodicEnvRingStorage, FastTensorStorage, RolloutStorage,
     StorageLayoutError,
 )
-from torchrl_ext.value import GAE, TDLambda, ValueNorm, VTrace
+from torchrl_ext.value import GAE, IntrinsicRewardNormalizer, TDLambda, ValueNorm, VTrace
 from torchrl_ext.value import functional as F
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "errors.md"
@@ -1267,6 +1267,28 @@ def _(tmp: Path) -> Built:
 def _(tmp: Path) -> Built:
     rb = l2r_ppo_buffer(1, 1, 10, 2)
     return (lambda: freeze(rb.state_dict())), lambda: rb.store(TensorDict({"state_value": torch.zeros(1)}, []))
+
+
+@row("l2r-reward-shape", "`l2r_ppo_buffer.store`", "rewards `[n]` with values `[n, 1]`", ValueError,
+     r"step\[\('next', 'reward'\)\] has shape \[3\] but step\['state_value'\] has shape \[3, 1\]",
+     "store one reward per value, e.g. both `[n, 1]`", "buffer `state_dict()`")
+def _(tmp: Path) -> Built:
+    rb = l2r_ppo_buffer(1, 1, 10, 2)
+    steps = TensorDict({"observation": torch.zeros(3, 1), "state_value": torch.zeros(3, 1),
+                        "next": {"reward": torch.ones(3)}}, [3])
+    return (lambda: freeze(rb.state_dict())), lambda: rb.store(steps)
+
+
+@row("intrinsic-mode-set", "`IntrinsicRewardNormalizer`", "`norm.mode = 'forward'` after construction",
+     AttributeError, r"mode is fixed when the normalizer is built \(got mode='forward'\)",
+     "build a new `IntrinsicRewardNormalizer(gamma, mode='forward')`", "normaliser `state_dict()`, mode")
+def _(tmp: Path) -> Built:
+    norm = IntrinsicRewardNormalizer(0.99)
+    norm(torch.rand(4, 2, generator=torch.Generator().manual_seed(0)))
+
+    def set_mode() -> None:
+        norm.mode = "forward"
+    return (lambda: freeze({"state": norm.state_dict(), "mode": norm.mode})), set_mode
 
 
 @row("value-norm-shape", "`ValueNorm.update`", "`ValueNorm(3).update(torch.zeros(5, 2))`", ValueError,

@@ -108,6 +108,14 @@ class PathGAEReplayBuffer(TensorDictReplayBuffer):
                 raise ValueError(
                     f"step has no {key!r}; store the reward under reward_key and V(s) under value_key."
                 )
+        # finish_path pairs each reward with its V(s) element-wise: another shape would be
+        # stored now and make every later finish_path fail.
+        reward_shape, value_shape = batch.get(self.reward_key).shape, batch.get(self.value_key).shape
+        if reward_shape != value_shape:
+            raise ValueError(
+                f"step[{self.reward_key!r}] has shape {list(reward_shape)} but step[{self.value_key!r}] "
+                f"has shape {list(value_shape)}; store one reward per value, e.g. both [n, 1]."
+            )
         batch = batch.clone(False)
         for key in _DERIVED:  # filled by finish_path
             batch.set(key, torch.zeros_like(batch.get(self.value_key)))

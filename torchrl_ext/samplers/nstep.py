@@ -274,7 +274,7 @@ class NStepSampler(StatelessSampler):
         """Steps from each start to its env's newest step ``[K]``, and the flat rows of its
         ``n_step`` chain steps ``[K, n_step]`` (steps past the newest one are held there)."""
         to_newest = streams.steps_to_newest(env, start)
-        steps = start.unsqueeze(1) + torch.minimum(torch.arange(self.n_step), to_newest.unsqueeze(1))
+        steps = start.unsqueeze(1) + torch.minimum(torch.arange(self.n_step, device=to_newest.device), to_newest.unsqueeze(1))
         return to_newest, streams.flat(env.unsqueeze(1).expand_as(steps), steps)
 
     # ------------------------------------------------------------------

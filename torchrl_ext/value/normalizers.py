@@ -415,11 +415,23 @@ class IntrinsicRewardNormalizer(_CheckedState):
         self.gamma = gamma
         if mode not in ("backward", "forward"):
             raise ValueError(f"`mode` must be 'backward' or 'forward', got {mode!r}.")
-        self.mode = mode
+        self._mode = mode
         self.rms = RunningMeanStd((1,), epsilon, device=device)
         if mode == "forward":
             # Per-env filter state; empty until the first call tells us N.
             self.register_buffer("forward_filter", torch.zeros(0, device=device, dtype=torch.float64))
+
+    @property
+    def mode(self) -> str:
+        """``"backward"`` or ``"forward"``, fixed at construction (only forward mode keeps a filter state)."""
+        return self._mode
+
+    @mode.setter
+    def mode(self, value: Any) -> None:
+        raise AttributeError(
+            f"mode is fixed when the normalizer is built (got mode={value!r}); build a new "
+            f"IntrinsicRewardNormalizer(gamma, mode={value!r})."
+        )
 
     def extra_repr(self) -> str:
         return f"gamma={self.gamma}, mode={self.mode!r}"
