@@ -343,6 +343,10 @@ def test_float_index_is_a_type_error():
         ({"reduction": "prod"}, ValueError, "reduction must be one of"),
         ({"max_capacity": 0}, ValueError, "max_capacity must be an int >= 1, got max_capacity=0"),
         ({"dtype": torch.float16}, TypeError, "float32 or torch.float64"),
+        # Was bool(...): the string "False" turned the option on.
+        ({"max_priority_within_buffer": "False"}, TypeError,
+         "max_priority_within_buffer must be True or False, got max_priority_within_buffer='False'"),
+        ({"max_priority_within_buffer": 1}, TypeError, "max_priority_within_buffer must be True or False"),
     ],
 )
 def test_bad_construction(kwargs, error, match):
@@ -480,6 +484,40 @@ def test_infinite_settings_are_refused(name):
         with pytest.raises(ValueError, match="alpha must be a finite number"):
             sampler.alpha = math.inf
         assert sampler.alpha == 0.6
+
+
+@pytest.mark.parametrize("reduction", ["max", "min", "mean", "median", "sum"])
+@pytest.mark.parametrize("shape", [(4, 0), (4, 2, 0), (4, 0, 3)])
+@pytest.mark.parametrize("how", ["update_priority", "check_priority", "buffer"])
+def test_a_per_item_priority_with_no_element_is_refused_and_writes_nothing(reduction, shape, how):
+    """``[N, 0]`` priorities (per-agent TD errors of a group with no agent) leave nothing to
+    reduce. Was: a bare IndexError from ``amax`` (``max``, ``min``), a priority of 0 (``sum``)
+    or NaN (``mean``)."""
+    from torchrl_ext.replay_buffers import TensorDictReplayBuffer as ExtTensorDictReplayBuffer
+
+    sampler = filled_sampler([1.0, 2.0, 3.0, 4.0, 5.0], reduction=reduction)
+    leaves, default = sampler.tree.leaves.clone(), sampler.default_priority
+    match = rf"priority of shape \({shape[0]}, {', '.join(map(str, shape[1:]))}\) holds no value per item.*" \
+            r"pass at least one priority per item, e.g. shape \[4\]"
+    with pytest.raises(ValueError, match=match):
+        if how == "update_priority":
+            sampler.update_priority(torch.arange(4), torch.rand(shape))
+        elif how == "check_priority":
+            sampler.check_priority(torch.rand(shape), 4)
+        else:
+            rb = ExtTensorDictReplayBuffer(storage=FastTensorStorage(5), sampler=sampler, batch_size=2)
+            rb.extend(TensorDict({"x": torch.zeros(5, 1)}, [5]))
+            leaves = sampler.tree.leaves.clone()
+            rb.update_priority(torch.arange(4), torch.rand(shape))
+    assert torch.equal(sampler.tree.leaves, leaves)
+    assert sampler.default_priority == default
+
+
+def test_no_items_with_per_item_priorities_write_nothing():
+    sampler = filled_sampler([1.0, 2.0])
+    leaves = sampler.tree.leaves.clone()
+    sampler.update_priority(torch.arange(0), torch.rand(0, 3))  # was: a RuntimeError from reshape
+    assert torch.equal(sampler.tree.leaves, leaves)
 
 
 def test_check_priority_raises_what_update_priority_would_and_writes_nothing():

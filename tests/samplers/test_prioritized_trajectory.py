@@ -521,3 +521,20 @@ def test_an_own_state_still_loads_exactly():
     assert all(torch.equal(a, b) for a, b in zip(_sampler_state(saved), _sampler_state(sampler)))
     sampler.load_state_dict({"initialized": False})
     assert sampler.state_dict() == {"initialized": False}
+
+
+@pytest.mark.parametrize("route", ["update_priority", "update_tensordict_priority"])
+def test_a_priority_with_no_value_per_window_is_refused_and_changes_nothing(route):
+    # Was: max over an empty dim raised a bare IndexError from amax.
+    rb, sampler = make(num_envs=2, max_length=5, batch_length=2)
+    for t in range(5):
+        write(rb, [0, 1], t)
+    batch = rb.sample(4)
+    before = sampler._tree.leaves.clone()
+    with pytest.raises(ValueError, match=r"holds no value per (window|step)"):
+        if route == "update_priority":
+            rb.update_priority(batch["index"], torch.zeros(4, 0))
+        else:
+            batch["td_error"] = torch.zeros(4, 2, 0)
+            rb.update_tensordict_priority(batch)
+    assert torch.equal(sampler._tree.leaves, before)

@@ -632,6 +632,32 @@ def test_a_setting_set_later_is_checked_like_the_constructor_argument(made, name
     assert getattr(module, name) == before
 
 
+@pytest.mark.parametrize("bad", ["False", "True", 0, 1, None, torch.tensor(True)])
+def test_valuenorm_per_element_update_must_be_a_bool(bad):
+    """Was: ``bool(per_element_update)``, so the string "False" turned the weighting on; the
+    setter stored anything."""
+    match = r"per_element_update must be True or False, got per_element_update="
+    with pytest.raises(TypeError, match=match):
+        ValueNorm(1, per_element_update=bad)
+    vn = ValueNorm(1, beta=0.9)
+    with pytest.raises(TypeError, match=match):
+        vn.per_element_update = bad
+    assert vn.per_element_update is False
+
+
+def test_valuenorm_per_element_update_set_later_is_used():
+    x = torch.tensor([[1.0], [3.0]])
+    vn = ValueNorm(1, beta=0.9, per_element_update=np.bool_(False))
+    assert vn.per_element_update is False
+    vn.per_element_update = True
+    vn.update(x)
+    # One batch of 2 with weight w = 0.9 ** 2: the debiased mean is the batch mean, and the
+    # debiasing term is 1 - w.
+    _close(vn.debiasing_term, 1 - 0.9**2)
+    _close(vn.running_mean_var()[0], [2.0])
+    assert "per_element_update=True" in repr(vn)
+
+
 def test_settings_set_later_are_used_and_stay_plain_attributes():
     vn = ValueNorm(1, beta=0.9)
     vn.update(torch.tensor([[1.0]]))

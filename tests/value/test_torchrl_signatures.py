@@ -1,8 +1,10 @@
-"""Every public method a torchrl_ext estimator overrides keeps its TorchRL parent's signature.
+"""Every public method a torchrl_ext estimator overrides keeps its TorchRL parent's signature,
+and every function of torchrl_ext.value.functional has its TorchRL namesake's.
 
 TorchRL's losses call estimator methods positionally and by keyword (``DQNLoss`` calls
 ``value_estimate(td, target_params=..., next_value=...)``): an override that renames, reorders
-or drops a parameter, or changes a default, silently changes what such a call means.
+or drops a parameter, or changes a default, silently changes what such a call means. The
+functional module promises drop-in replacements, so its signatures must equal TorchRL's.
 """
 from __future__ import annotations
 
@@ -11,9 +13,11 @@ import inspect
 import pkgutil
 
 import pytest
+import torchrl.objectives.value.functional as torchrl_functional
 from torchrl.objectives.value import ValueEstimatorBase
 
 import torchrl_ext
+from torchrl_ext.value import functional
 
 POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 VARIADIC = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
@@ -98,3 +102,29 @@ def test_the_check_catches_a_reordered_override():
     problems = _incompatibilities(inspect.signature(drifted), inspect.signature(torchrl))
     assert any("positional" in p for p in problems) and any("next_value" in p for p in problems)
     assert not _incompatibilities(inspect.signature(extended), inspect.signature(torchrl))
+
+
+# ---------------------------------------------------------------------------
+# torchrl_ext.value.functional against torchrl.objectives.value.functional
+# ---------------------------------------------------------------------------
+
+SHARED_FUNCTIONS = sorted(name for name in functional.__all__ if hasattr(torchrl_functional, name))
+
+
+def _parameters(function) -> list[tuple[str, str, object]]:
+    return [(p.name, p.kind.description, p.default) for p in inspect.signature(function).parameters.values()]
+
+
+def test_every_shared_functional_name_is_checked():
+    assert set(SHARED_FUNCTIONS) >= {
+        "generalized_advantage_estimate", "td_lambda_return_estimate", "vtrace_advantage_estimate"}
+
+
+@pytest.mark.parametrize("name", SHARED_FUNCTIONS)
+def test_functional_signatures_equal_torchrls(name):
+    """Same parameter names, order, kinds and defaults: a call TorchRL takes means the same here.
+    Was: no ``rolling_gamma`` in ``td_lambda_return_estimate``, and a keyword-only ``time_dim``
+    in ``vtrace_advantage_estimate`` (TorchRL's is positional-or-keyword)."""
+    ours, theirs = getattr(functional, name), getattr(torchrl_functional, name)
+    assert _parameters(ours) == _parameters(theirs), (
+        f"torchrl_ext's {name}{inspect.signature(ours)} differs from TorchRL's {name}{inspect.signature(theirs)}")

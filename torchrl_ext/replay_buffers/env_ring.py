@@ -236,6 +236,11 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
                 )
         priority = data.get(self.priority_key)
         if priority.ndim > data.ndim:
+            if priority.shape[data.ndim:].numel() == 0:  # max over nothing: no step gets a priority
+                raise ValueError(
+                    f"data[{self.priority_key!r}] of shape {list(priority.shape)} holds no value per "
+                    f"step (a dim after the batch dims {list(data.shape)} has size 0); set one per step."
+                )
             priority = priority.reshape(*data.shape, -1).amax(-1)
         self.update_priority(data.get("index"), priority)
 

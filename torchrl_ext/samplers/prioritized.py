@@ -22,8 +22,8 @@ from torchrl.data.replay_buffers.storages import Storage
 
 from torchrl_ext import _compat
 from torchrl_ext._checks import (
-    CheckedSetting, bounds, check_batch_size, check_device, check_int, check_priorities, check_real,
-    makes_kept_tensors, read_only,
+    CheckedSetting, bounds, check_batch_size, check_bool, check_device, check_int, check_priorities,
+    check_real, makes_kept_tensors, read_only,
 )
 from torchrl_ext.io.state_files import StateFiles, load_json
 from torchrl_ext.samplers._priority_tree import PrioritySegmentTree, reduce_per_item
@@ -158,7 +158,7 @@ class PrioritizedSampler(StateFiles, _TorchRLPrioritizedSampler):
         self.beta = beta
         self.reduction = reduction
         self.dtype = dtype
-        self._max_in_buffer = bool(max_priority_within_buffer)
+        self._max_in_buffer = check_bool("max_priority_within_buffer", max_priority_within_buffer)
         self._tree_device = check_device("device", device) if device is not None else None
         self._weights = weights
         self._fanout = fanout
@@ -240,7 +240,7 @@ class PrioritizedSampler(StateFiles, _TorchRLPrioritizedSampler):
     weights = read_only("_weights", 'Importance-weight convention, ``"per"`` or ``"alf"``.')
 
     beta = CheckedSetting(
-        check_real, "Importance-sampling exponent in ``[0, 1]``; settable (schedulable).",
+        check_real, "Importance-sampling exponent, ``>= 0`` (usually annealed to 1); settable (schedulable).",
         attr="_weight_exponent", low=0.0,
     )
 
@@ -331,7 +331,8 @@ class PrioritizedSampler(StateFiles, _TorchRLPrioritizedSampler):
 
         Raises:
             ValueError: on indices outside the capacity or (with ``storage``) not
-                stored, or NaN, infinite or negative priorities. Nothing is written then.
+                stored, NaN, infinite or negative priorities, or a per-item priority
+                ``[N, *extra]`` whose ``extra`` dims hold no element. Nothing is written then.
         """
         if storage is not None:  # before the first write, as sample() does: a move empties the trees
             self._trees_follow_storage(storage)
@@ -429,9 +430,16 @@ class PrioritizedSampler(StateFiles, _TorchRLPrioritizedSampler):
         if priority.ndim >= 1 and priority.shape[0] == n:
             if priority.ndim == 1:
                 return priority
+            per_item = math.prod(priority.shape[1:])
+            if per_item == 0:  # nothing to reduce: no reduction gives an item a priority
+                raise ValueError(
+                    f"priority of shape {tuple(priority.shape)} holds no value per item (a dim after the "
+                    f"first has size 0), so reduction={self.reduction!r} has nothing to reduce; "
+                    f"pass at least one priority per item, e.g. shape [{n}] or [{n}, k] with k >= 1."
+                )
             if priority.numel():  # each agent's or step's: a reduction can hide a negative or inf one
                 check_priorities("priority", priority)
-            return reduce_per_item(priority.reshape(n, -1), self.reduction)
+            return reduce_per_item(priority.reshape(n, per_item), self.reduction)
         raise ValueError(
             f"priority of shape {tuple(priority.shape)} does not match {n} indices; pass "
             f"[{n}], [{n}, ...] (reduced with reduction={self.reduction!r}) or a scalar."

@@ -324,6 +324,11 @@ class PrioritizedTrajectorySampler(StateFiles, TrajectorySampler):
             index = index[:, 0]
         priority = _as_float64("priority", priority)
         if priority.ndim > 1:
+            if priority.shape[1:].numel() == 0:  # max over nothing: no window gets a priority
+                raise ValueError(
+                    f"priority of shape {tuple(priority.shape)} holds no value per window (a dim after "
+                    f"the first has size 0); pass [B] or [B, T] priorities."
+                )
             priority = priority.reshape(priority.shape[0], -1).amax(1)
         self.update_window_priority(index[:, 0], index[:, 1], priority)
 

@@ -161,6 +161,17 @@ def _to_dtype(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return tensor if tensor.dtype == dtype else tensor.to(dtype)
 
 
+def _result_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    """The dtype of an estimator's results: torch's promotion of its floating inputs' dtypes
+    (float32 with float64 gives float64, float16 with bfloat16 float32), as TorchRL's
+    arithmetic promotes them, so no input is rounded to a narrower one's precision."""
+    dtype = tensors[0].dtype
+    for tensor in tensors[1:]:
+        if tensor.dtype != dtype:
+            dtype = torch.promote_types(dtype, tensor.dtype)
+    return dtype
+
+
 def _scan_dtype(dtype: torch.dtype) -> torch.dtype:
     # Half-precision partial sums lose too much over long horizons.
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype

@@ -26,7 +26,7 @@ from torchrl.objectives.value import GAE as _TorchRLGAE
 from torchrl.objectives.value import VTrace as _TorchRLVTrace
 
 from torchrl_ext import _compat
-from torchrl_ext._checks import check_reals
+from torchrl_ext._checks import check_reals, makes_kept_tensors
 from torchrl_ext._keys import nested_key, next_key
 from torchrl_ext.value import functional
 from torchrl_ext.value.normalizers import ValueNorm
@@ -58,6 +58,7 @@ class _Signals(NamedTuple):
 class _SignalsMixin:
     """Reads values and environment signals the way TorchRL's estimators do."""
 
+    @makes_kept_tensors  # TorchRL's __init__ makes the gamma / lmbda buffers, which load_state_dict writes
     def __init__(self, *, group_key: Any = None, **kwargs: Any) -> None:
         # A key written in YAML arrives as a ListConfig, which TorchRL would keep as the key.
         super().__init__(group_key=None if group_key is None else nested_key(group_key, "group_key"), **kwargs)

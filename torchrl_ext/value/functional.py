@@ -12,6 +12,11 @@ per-agent values with ``time_dim=-2``. ``gamma`` and ``lmbda`` are Python floats
 broadcastable to that shape (per-step or per-env discounts), as are V-trace's ``rho_thresh`` and
 ``c_thresh``. An empty time dim (``T = 0``) gives empty results.
 
+Dtypes: every function computes in, and returns, the promoted dtype (:func:`torch.promote_types`)
+of its floating tensors (values, rewards, log-probabilities; not the discounts or thresholds,
+which are cast to it), so a float64 input is never rounded to a float32 or float16 one's
+precision. Half-precision results are accumulated in float32 and rounded at the end.
+
 Flag semantics (exactly TorchRL 0.14.1's):
 
 * ``done[t]`` ends the trajectory after step ``t``: the recursion does not
@@ -43,6 +48,7 @@ from __future__ import annotations
 import torch
 
 from torchrl_ext._checks import (
+    check_bool,
     check_flag,
     check_floating,
     check_reals,
@@ -56,6 +62,7 @@ from torchrl_ext.value._scan import (
     _fill_continues,
     _flag_as_float,
     _needs_autograd,
+    _result_dtype,
     _reverse_linear_scan,
     _scan_dtype,
     _scan_workspace,
@@ -106,7 +113,8 @@ def generalized_advantage_estimate(
         time_dim: the time dimension. Defaults to ``-2``.
 
     Returns:
-        ``(advantage, value_target)``, both with the shape of ``state_value``.
+        ``(advantage, value_target)``, both with the shape of ``state_value``, in the
+        promoted dtype of ``state_value``, ``next_state_value`` and ``reward``.
 
     Raises:
         TypeError: a value/reward tensor is not floating point, a flag is not
@@ -133,7 +141,8 @@ def generalized_advantage_estimate(
     check_reals("gamma", gamma, low=0.0, high=1.0, shape=state_value.shape)
     check_reals("lmbda", lmbda, low=0.0, high=1.0, shape=state_value.shape)
     dim = resolve_time_dim(time_dim, state_value.ndim)
-    dtype, work = state_value.dtype, _scan_dtype(state_value.dtype)
+    dtype = _result_dtype(state_value, next_state_value, reward)
+    work = _scan_dtype(dtype)
     value, next_value = _to_dtype(state_value, work), _to_dtype(next_state_value, work)
     gamma, lmbda = _as_discount(gamma, value), _as_discount(lmbda, value)
     if _needs_autograd(gamma, lmbda, value, next_value, reward):
@@ -155,10 +164,11 @@ def td_lambda_return_estimate(
     reward: torch.Tensor,
     done: torch.Tensor,
     terminated: torch.Tensor | None = None,
+    rolling_gamma: bool | None = None,
     *,
     time_dim: int = -2,
 ) -> torch.Tensor:
-    r"""TD(:math:`\lambda`) return, TorchRL's rolling-gamma definition.
+    r"""TD(:math:`\lambda`) return, TorchRL's definition.
 
     .. math::
         G_t = r_t + \gamma \left[(1 - \lambda) \bar V_t
@@ -167,10 +177,8 @@ def td_lambda_return_estimate(
         \qquad \bar V_t = (1 - \mathrm{term}_t) V(s'_t)
 
     with the last step treated as ``done`` (it bootstraps from
-    ``next_state_value``). Same results as
-    :func:`torchrl.objectives.value.functional.td_lambda_return_estimate`
-    with its default ``rolling_gamma=True``; per-step tensors ``gamma[t]``
-    and ``lmbda[t]`` apply to step ``t``.
+    ``next_state_value``). Same arguments and results as
+    :func:`torchrl.objectives.value.functional.td_lambda_return_estimate`.
 
     Args:
         gamma: discount in ``[0, 1]``, float or broadcastable tensor.
@@ -179,12 +187,24 @@ def td_lambda_return_estimate(
         reward: ``r_t``, same shape.
         done: boolean, same shape.
         terminated: boolean, same shape. Defaults to ``done``.
+        rolling_gamma: how per-step tensors ``gamma`` / ``lmbda`` apply, as in TorchRL.
+            ``True`` or ``None`` (the default): ``gamma[t]`` and ``lmbda[t]`` apply to
+            step ``t`` (the scan above). ``False``: ``G_t`` uses ``gamma[t]`` and
+            ``lmbda[t]`` at every later step of its trajectory; when they vary along time
+            this takes ``O(T^2)`` memory (one scan per start step, like TorchRL's loop).
+            With discounts constant along time both definitions agree (TorchRL refuses
+            ``False`` there; this returns the common result).
 
     Keyword Args:
         time_dim: the time dimension. Defaults to ``-2``.
 
     Returns:
-        The returns ``G``, shaped like ``reward``.
+        The returns ``G``, shaped like ``reward``, in the promoted dtype of
+        ``next_state_value`` and ``reward``.
+
+    Raises:
+        TypeError: ``rolling_gamma`` is not ``None``, ``True`` or ``False``, or one of the
+            checks of :func:`generalized_advantage_estimate` fails.
 
     Examples:
         >>> import torch
@@ -204,8 +224,12 @@ def td_lambda_return_estimate(
     check_same_shape(next_state_value=next_state_value, reward=reward, done=done, terminated=terminated)
     check_reals("gamma", gamma, low=0.0, high=1.0, shape=reward.shape)
     check_reals("lmbda", lmbda, low=0.0, high=1.0, shape=reward.shape)
+    rolling = rolling_gamma is None or check_bool("rolling_gamma", rolling_gamma)
     dim = resolve_time_dim(time_dim, reward.ndim)
-    dtype, work = reward.dtype, _scan_dtype(reward.dtype)
+    if not rolling and (_varies_in_time(gamma, reward.ndim, dim) or _varies_in_time(lmbda, reward.ndim, dim)):
+        return _fixed_discount_returns(gamma, lmbda, next_state_value, reward, done, terminated, dim)
+    dtype = _result_dtype(next_state_value, reward)
+    work = _scan_dtype(dtype)
     next_value = _to_dtype(next_state_value, work)
     gamma, lmbda = _as_discount(gamma, next_value), _as_discount(lmbda, next_value)
     if _needs_autograd(gamma, lmbda, next_value, reward):
@@ -219,6 +243,34 @@ def td_lambda_return_estimate(
         torch.addcmul(reward, bootstrap_weight, next_value, out=workspace.x)
         returns = _reverse_linear_scan(workspace, scale=gamma * lmbda)
     return _to_dtype(returns, dtype)
+
+
+def _varies_in_time(discount: float | torch.Tensor, ndim: int, dim: int) -> bool:
+    """Whether ``discount`` (broadcastable to ``ndim``-dim data) has more than one entry along ``dim``."""
+    from_right = ndim - dim  # broadcasting aligns the trailing dims
+    return isinstance(discount, torch.Tensor) and discount.ndim >= from_right and discount.shape[-from_right] > 1
+
+
+def _fixed_discount_returns(gamma, lmbda, next_value, reward, done, terminated, dim):
+    """TD(lambda) with ``rolling_gamma=False``: ``G_k`` is the rolling return of start ``k``
+    computed with ``gamma[k]`` and ``lmbda[k]`` at every step. A new dim before ``dim`` indexes
+    ``k`` (discounts vary along it, the data along ``dim``); row ``k`` only needs steps ``>= k``,
+    so its entry ``k`` is ``G_k``: the diagonal."""
+    shape = reward.shape
+    starts = shape[:dim] + (shape[dim],) + shape[dim:]
+
+    def per_start(discount):
+        return discount.expand(shape).unsqueeze(dim + 1) if isinstance(discount, torch.Tensor) else discount
+
+    def along_time(tensor):
+        return tensor.unsqueeze(dim).expand(starts)
+
+    returns = td_lambda_return_estimate(
+        per_start(gamma), per_start(lmbda), along_time(next_value), along_time(reward), along_time(done),
+        along_time(terminated), time_dim=dim + 1,
+    )
+    # contiguous(): a copy, so the T x T intermediate is freed
+    return returns.diagonal(dim1=dim, dim2=dim + 1).movedim(-1, dim).contiguous()
 
 
 def discounted_cumsum(
@@ -285,7 +337,6 @@ def vtrace_advantage_estimate(
     terminated: torch.Tensor | None = None,
     rho_thresh: float | torch.Tensor = 1.0,
     c_thresh: float | torch.Tensor = 1.0,
-    *,
     time_dim: int = -2,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     r"""V-trace targets and advantages (Espeholt et al., 2018, arXiv:1802.01561).
@@ -318,12 +369,11 @@ def vtrace_advantage_estimate(
             nothing), float or broadcastable tensor.
         c_thresh: clip of the trace coefficients (> 0; ``math.inf`` clips nothing), float or
             broadcastable tensor.
-
-    Keyword Args:
-        time_dim: the time dimension. Defaults to ``-2``.
+        time_dim: the time dimension. Defaults to ``-2``. Positional or keyword, as in TorchRL.
 
     Returns:
-        ``(advantage, value_target)`` where ``value_target`` is ``v_t``.
+        ``(advantage, value_target)`` where ``value_target`` is ``v_t``, in the promoted
+        dtype of ``log_pi``, ``log_mu``, ``state_value``, ``next_state_value`` and ``reward``.
 
     Examples:
         >>> import torch
@@ -343,7 +393,8 @@ def vtrace_advantage_estimate(
     check_reals("gamma", gamma, low=0.0, high=1.0, shape=state_value.shape)
     _check_thresholds(rho_thresh, c_thresh, state_value.shape)
     dim = resolve_time_dim(time_dim, state_value.ndim)
-    dtype, work = state_value.dtype, _scan_dtype(state_value.dtype)
+    dtype = _result_dtype(log_pi, log_mu, state_value, next_state_value, reward)
+    work = _scan_dtype(dtype)
     value, next_value = _to_dtype(state_value, work), _to_dtype(next_state_value, work)
     log_pi, log_mu = _to_dtype(log_pi, work), _to_dtype(log_mu, work)
     gamma = _as_discount(gamma, value)

@@ -19,7 +19,9 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from torchrl_ext._checks import CheckedSetting, check_device, check_finite, check_int, check_real, check_reals
+from torchrl_ext._checks import (
+    CheckedSetting, check_bool, check_device, check_finite, check_int, check_real, check_reals, makes_kept_tensors,
+)
 from torchrl_ext.value.functional import discounted_cumsum
 
 __all__ = ["ValueNorm", "RunningMeanStd", "IntrinsicRewardNormalizer"]
@@ -111,14 +113,16 @@ class ValueNorm(_CheckedState):
           takes the batch moments in float64 and refuses a mean square the state dtype cannot
           hold (float16: values near 256 or beyond) instead of storing inf.
         * Invalid arguments / inputs raise ``ValueError``/``TypeError`` up front; a failing
-          ``update`` leaves the state untouched. ``beta``, ``epsilon`` and ``norm_axes`` stay
-          checked when set later, and ``load_state_dict`` refuses a damaged state.
+          ``update`` leaves the state untouched. ``beta``, ``epsilon``, ``norm_axes`` and
+          ``per_element_update`` (a bool: ``TypeError`` otherwise) stay checked when set
+          later, and ``load_state_dict`` refuses a damaged state.
 
     Args:
         input_shape: Shape of one value (``1`` for a scalar critic).
         norm_axes: Number of leading batch dims reduced over in ``update``.
         beta: EMA decay in ``(0, 1]``.
-        per_element_update: Weight by ``beta ** batch_size`` instead of ``beta``.
+        per_element_update: Weight by ``beta ** batch_size`` instead of ``beta`` (``True`` or
+            ``False``).
         epsilon: Lower bound of the debiasing term (must be ``> 0``).
         device: Device of the state.
         dtype: Floating dtype of the state.
@@ -153,7 +157,11 @@ class ValueNorm(_CheckedState):
         check_real, "Lower bound of the debiasing term, ``> 0``; settable.", low=0.0, open_low=True,
         hint="the default is 1e-5",
     )
+    per_element_update = CheckedSetting(
+        check_bool, "Weight each update by ``beta ** batch_size`` instead of ``beta``; settable.",
+    )
 
+    @makes_kept_tensors  # built inside torch.inference_mode(), its buffers could never be updated outside it
     def __init__(
         self,
         input_shape: int | tuple[int, ...],
@@ -168,13 +176,13 @@ class ValueNorm(_CheckedState):
         super().__init__()
         shape = _as_shape(input_shape, "input_shape")
         self.norm_axes, self.beta, self.epsilon = norm_axes, beta, epsilon
+        self.per_element_update = per_element_update
         if isinstance(dtype, str):  # configs name dtypes as strings ("float32")
             dtype = getattr(torch, dtype, dtype)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"`dtype` must be a floating dtype, got {dtype!r}; use torch.float32.")
         device = None if device is None else check_device("device", device)
         self.input_shape = shape
-        self.per_element_update = bool(per_element_update)
         self.register_buffer("running_mean", torch.zeros(shape, device=device, dtype=dtype))
         self.register_buffer("running_mean_sq", torch.zeros(shape, device=device, dtype=dtype))
         self.register_buffer("debiasing_term", torch.zeros((), device=device, dtype=dtype))
@@ -277,6 +285,7 @@ class RunningMeanStd(_CheckedState):
     _finite = ("mean",)
     _nonnegative = ("var", "count")
 
+    @makes_kept_tensors
     def __init__(
         self,
         shape: tuple[int, ...] = (),
@@ -403,6 +412,7 @@ class IntrinsicRewardNormalizer(_CheckedState):
         hint="e.g. gamma=0.99",
     )
 
+    @makes_kept_tensors
     def __init__(
         self,
         gamma: float,
