@@ -14,6 +14,8 @@ import pytest
 import torch
 from tensordict import TensorDict
 
+from torchrl_ext.segment_tree import MaxSegmentTree, MinSegmentTree, SumSegmentTree
+from torchrl_ext.storages import EnvRingStorage, EpisodicEnvRingStorage
 from torchrl_ext.value import GAE, TDLambda
 from torchrl_ext.value import functional as F
 from torchrl_ext.value.normalizers import IntrinsicRewardNormalizer, RunningMeanStd, ValueNorm
@@ -95,6 +97,83 @@ def test_a_state_loaded_inside_inference_mode_goes_on_outside_it(case: str) -> N
     assert_same(got, want)
 
 
+@pytest.mark.parametrize("order", ["outside", "alternating"])
+@pytest.mark.parametrize("case", RUNS)
+def test_buffers_built_inside_inference_mode_go_on_outside_it(case: str, order: str) -> None:
+    """Built inside inference mode (a process whose setup runs there), then played outside it
+    (or in both, alternately): every tensor a constructor keeps must take in-place writes."""
+    want = _run_in_order(ORDERS["outside"], RUNS[case]().run)
+    torch.manual_seed(0)
+    with torch.inference_mode():
+        run = RUNS[case]()
+    got = []
+    for k, inside in enumerate(ORDERS[order]):
+        with torch.inference_mode(inside):
+            got.append(run.run(k))
+    assert_same(got, want)
+
+
+def _tree_round(tree: Any, k: int) -> TensorDict:
+    index = torch.arange(k, 200, 3)
+    tree[index] = torch.arange(index.numel(), dtype=torch.float32) + k
+    out = {"leaves": tree.leaves.clone(), "summary": tree.summary()}
+    if isinstance(tree, SumSegmentTree):
+        out |= {"nnz": torch.tensor(tree.nnz), "found": tree.find_sum_bound(torch.tensor([0.5, 7.5]))}
+    if k == 3:
+        tree.load_state_dict(_copied(tree.state_dict()))
+    if k == 4:
+        tree.clear()
+    return TensorDict(out, [])
+
+
+@pytest.mark.parametrize("track_nnz", [True, False])
+@pytest.mark.parametrize("cls", [SumSegmentTree, MinSegmentTree, MaxSegmentTree])
+def test_trees_built_inside_inference_mode_go_on_outside_it(cls: type, track_nnz: bool) -> None:
+    kwargs = {"fanout": 4, "top_size": 4} | ({"track_nnz": track_nnz} if cls is SumSegmentTree else {})
+    reference = cls(200, **kwargs)
+    want = [_tree_round(reference, k) for k in range(ROUNDS)]
+    with torch.inference_mode():
+        tree = cls(200, **kwargs)
+    assert_same([_tree_round(tree, k) for k in range(ROUNDS)], want)
+
+
+def _ring_round(storage: Any, k: int) -> TensorDict:
+    """Writes, clears and forgets steps of single envs: the per-env counters change in place."""
+    env = torch.tensor([k % 3])
+    steps = TensorDict({"x": torch.full((1, 2), float(k)), "step_type": torch.tensor([k % 2]),
+                        "discount": torch.ones(1), "reward": torch.ones(1)}, [1])
+    storage.set((env, storage.current_pos[env]), steps)
+    storage.advance(env, 1)
+    if k == 3:
+        storage.shrink(torch.tensor([0]), 1)
+    if k == 4:
+        storage.reset(torch.tensor([1]))
+    return TensorDict({"pos": storage.current_pos, "size": storage.current_size, "resets": storage.resets.clone(),
+                       "stored": storage.get(slice(None)).clone()}, [])
+
+
+RINGS = {
+    "ring": lambda: EnvRingStorage(3, 4),
+    "episodic": lambda: EpisodicEnvRingStorage(3, 4, record_episodic_return=True),
+}
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["private", "shared-inside"])
+@pytest.mark.parametrize("ring", RINGS)
+def test_rings_built_inside_inference_mode_go_on_outside_it(ring: str, shared: bool) -> None:
+    example = TensorDict({"x": torch.zeros(1, 2), "step_type": torch.zeros(1, dtype=torch.long),
+                          "discount": torch.ones(1), "reward": torch.ones(1)}, [1])
+    reference = RINGS[ring]()
+    if shared:
+        reference.share_memory_(example)
+    want = [_ring_round(reference, k) for k in range(ROUNDS)]
+    with torch.inference_mode():
+        storage = RINGS[ring]()
+        if shared:
+            storage.share_memory_(example)
+    assert_same([_ring_round(storage, k) for k in range(ROUNDS)], want)
+
+
 # ---------------------------------------------------------------- value estimation
 
 @pytest.mark.parametrize("shape", [(7, 3), (41, 2), (301, 1)])  # shapes no other test scans
@@ -129,3 +208,15 @@ def test_value_estimates_inside_and_outside_inference_mode(shape: tuple[int, ...
 
     _check_orders(make_step)
 
+
+
+def test_a_priority_tree_built_inside_inference_mode_goes_on_outside_it():
+    # Was: its min/max levels, made after the sum tree's, were inference tensors, so the first
+    # update outside inference mode raised (PrioritizedSampler builds its tree lazily: unaffected).
+    from torchrl_ext.samplers._priority_tree import PrioritySegmentTree
+
+    with torch.inference_mode():
+        tree = PrioritySegmentTree(100, track_max=True)
+    tree[torch.arange(100)] = torch.arange(100, dtype=torch.float64)
+    assert float(tree.summary()) == sum(range(100))
+    assert float(tree.max()) == 99.0

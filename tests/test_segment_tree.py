@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -306,6 +307,13 @@ def test_min_tree_rejects_nan():
 def test_bad_construction(kwargs, error, match):
     with pytest.raises(error, match=match):
         SumSegmentTree(**kwargs)
+
+
+@pytest.mark.parametrize("bad", ["False", 2, 0, None, torch.tensor(True)])
+def test_track_nnz_must_be_a_bool(bad):
+    # bool("False") is True: a coerced flag would pay the per-write count the caller turned off.
+    with pytest.raises(TypeError, match=rf"track_nnz must be True or False, got track_nnz={re.escape(repr(bad))}\."):
+        SumSegmentTree(4, track_nnz=bad)
 
 
 @pytest.mark.parametrize("threshold", [-0.5, 3.5, math.nan])

@@ -38,7 +38,9 @@ from typing import Any, Sequence
 
 import torch
 
-from torchrl_ext._checks import bounds, check_device, check_indices, check_int, makes_kept_tensors, read_only
+from torchrl_ext._checks import (
+    bounds, check_bool, check_device, check_indices, check_int, makes_kept_tensors, read_only,
+)
 
 __all__ = ["MaxSegmentTree", "MinSegmentTree", "SegmentTree", "SumSegmentTree"]
 
@@ -68,6 +70,7 @@ class SegmentTree:
     #: dtype of the top level when it is not the leaves (``None``: the tree's).
     _top_dtype: torch.dtype | None = None
 
+    @makes_kept_tensors  # the levels, updated in place later, maybe outside inference_mode
     def __init__(
         self,
         capacity: int,
@@ -296,6 +299,7 @@ class SegmentTree:
                 )
         return checked
 
+    @makes_kept_tensors  # the moved levels replace the ones updated in place
     def to(self, device: torch.device | str) -> SegmentTree:
         """Moves the tree to ``device`` in place and returns it."""
         self._device = torch.device(device)
@@ -374,9 +378,11 @@ class SumSegmentTree(SegmentTree):
     # float64 saves a conversion per call and costs 8 bytes per top node.
     _top_dtype = torch.float64
 
+    @makes_kept_tensors  # the count and the prefix buffer, updated in place later
     def __init__(self, capacity: int, *, track_nnz: bool = True, **kwargs: Any) -> None:
+        track_nnz = check_bool("track_nnz", track_nnz)
         super().__init__(capacity, **kwargs)
-        self._track_nnz = bool(track_nnz)
+        self._track_nnz = track_nnz
         self._nnz = torch.zeros((), dtype=torch.long, device=self._device)
         # [0, v0, v0 + v1, ..., total]; slot 0 stays 0, the rest is rewritten.
         self._prefix = torch.zeros(

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 import torch
@@ -428,3 +429,11 @@ def test_a_state_without_frame_tables_is_refused_before_anything_changes():
         storage.load_state_dict(other.state_dict())
     assert torch.equal(storage.positions, counters[0]) and torch.equal(storage.sizes, counters[1])
     assert (storage.get(index) == stored).all()
+
+
+@pytest.mark.parametrize("bad", ["False", 2, 0, None, torch.tensor(True)])
+@pytest.mark.parametrize("name", ["check_next", "record_episodic_return"])
+def test_flags_must_be_bools(name, bad):
+    # bool("False") is True: a coerced flag would turn on what the caller turned off.
+    with pytest.raises(TypeError, match=rf"{name} must be True or False, got {name}={re.escape(repr(bad))}\."):
+        DedupEnvRingStorage(2, 4, **{name: bad})

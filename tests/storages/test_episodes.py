@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 
 import pytest
 import torch
@@ -326,3 +327,11 @@ def test_first_write_inside_inference_mode(fast):
         rb.sample()
     assert storage.get((torch.tensor([1]), torch.tensor([0])))["discounted_return"].tolist() == [2.0]
     assert storage.steps_to_episode_end(torch.tensor([0, 0]), torch.tensor([0, 1])).tolist() == [1, 1]
+
+
+@pytest.mark.parametrize("bad", ["False", 2, 0, None, torch.tensor(True)])
+def test_record_episodic_return_must_be_a_bool(bad):
+    # bool("False") is True: a coerced flag would record returns the caller turned off.
+    with pytest.raises(TypeError, match=rf"record_episodic_return must be True or False, got "
+                                        rf"record_episodic_return={re.escape(repr(bad))}\."):
+        EpisodicEnvRingStorage(2, 4, record_episodic_return=bad)

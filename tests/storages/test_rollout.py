@@ -360,3 +360,22 @@ def test_a_first_step_whose_carried_entry_differs_is_refused_before_allocation()
         rollout.data  # noqa: B018 - nothing was allocated
     rollout.insert(step(0))
     assert rollout.step == 1
+
+
+def test_set_derived_takes_one_value_per_slot_or_per_step():
+    rollout = filled()
+    # [T, N, ...]: an estimator's output on data[:T]; the bootstrap slot of a new key is 0
+    per_step = torch.arange(T * N, dtype=torch.float32).reshape(T, N, 1)
+    rollout.set_derived("advantage", per_step)
+    assert torch.equal(rollout.data["advantage"][:T], per_step)
+    assert torch.equal(rollout.data["advantage"][T], torch.zeros(N, 1))
+    # [T + 1, N, ...] replaces every slot; a later [T, N, ...] keeps slot T as it is
+    rollout.set_derived("advantage", torch.full((T + 1, N, 1), 7.0))
+    rollout.set_derived("advantage", -per_step)
+    assert torch.equal(rollout.data["advantage"][:T], -per_step)
+    assert torch.equal(rollout.data["advantage"][T], torch.full((N, 1), 7.0))
+    before = rollout.data["advantage"].clone()
+    with pytest.raises(ValueError, match=r"'advantage' must be shaped \[T \+ 1, N, \.\.\.\] = \[5, 3\] or "
+                                         r"\[T, N, \.\.\.\] = \[4, 3\] plus item dims, got \[3, 3, 1\]"):
+        rollout.set_derived("advantage", torch.zeros(T - 1, N, 1))
+    assert torch.equal(rollout.data["advantage"], before)

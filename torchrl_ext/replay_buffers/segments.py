@@ -16,7 +16,9 @@ import torch
 from tensordict import TensorDictBase
 
 from torchrl_ext import _compat
-from torchrl_ext._checks import CheckedSetting, check_device, check_finite, check_int, check_real
+from torchrl_ext._checks import (
+    CheckedSetting, check_device, check_finite, check_int, check_real, makes_kept_tensors,
+)
 from torchrl_ext._keys import has_leaf, nested_key
 from torchrl_ext.replay_buffers.tensordict import TensorDictReplayBuffer
 from torchrl_ext.samplers.uniform import DistinctUniformSampler
@@ -68,6 +70,7 @@ class PathGAEReplayBuffer(TensorDictReplayBuffer):
     eps = CheckedSetting(check_real, "Added to the advantages' std, ``>= 0``; settable (used by the next "
                          "sample_batch).", low=0.0)
 
+    @makes_kept_tensors  # which steps are finished: updated in place later, maybe outside inference_mode
     def __init__(
         self,
         size: int,

@@ -46,6 +46,7 @@ class PrioritySegmentTree(SumSegmentTree):
         [4.5, 1.5, 3.0]
     """
 
+    @makes_kept_tensors
     def __init__(self, capacity: int, *, track_max: bool = False, **kwargs: Any) -> None:
         super().__init__(capacity, **kwargs)
         # Minimum keys per internal node (see _min_keys), then optional maxima.

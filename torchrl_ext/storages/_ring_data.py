@@ -7,17 +7,27 @@ them. The storage composes it with the read functions (:mod:`._ring_reads`), whi
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from torchrl_ext._checks import makes_kept_tensors
 from torchrl_ext.storages._numpy_rows import Columns, leaf_items, numpy_columns
 from torchrl_ext.storages._gathers import NO_ITEM_SHAPES, ItemShapes, item_batch_shapes
 from torchrl_ext.storages._layouts import _layout, _raise_layout_mismatch, _refuse_non_tensors
 
-__all__ = ["RingData"]
+__all__ = ["Leaves", "RingData"]
+
+
+class Leaves(NamedTuple):
+    """The ``[E, L]`` leaves (``None`` before the first write) and what is derived from them."""
+
+    data: TensorDictBase | None
+    flat: list[tuple[Any, torch.Tensor]]  # (key, memory as [E*L, ...] rows)
+    layout: dict | None
+    item_shapes: ItemShapes  # batch dims a stored step keeps (reads restore them)
 
 
 class RingData:
@@ -29,6 +39,7 @@ class RingData:
     few dozen envs runs there) with torch views on the same memory (``pos``, ``size``).
     """
 
+    @makes_kept_tensors  # the counters, updated in place later, maybe outside inference_mode
     def __init__(self, num_envs: int, max_length: int, device: torch.device, time_major: bool) -> None:
         self.num_envs, self.max_length, self.device, self.time_major = num_envs, max_length, device, time_major
         self.data: TensorDictBase | None = None
@@ -53,49 +64,56 @@ class RingData:
     # Leaves
     def allocate(self, data: TensorDictBase, batch_dims: int) -> None:
         """Zeroed leaves for steps laid out like ``data``'s (batch ``[N]`` or ``[N, T]``)."""
+        self.index_leaves(self.allocated(data, batch_dims))
+
+    @makes_kept_tensors  # normal tensors even at a first write inside torch.inference_mode()
+    def allocated(self, data: TensorDictBase, batch_dims: int) -> Leaves:
+        """:meth:`allocate`'s leaves and views, built without touching ``self``: a first write
+        commits them only once its rows are copied, so one that fails leaves nothing allocated."""
         shape = (self.num_envs, self.max_length)
         memory_shape = shape[::-1] if self.time_major else shape
-        # Normal tensors even at a first write inside torch.inference_mode(): inference
-        # tensors refuse the in-place writes made outside it later.
-        with torch.inference_mode(False):
-            self.data = TensorDict(
-                {
-                    key: self.as_leaf(torch.zeros(
-                        memory_shape + tuple(leaf.shape[batch_dims:]), dtype=leaf.dtype, device=self.device
-                    ))
-                    for key, leaf in leaf_items(data)
-                },
-                batch_size=shape,
-                device=self.device,
-            )
-            for key, item_shape in item_batch_shapes(data, batch_dims)[1]:  # ("agents", ...) of [N, A]
-                self.data.get(key).batch_size = shape + item_shape
-            self.index_leaves()
+        leaves = TensorDict(
+            {
+                key: self.as_leaf(torch.zeros(
+                    memory_shape + tuple(leaf.shape[batch_dims:]), dtype=leaf.dtype, device=self.device
+                ))
+                for key, leaf in leaf_items(data)
+            },
+            batch_size=shape,
+            device=self.device,
+        )
+        for key, item_shape in item_batch_shapes(data, batch_dims)[1]:  # ("agents", ...) of [N, A]
+            leaves.get(key).batch_size = shape + item_shape
+        return self.indexed(leaves)
 
     def as_leaf(self, memory: torch.Tensor) -> torch.Tensor:
         """The ``[E, L, ...]`` leaf over a layout's memory (``[L, E, ...]`` when time-major), or
         the memory under a leaf: the same transpose both ways."""
         return memory.transpose(0, 1) if self.time_major else memory
 
-    def index_leaves(self) -> None:
-        """Derives the flat views, the layout and (lazily) the column views from the leaves:
-        the one place they are rebuilt when the leaves change."""
+    def indexed(self, data: TensorDictBase) -> Leaves:
+        """``data`` (``[E, L]`` leaves) with its flat views, layout and item shapes; a leaf not
+        laid out as this ring's memory (a checkpoint, a pickle) is replaced by a copy that is."""
+        flat = []
+        for key, leaf in leaf_items(data):
+            memory = self.as_leaf(leaf)
+            if not memory.is_contiguous():
+                memory = memory.contiguous()
+                data.set(key, self.as_leaf(memory))
+            # Sizes spelled out: ``view(-1, ...)`` cannot infer the row count of a leaf with
+            # no elements (an item dim of size 0).
+            flat.append((key, memory.view(memory.shape[0] * memory.shape[1], *memory.shape[2:])))
+        return Leaves(data, flat, _layout(data, 2), item_batch_shapes(data, 2))
+
+    def index_leaves(self, leaves: Leaves | None = None) -> None:
+        """Sets the leaves with their flat views, layout and (lazily) column views (``leaves``:
+        from :meth:`indexed`; ``None``: rebuilt from :attr:`data`): the one place they change."""
         self.read_columns_cache: Columns | None | bool = False
         self.step_columns_cache: Columns | None | bool = False
         self.draw_cache: tuple | None = None
-        self.flat: list[tuple[Any, torch.Tensor]] = []  # (key, memory as [E*L, ...] rows)
-        self.layout: dict | None = None
-        self.item_shapes: ItemShapes = NO_ITEM_SHAPES  # batch dims a stored step keeps (reads restore them)
-        if self.data is None:
-            return
-        for key, leaf in leaf_items(self.data):
-            memory = self.as_leaf(leaf)
-            if not memory.is_contiguous():  # leaves in the other layout (a checkpoint, a pickle)
-                memory = memory.contiguous()
-                self.data.set(key, self.as_leaf(memory))
-            self.flat.append((key, memory.view(-1, *memory.shape[2:])))
-        self.layout = _layout(self.data, 2)
-        self.item_shapes = item_batch_shapes(self.data, 2)
+        if leaves is None:
+            leaves = Leaves(None, [], None, NO_ITEM_SHAPES) if self.data is None else self.indexed(self.data)
+        self.data, self.flat, self.layout, self.item_shapes = leaves
 
     def write(self, env: torch.Tensor, position: torch.Tensor, data: TensorDictBase, owner: str) -> torch.Tensor:
         """Copies ``data`` (batch shape ``env.shape``) to the rows of ``(env, position)`` and
@@ -104,26 +122,13 @@ class RingData:
         layout = _layout(data, env.ndim)
         if layout is None:  # a leaf that is not a tensor: named in the error
             _refuse_non_tensors(data, owner)
-        if self.data is None:
-            self.allocate(data, env.ndim)
-        elif layout != self.layout:
+        fresh = self.allocated(data, env.ndim) if self.data is None else None
+        if fresh is None and layout != self.layout:
             _raise_layout_mismatch(self.layout, layout)
         flat = self.flat_index(env, position).reshape(-1)
-        n = flat.numel()
-        for key, leaf in self.flat:
-            value = data.get(key)
-            if value.dim() != leaf.dim():  # [N, T, ...] batches: one row per step
-                value = value.reshape(n, *leaf.shape[1:])
-            if value.device != leaf.device:
-                value = value.to(leaf.device)
-            row_bytes = leaf[0].numel() * leaf.element_size()
-            if leaf.element_size() < 8 and row_bytes % 8 == 0 and row_bytes >= 64:
-                # index_copy_ moves small dtypes (uint8 frames) much slower
-                # than the same bytes seen as int64.
-                leaf.view(leaf.shape[0], -1).view(torch.int64).index_copy_(
-                    0, flat, value.contiguous().view(n, -1).view(torch.int64))
-            else:
-                leaf.index_copy_(0, flat, value)
+        _copy_rows(self.flat if fresh is None else fresh.flat, flat, data)
+        if fresh is not None:  # the first write: the leaves exist once its rows are in them
+            self.index_leaves(fresh)
         return flat
 
     def flat_index(self, env: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
@@ -213,6 +218,7 @@ class RingData:
             mine.copy_(theirs)
         self.loads += 1
 
+    @makes_kept_tensors  # the shared counters and leaves replace the ones updated in place
     def share_memory_(self, example: TensorDictBase | None, owner: str) -> None:
         """Moves the leaves (allocated from ``example`` if nothing was written) and the
         counters to shared memory; ``owner`` names the storage in errors. Once shared, a
@@ -258,7 +264,27 @@ class RingData:
             state.pop(name)
         return state
 
+    @makes_kept_tensors  # the torch views on the counters, updated in place
     def __setstate__(self, state: dict[str, Any]) -> None:
         vars(self).update(state)
         self._views()
         self.index_leaves()
+
+
+def _copy_rows(leaves: list[tuple[Any, torch.Tensor]], rows: torch.Tensor, data: TensorDictBase) -> None:
+    """Copies ``data``'s leaves (one row per entry of ``rows``) into the flat ``leaves`` at ``rows``."""
+    n = rows.numel()
+    for key, leaf in leaves:
+        value = data.get(key)
+        if value.dim() != leaf.dim():  # [N, T, ...] batches: one row per step
+            value = value.reshape(n, *leaf.shape[1:])
+        if value.device != leaf.device:
+            value = value.to(leaf.device)
+        row_bytes = leaf[0].numel() * leaf.element_size()
+        if leaf.element_size() < 8 and row_bytes % 8 == 0 and row_bytes >= 64:
+            # index_copy_ moves small dtypes (uint8 frames) much slower
+            # than the same bytes seen as int64.
+            leaf.view(leaf.shape[0], -1).view(torch.int64).index_copy_(
+                0, rows, value.contiguous().view(n, -1).view(torch.int64))
+        else:
+            leaf.index_copy_(0, rows, value)

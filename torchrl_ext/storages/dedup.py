@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
-from torchrl_ext._checks import check_indices, check_int, makes_kept_tensors
+from torchrl_ext._checks import check_bool, check_indices, check_int, makes_kept_tensors
 from torchrl_ext.storages._numpy_rows import NUMPY_DTYPES
 from torchrl_ext._keys import nested_key, next_key
 from torchrl_ext.storages.episodes import EpisodicEnvRingStorage
@@ -86,6 +86,7 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
 
     default_time_major = False  # a stack's frames are consecutive steps of one env: adjacent rows
 
+    @makes_kept_tensors  # the frame tables, updated in place later, maybe outside inference_mode
     def __init__(
         self,
         num_envs: int,
@@ -99,6 +100,7 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
         check_next: bool = True,
         **kwargs: Any,
     ) -> None:
+        check_next = check_bool("check_next", check_next)
         super().__init__(num_envs, max_length, step_type_key=None, **kwargs)
         check_int("num_stack", num_stack, minimum=1)
         if padding not in ("reset", "zero"):
@@ -107,7 +109,7 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
         self.next_key = next_key(obs_key)
         self.num_stack, self.padding = num_stack, padding
         self.stack_dim = check_int("stack_dim", stack_dim, minimum=-2**62)  # any dim of the observation
-        self.done_key, self.check_next = nested_key(done_key, "done_key"), bool(check_next)
+        self.done_key, self.check_next = nested_key(done_key, "done_key"), check_next
         self.required_lookback = num_stack - 1
         self._last_done = torch.zeros(num_envs, dtype=torch.bool)
         self._pending_next: torch.Tensor | None = None  # [E, *frame]: newest step's next frame

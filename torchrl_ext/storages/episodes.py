@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
-from torchrl_ext._checks import bounds, check_real, makes_kept_tensors
+from torchrl_ext._checks import bounds, check_bool, check_real, makes_kept_tensors
 from torchrl_ext._keys import nested_key
 from torchrl_ext.storages.ring import EnvRingStorage
 from torchrl_ext.value.functional import discounted_cumsum
@@ -81,6 +81,7 @@ class EpisodicEnvRingStorage(EnvRingStorage):
         [2]
     """
 
+    @makes_kept_tensors  # the episode index, updated in place later, maybe outside inference_mode
     def __init__(
         self,
         num_envs: int,
@@ -96,6 +97,7 @@ class EpisodicEnvRingStorage(EnvRingStorage):
         device: torch.device | str = "cpu",
         time_major: bool | None = None,
     ) -> None:
+        record_episodic_return = check_bool("record_episodic_return", record_episodic_return)
         super().__init__(num_envs, max_length, device=device, time_major=time_major)
         check_real("gamma", gamma, low=0.0, high=1.0)
         if reward_clip is not None and (len(reward_clip) != 2 or not reward_clip[0] <= reward_clip[1]):
@@ -105,7 +107,7 @@ class EpisodicEnvRingStorage(EnvRingStorage):
         self.step_type_key = None if step_type_key is None else nested_key(step_type_key, "step_type_key")
         self.discount_key = nested_key(discount_key, "discount_key")
         self.reward_key = nested_key(reward_key, "reward_key")
-        self.record_episodic_return = bool(record_episodic_return)
+        self.record_episodic_return = record_episodic_return
         self.gamma, self.reward_clip = float(gamma), reward_clip
         self.default_return = check_real("default_return", default_return, low=-math.inf)
         shape = (num_envs, max_length)

@@ -326,6 +326,7 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
         if not self.initialized:
             if self.ndim == 1:  # a multi-dim storage's reads are TorchRL's, which read non-tensors
                 _refuse_non_tensors(data, type(self).__name__)
+            self._check_first_items(data, written)
             return None
         # Numpy views of a [N] batch matching the stored leaves exactly: the layout check and
         # the copies in a fraction of torch's calls.
@@ -351,6 +352,10 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
         if isinstance(data, torch.Tensor):
             return [(stored, data)]
         return [(stored.get(key), leaf) for key, leaf in leaf_items(data)]
+
+    def _check_first_items(self, data: Any, written: int) -> None:
+        """Hook: refuses (``StorageLayoutError``) a first write of items this storage cannot
+        allocate; ``written``: the leading dims of ``data`` that the cursor fills."""
 
     def _zero_unwritten_rows(self, cursor: Any, keys: Any) -> None:
         """Zeroes the stored ``keys`` at the rows along dim 0 that ``cursor`` addresses and that
@@ -490,4 +495,22 @@ class FastTensorStorage(_SliceWritesIndexSelectReads, LazyTensorStorage):
 
 class FastMemmapStorage(_SliceWritesIndexSelectReads, LazyMemmapStorage):
     """``LazyMemmapStorage`` (memory-mapped files, for buffers larger than RAM)
-    with slice-copy writes and ``index_select`` reads. Same constructor."""
+    with slice-copy writes and ``index_select`` reads. Same constructor.
+
+    A leaf whose items hold no elements (an item dim of size 0) is refused at the first
+    write: its file would be empty, which cannot be mapped (TorchRL's storage fails there
+    half-way, with the writer already moved on).
+    """
+
+    def _check_first_items(self, data: Any, written: int) -> None:
+        leaves = [("", data)] if isinstance(data, torch.Tensor) else (
+            leaf_items(data) if isinstance(data, TensorDictBase) else [])
+        for key, leaf in leaves:
+            if isinstance(leaf, torch.Tensor) and 0 in leaf.shape[written:]:
+                shown, fix = ("the data", "use") if key == "" else (
+                    f"key {key!r}", f"leave it out (data.exclude({key!r})) or use")
+                raise StorageLayoutError(
+                    f"{shown} has items of shape {list(leaf.shape[written:])}, with no elements: "
+                    f"{type(self).__name__} keeps each leaf in a memory-mapped file, and an empty "
+                    f"file cannot be mapped; {fix} FastTensorStorage, which stores it."
+                )

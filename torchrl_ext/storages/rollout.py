@@ -308,20 +308,41 @@ class RolloutStorage(PinnedOutputs, Storage):
         _compat.bump_mutation_revision(self)
 
     def set_derived(self, key: Any, value: torch.Tensor) -> None:
-        """Stores ``value`` ``[T + 1, N, ...]`` under ``key``, computed from the rollout.
+        """Stores ``value`` under ``key``, computed from the rollout: ``[T + 1, N, ...]`` for
+        every slot, or ``[T, N, ...]`` for the steps only (an estimator's output on
+        ``data[:T]``; the bootstrap slot ``T`` keeps its value, zeros for a new key).
 
         Derived entries (value targets, advantages) are sampled with the
         steps but are not expected in inserted steps; they keep their last
         value until set again.
+
+        Examples:
+            >>> import torch
+            >>> from tensordict import TensorDict
+            >>> from torchrl_ext.storages import RolloutStorage
+            >>> storage = RolloutStorage(2)
+            >>> for t in range(2):
+            ...     storage.insert(TensorDict({"obs": torch.zeros(3, 1)}, [3]))
+            >>> storage.set_derived("advantage", torch.ones(2, 3, 1))  # [T, N, 1]: the steps
+            >>> storage.data["advantage"][:, 0, 0].tolist()  # the bootstrap slot stays 0
+            [1.0, 1.0, 0.0]
         """
         data = self.data
-        if tuple(value.shape[: data.batch_dims]) != tuple(data.batch_size):
+        slots, item_dims = tuple(data.batch_size), tuple(value.shape[data.batch_dims:])
+        steps = (slots[0] - 1, *slots[1:])
+        if tuple(value.shape[: data.batch_dims]) not in (slots, steps):
             raise ValueError(
-                f"{key!r} must be shaped [T + 1, N, ...] = {list(data.batch_size)} + item dims, "
-                f"got {list(value.shape)}; pad the T computed rows with one bootstrap row."
+                f"{key!r} must be shaped [T + 1, N, ...] = {list(slots)} or [T, N, ...] = {list(steps)} "
+                f"plus item dims, got {list(value.shape)}; pass one value per slot or per step."
             )
         self.check_derived_key(key)
-        data.set(key, value.to(self._device))
+        value = value.to(self._device)
+        if value.shape[0] == slots[0]:
+            data.set(key, value)
+            return
+        if key not in data.keys(include_nested=True) or data.get(key).shape[data.batch_dims:] != item_dims:
+            data.set(key, value.new_zeros(*slots, *item_dims))
+        data.get(key)[: steps[0]] = value
 
     def check_derived_key(self, key: Any) -> None:
         """Refuses ``key`` for a derived entry when inserted steps write it (``ValueError``)."""
