@@ -305,6 +305,12 @@ def test_empty_on_a_shared_buffer_returns_and_gives_its_locks_back(buffer):
         lock.release()
 
 
+def test_prefetch_size_is_the_number_of_batches_sampled_ahead():
+    assert not _compat.prefetch_size(ReplayBuffer(storage=LazyTensorStorage(4), batch_size=2))
+    # Was TorchRL's bool flag, so share_buffer's refusal read "prefetch=True" for prefetch=3.
+    assert _compat.prefetch_size(ReplayBuffer(storage=LazyTensorStorage(4), batch_size=2, prefetch=3)) == 3
+
+
 def test_sample_unit_ensure_initialized_and_samples_plainly():
     rb = ReplayBuffer(storage=LazyTensorStorage(4), batch_size=2)
     assert _compat.sample_unit(rb) is None and _compat.samples_plainly(rb)

@@ -177,7 +177,7 @@ def ensure_initialized(buffer: Any) -> None:
 
 def prefetch_size(buffer: Any) -> int | None:
     """The ``prefetch`` a TorchRL buffer was built with (batches sampled ahead; ``None``/0: none)."""
-    return buffer._prefetch
+    return buffer._prefetch_cap
 
 
 def samples_plainly(buffer: Any) -> bool:

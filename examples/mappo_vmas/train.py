@@ -537,8 +537,7 @@ def train(cfg: DictConfig, output_dir: str | Path | None = None) -> dict[str, An
                 steps = rollout[:rollout_length]
                 gae(steps, time_dim=0)
                 for key in (ADVANTAGE, VALUE_TARGET):
-                    computed = steps.get(key)
-                    storage.set_derived(key, torch.cat([computed, torch.zeros_like(computed[:1])]))
+                    storage.set_derived(key, steps.get(key))  # [T, ...]: the steps' rows
 
             sums = dict.fromkeys(loss_keys, 0.0)
             updates = 0

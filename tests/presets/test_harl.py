@@ -120,3 +120,38 @@ def test_flags_refuse_other_values(name):
 def test_arguments_the_sampler_does_not_use_are_checked_too(kwargs, match):
     with pytest.raises(ValueError, match=match):
         harl_rollout_buffer(8, **kwargs)
+
+
+def test_the_documented_rollout_recipe_puts_gae_results_in_every_minibatch():
+    # The recipe of harl_rollout_buffer's docstring and docs/migrating.md. Was: GAE's outputs
+    # stayed on the data[:T] copy it was given, so minibatches had no advantage and a PPO loss
+    # silently computed its own with its default estimator.
+    steps, envs = 4, 3
+    g = torch.Generator().manual_seed(0)
+    rb = harl_rollout_buffer(steps, num_mini_batch=2)
+    for _ in range(steps):
+        rb.storage.insert(TensorDict({
+            "obs": torch.randn(envs, 2, generator=g), "state_value": torch.randn(envs, 1, generator=g),
+            "next": {"obs": torch.randn(envs, 2, generator=g), "reward": torch.randn(envs, 1, generator=g),
+                     "done": torch.zeros(envs, 1, dtype=torch.bool),
+                     "terminated": torch.zeros(envs, 1, dtype=torch.bool)}}, [envs]))
+    rb.storage.fill_next("state_value")
+    out = GAE(gamma=0.9, lmbda=0.8, value_network=None)(rb.storage.data[:steps], time_dim=0)
+    for key in ("advantage", "value_target"):
+        rb.storage.set_derived(key, out[key])
+    # float64 reference loop
+    data = rb.storage.data[:steps]
+    value, reward = data["state_value"].double(), data["next", "reward"].double()
+    next_value = data["next", "state_value"].double()
+    advantage, running = torch.zeros_like(value), torch.zeros(envs, 1, dtype=torch.float64)
+    for t in reversed(range(steps)):
+        running = reward[t] + 0.9 * next_value[t] - value[t] + 0.9 * 0.8 * running
+        advantage[t] = running
+    seen = 0
+    for batch in rb:
+        rows = batch["index"]
+        t, e = rows.unbind(-1) if rows.ndim == 2 else (rows // envs, rows % envs)
+        torch.testing.assert_close(batch["advantage"].double(), advantage[t, e], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(batch["value_target"], batch["advantage"] + batch["state_value"])
+        seen += batch.shape[0]
+    assert seen == steps * envs

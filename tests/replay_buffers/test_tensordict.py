@@ -445,6 +445,20 @@ def test_a_prioritized_sampler_smaller_than_its_two_dim_storage_is_refused_at_co
     TensorDictReplayBuffer(storage=LazyTensorStorage(100, ndim=2), sampler=sampler_cls(100, 0.6, 0.4))
 
 
+@pytest.mark.parametrize("sampler_cls", [PrioritizedSampler, TorchRLPrioritizedSampler])
+def test_a_prioritized_sampler_smaller_than_the_default_storage_is_refused_at_construction(sampler_cls):
+    # Was: only a storage passed in was checked. With TorchRL's default ListStorage(1000), the
+    # write crossing max_capacity=5 stored its rows, moved the cursor, then raised, and the
+    # rows past the first write were never sampled.
+    with pytest.raises(ValueError, match=r"max_capacity=5 priorities but the storage holds max_size=1000 rows; "
+                                         r"build the sampler with max_capacity=1000 \(the storage's max_size\), "
+                                         r"or give a storage of max_size=5"):
+        TensorDictReplayBuffer(sampler=sampler_cls(5, 0.7, 0.9), batch_size=5)
+    rb = TensorDictReplayBuffer(sampler=sampler_cls(1000, 0.7, 0.9), batch_size=5)
+    rb.extend(transitions(8))
+    assert sorted(rb.sample(400)["index"].unique().tolist()) == list(range(8))
+
+
 @pytest.mark.parametrize("shared", [False, True])
 def test_empty_holds_the_buffer_locks(shared):
     # Was: TorchRL's empty takes no lock, so a sample in another thread (or a write in another

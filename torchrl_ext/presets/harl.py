@@ -41,9 +41,12 @@ def harl_rollout_buffer(
     ``("agents", ...)`` in each step, the shared critic input (EP) at the root
     or per agent (FP) under ``("agents", ...)``. Insert collector steps with
     ``rb.storage.insert(step)``, compute returns with
-    :class:`torchrl_ext.value.GAE` (``time_dim=0`` on ``rb.storage.data[:T]``
-    after ``rb.storage.fill_next("state_value")``), iterate one epoch with
-    ``for batch in rb:``, then call ``rb.storage.after_update()``.
+    :class:`torchrl_ext.value.GAE` (``out = gae(rb.storage.data[:T], time_dim=0)``
+    after ``rb.storage.fill_next("state_value")``) and store them with
+    ``rb.storage.set_derived(key, out[key])`` for ``"advantage"`` and
+    ``"value_target"`` (``data[:T]`` is a new TensorDict: what GAE writes there
+    is not stored), iterate one epoch with ``for batch in rb:``, then call
+    ``rb.storage.after_update()``.
 
     Args:
         episode_length: rollout length ``T`` (HARL's ``episode_length``).

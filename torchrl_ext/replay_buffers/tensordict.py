@@ -75,7 +75,7 @@ def _check_sampler_capacity(sampler: Any, storage: Any) -> None:
         raise ValueError(
             f"the sampler holds max_capacity={capacity} priorities but the storage holds "
             f"max_size={rows} {'rows' if ndim == 1 else 'cells'}; build the sampler with "
-            f"max_capacity={rows} (the storage's max_size)."
+            f"max_capacity={rows} (the storage's max_size), or give a storage of max_size={capacity}."
         )
 
 
@@ -177,8 +177,10 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
         _check_sampler_capacity(sampler, storage)
         check_generator("generator", kwargs.get("generator"))  # torch would refuse it at the first draw
         super().__init__(**kwargs)
-        if check_storage is not None and storage is None and self.initialized:
-            check_storage(self.storage)  # TorchRL's default storage, built just now
+        if storage is None and self.initialized:  # TorchRL's default storage, built just now
+            if check_storage is not None:
+                check_storage(self.storage)
+            _check_sampler_capacity(sampler, self.storage)
 
     def set_rng(self, generator: torch.Generator | None) -> None:
         """TorchRL's ``set_rng``; ``TypeError`` for anything but a ``torch.Generator`` or ``None``."""
