@@ -9,11 +9,13 @@ method it overrides is listed in ``HOOKS``.
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib
 import inspect
 import pkgutil
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -366,6 +368,114 @@ def test_ray_client_is_the_attribute_torchrls_ray_buffer_calls_through():
     assert _compat.ray_client(Hosted()) is Hosted._client
 
 
+# ---------------------------------------------------------------- readiness, sample counters and names
+# Features of TorchRL releases after 0.14.1: each test checks the wrapper against TorchRL's own
+# buffer where this TorchRL has the feature, and that it does nothing where it has not.
+
+def test_readiness_condition_is_the_one_torchrl_notifies_or_a_null_context():
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(10))
+    condition = _compat.readiness_condition(rb)
+    if not hasattr(rb, "wait_until_sampleable"):  # 0.14.1: no waiters, nothing to take
+        assert isinstance(condition, contextlib.nullcontext)
+        with condition:
+            rb.extend(TensorDict({"obs": torch.zeros(2)}, [2]))
+        assert len(rb) == 2
+        return
+    with condition:  # reentrant: TorchRL's extend notifies it with the condition held here
+        rb.extend(TensorDict({"obs": torch.zeros(2)}, [2]))
+    woke = []
+    waiter = threading.Thread(target=lambda: woke.append(rb.wait_until_sampleable(min_items=1, timeout=5.0)))
+    with condition:
+        waiter.start()
+        time.sleep(0.2)
+        assert waiter.is_alive() and not woke  # sampleable, but the waiter needs this very condition
+    waiter.join(5)
+    assert woke == [True]
+
+
+def test_notify_state_change_wakes_a_waiter_or_does_nothing():
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(10))
+    if not hasattr(rb, "wait_until_sampleable"):
+        assert _compat.notify_state_change(rb) is None
+        return
+    rb.extend(TensorDict({"obs": torch.zeros(1)}, [1]))
+    woke = {}
+
+    def wait() -> None:
+        start = time.monotonic()
+        woke["ready"] = rb.wait_until_sampleable(min_items=1000, timeout=5.0)
+        woke["after"] = time.monotonic() - start
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    time.sleep(0.2)
+    _compat.notify_state_change(rb)  # wakes it: it rechecks, finds too few items, waits again
+    time.sleep(0.2)
+    rb.extend(TensorDict({"obs": torch.zeros(999)}, [999]))
+    waiter.join(10)
+    assert woke["ready"] is True and woke["after"] < 3.0
+
+
+def test_sample_wait_keywords_are_those_of_torchrls_sample():
+    parameters = inspect.signature(TensorDictReplayBuffer.sample).parameters
+    assert _compat.sample_wait_keywords() == {n for n in ("wait", "timeout", "cancel_event") if n in parameters}
+    for name, default in _compat.SAMPLE_WAIT_DEFAULTS.items():
+        if name in parameters:
+            assert parameters[name].default == default
+
+
+def test_sample_wait_arguments_keeps_the_non_defaults_or_refuses_them():
+    assert _compat.sample_wait_arguments(wait=False, timeout=None, cancel_event=None) == {}
+    event = threading.Event()
+    given = {"wait": True, "timeout": 0.0, "cancel_event": event}
+    if _compat.sample_wait_keywords() == {"wait", "timeout", "cancel_event"}:
+        assert _compat.sample_wait_arguments(**given) == given
+        return
+    assert not _compat.sample_wait_keywords()
+    for name, value in given.items():
+        with pytest.raises(TypeError, match=f"{name}=.*no '{name}' keyword"):
+            _compat.sample_wait_arguments(**{name: value})
+
+
+def test_sampled_item_count_counts_records_as_torchrls_sample():
+    assert _compat.sampled_item_count(torch.arange(5), 1) == 5
+    assert _compat.sampled_item_count((torch.zeros(3, 4, dtype=torch.long), torch.zeros(3, 4)), 2) == 12
+    assert _compat.sampled_item_count(torch.zeros(6, 2, dtype=torch.long), 2) == 6  # (row, col) pairs
+    assert _compat.sampled_item_count(torch.zeros(6, 2, dtype=torch.long), 1) == 12
+    assert _compat.sampled_item_count(3, 1) == 1
+
+
+def test_count_sample_adds_what_torchrls_sample_adds():
+    reference = TensorDictReplayBuffer(storage=LazyTensorStorage(10), batch_size=4)
+    counted = TensorDictReplayBuffer(storage=LazyTensorStorage(10), batch_size=4)
+    for rb in (reference, counted):
+        rb.extend(TensorDict({"obs": torch.zeros(6)}, [6]))
+    reference.sample()
+    _compat.count_sample(counted, torch.arange(4))
+    stats = getattr(reference, "stats", dict)()
+    if "sample_calls" not in stats:  # this TorchRL keeps no counters: nothing to add to
+        assert not hasattr(counted, "_sample_call_count_value")
+        return
+    assert stats["sample_calls"] == 1 and stats["samples_returned"] == 4
+    assert {k: counted.stats()[k] for k in ("sample_calls", "samples_returned")} == {
+        k: stats[k] for k in ("sample_calls", "samples_returned")}
+
+
+def test_set_sample_names_names_as_torchrls_sampler_or_returns_the_data():
+    from torchrl.data.replay_buffers.samplers import RandomSampler, SliceSampler
+
+    data = TensorDict({"obs": torch.zeros(2, 5)}, [2, 5])
+    assert _compat.set_sample_names(RandomSampler(), data) is data
+    assert data.names == [None, None]
+    try:
+        sampler = SliceSampler(slice_len=5, traj_key="traj", output_layout="batch_time")
+    except TypeError:  # this TorchRL's SliceSampler names nothing
+        assert _compat.set_sample_names(SliceSampler(slice_len=5, traj_key="traj"), data) is data
+        assert data.names == [None, None]
+        return
+    assert _compat.set_sample_names(sampler, data).names == [None, "time"]
+
+
 # ---------------------------------------------------------------- the rule
 
 @pytest.mark.parametrize("cls, name", _compat.HOOKS, ids=[f"{c.__name__}.{n}" for c, n in _compat.HOOKS])
@@ -397,6 +507,32 @@ def test_every_private_torchrl_method_the_package_overrides_is_listed_in_hooks()
     assert overridden == set(_compat.HOOKS)
 
 
+def test_validate_recurrent_inputs_runs_torchrls_checks_where_it_has_them():
+    from torchrl_ext.value import GAE as OurGAE
+
+    class NoChecks:  # an estimator of a TorchRL without recurrent checks (0.14.1): nothing runs
+        pass
+
+    _compat.validate_recurrent_inputs(NoChecks(), TensorDict({}, []), None)
+    if not hasattr(GAE, "for_recurrent"):
+        assert not hasattr(GAE, "_validate_recurrent_inputs")
+        return
+
+    class Net(nn.Module):
+        def forward(self, obs, is_init, hidden):
+            return obs.sum(-1, keepdim=True), hidden
+
+    net = TensorDictModule(Net(), ["obs", "is_init", "hidden"], ["state_value", ("next", "hidden")])
+    steps = {"obs": torch.ones(1, 4, 2), "is_init": torch.zeros(1, 4, 1), "hidden": torch.zeros(1, 4, 3)}
+    td = TensorDict({**steps, "next": {**steps, "reward": torch.ones(1, 4, 1),
+                                        "done": torch.zeros(1, 4, 1, dtype=torch.bool),
+                                        "terminated": torch.zeros(1, 4, 1, dtype=torch.bool)}}, [1, 4])
+    # Was: our forward skipped TorchRL's check, and a float is_init failed later with a bare torch error.
+    for estimator in (GAE, OurGAE):
+        with pytest.raises(TypeError, match="expected 'is_init' to have dtype torch.bool"):
+            estimator.for_recurrent(gamma=0.9, lmbda=0.95, value_network=net)(td.clone())
+
+
 #: The private upstream names the wrappers above stand for (attributes and imports).
 WRAPPED = {
     "_call_actor_net", "_self_set_grad_enabled", "_self_set_skip_existing", "_standardize_by_group",
@@ -405,6 +541,9 @@ WRAPPED = {
     "_len_along_dim0", "_mutation_revision", "_attached_entities_iter", "_save_hooks", "_load_hooks",
     "_maybe_init_from_storage", "_REPLACEMENT_DISPATCH", "_tensordict",
     "_new_unsafe", "_dim_extend", "_cursor", "_next_value", "_last_cursor_index_value",
+    "_readiness_condition", "_notify_replay_state_change", "_increment_counter",
+    "_sample_call_count_value", "_sampled_item_count_value", "_set_sample_names",
+    "_validate_recurrent_inputs",
 }
 
 

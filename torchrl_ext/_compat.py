@@ -17,7 +17,9 @@ Two kinds of names are listed:
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import inspect
 from typing import Any, Callable, Iterable
 
 import torch
@@ -352,3 +354,99 @@ HOOKS: tuple[tuple[type, str], ...] = (
     (_GAE, "_normalize_advantage"),
     (_GAE, "_prepare_signals"),
 )
+
+
+# ---------------------------------------------------------------- readiness, sample counters and names
+# Later TorchRL releases wake waiters (``wait_until_sampleable``, ``sample(wait=True)``) through a
+# readiness condition, count samples and name the sampled dims; 0.14.1 has none of these. Each
+# helper below finds out by looking for the name and does nothing where it is absent.
+_NO_CONDITION = contextlib.nullcontext()
+
+#: TorchRL's defaults for the waiting keywords of its later ``sample``.
+SAMPLE_WAIT_DEFAULTS: dict[str, Any] = {"wait": False, "timeout": None, "cancel_event": None}
+
+
+def readiness_condition(buffer: Any) -> Any:
+    """The condition a TorchRL buffer notifies after each write (``_readiness_condition``; reentrant),
+    or a null context where it has none.
+
+    ``wait_until_sampleable`` takes it before the replay lock, so a caller holding the replay lock
+    around TorchRL's ``extend``/``add`` (which notify) must take it first, or the two deadlock."""
+    condition = getattr(buffer, "_readiness_condition", None)
+    return _NO_CONDITION if condition is None else condition
+
+
+def notify_state_change(buffer: Any) -> None:
+    """Wakes the buffer's waiters after a write made without TorchRL's ``extend``/``add``
+    (``_notify_replay_state_change``); nothing where the buffer has no waiters to wake."""
+    notify = getattr(buffer, "_notify_replay_state_change", None)
+    if notify is not None:
+        notify()
+
+
+@functools.cache
+def sample_wait_keywords() -> frozenset[str]:
+    """The waiting keywords (``wait``, ``timeout``, ``cancel_event``) TorchRL's
+    ``TensorDictReplayBuffer.sample`` accepts: none on 0.14.1."""
+    parameters = inspect.signature(_TensorDictReplayBuffer.sample).parameters
+    return frozenset(name for name in SAMPLE_WAIT_DEFAULTS if name in parameters)
+
+
+def sample_wait_arguments(**given: Any) -> dict[str, Any]:
+    """The waiting keywords of a ``sample`` call that differ from TorchRL's defaults, for
+    TorchRL's ``sample`` to honour; empty when the call does not wait.
+
+    Raises:
+        TypeError: for a non-default value where TorchRL's ``sample`` has no such keyword
+            (it would be ignored otherwise).
+    """
+    # wait=False and None (no limit, no event) are what TorchRL's sample does without them.
+    changed = {name: value for name, value in given.items()
+               if (bool(value) if name == "wait" else value is not None)}
+    for name, value in changed.items():
+        if name not in sample_wait_keywords():
+            raise TypeError(
+                f"sample() got {name}={value!r}, but this TorchRL's sample has no {name!r} keyword "
+                f"(later releases add it); leave {name} at its default {SAMPLE_WAIT_DEFAULTS[name]!r}, "
+                "or upgrade TorchRL to wait for data inside sample."
+            )
+    return changed
+
+
+def sampled_item_count(index: Any, storage_ndim: int) -> int:
+    """How many records a sample of ``index`` returns, as TorchRL's ``sample`` counts them
+    (one per row of coordinates on a multi-dim storage)."""
+    if isinstance(index, tuple):
+        return torch.as_tensor(index[0]).numel()
+    index = torch.as_tensor(index)
+    if storage_ndim > 1 and index.ndim > 1 and index.shape[-1] == storage_ndim:
+        return index[..., 0].numel()
+    return index.numel()
+
+
+def count_sample(buffer: Any, index: Any) -> None:
+    """Adds one call and its records to the buffer's sample counters (``stats()``'s
+    ``sample_calls``/``samples_returned``), as TorchRL's ``sample`` does after ``_sample``;
+    nothing where the buffer keeps no counters. Call it with the buffer's locks released."""
+    increment = getattr(buffer, "_increment_counter", None)
+    if increment is None or not hasattr(buffer, "_sample_call_count_value"):
+        return
+    increment("_sample_call_count_value", 1)
+    increment("_sampled_item_count_value", sampled_item_count(index, getattr(buffer.storage, "ndim", 1)))
+
+
+def set_sample_names(sampler: Any, data: Any) -> Any:
+    """``data`` with the dim names the sampler gives its batches (``_set_sample_names``: a
+    ``SliceSampler(output_layout="batch_time")`` names the last dim ``"time"``), as TorchRL's
+    ``_sample`` applies them before the transform; ``data`` as is where samplers name nothing."""
+    name = getattr(sampler, "_set_sample_names", None)
+    return data if name is None else name(data)
+
+
+def validate_recurrent_inputs(estimator: Any, tensordict: TensorDictBase, time_dim: int | None) -> None:
+    """The input checks TorchRL's ``GAE.forward`` runs for a ``GAE.for_recurrent`` estimator
+    (``_validate_recurrent_inputs``: time last, ``is_init`` and the state keys present); nothing
+    where TorchRL has no such checks (0.14.1)."""
+    check = getattr(estimator, "_validate_recurrent_inputs", None)
+    if check is not None:
+        check(tensordict, time_dim)

@@ -301,3 +301,17 @@ def test_warm_refuses_a_progress_flag_that_is_not_a_bool():
         rb.warm(counting_policy(), 5, env, progress="False")
     assert len(rb) == 0
     env.close()
+
+
+def test_sample_takes_torchrls_waiting_keywords():
+    # Was: velora's sample signature had no wait/timeout/cancel_event, so a TorchRL release with
+    # them (after 0.14.1) got a TypeError from this buffer alone.
+    rb = velora_replay_buffer(5, 3, 2, 4, batch_size=3)
+    rb.add_multi(*rows(range(4)))
+    assert rb.sample(wait=False, timeout=None, cancel_event=None).shape == (3,)
+    try:
+        batch = rb.sample(timeout=5.0, wait=True)
+    except TypeError as error:  # TorchRL 0.14.1: no waiting sample; refused, never ignored
+        assert "timeout=5.0" in str(error) or "wait=True" in str(error)
+    else:
+        assert batch.shape == (3,)

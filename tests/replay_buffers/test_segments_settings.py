@@ -52,3 +52,37 @@ def test_settings_set_later_are_used():
     mean = sum(returns.tolist()) / 3
     std = math.sqrt(sum((r - mean) ** 2 for r in returns.tolist()) / 3)
     torch.testing.assert_close(_path(rb), (returns - mean) / (std + 1.0))
+
+
+def _random_path(steps: int) -> TensorDict:
+    g = torch.Generator().manual_seed(steps)
+    return TensorDict({"observation": torch.arange(float(steps)).unsqueeze(1),
+                       "state_value": torch.randn(steps, 1, generator=g),
+                       "next": {"reward": torch.randn(steps, 1, generator=g)}}, [steps])
+
+
+def _finished_by_step(rb: PathGAEReplayBuffer) -> dict[float, tuple[float, float]]:
+    stored = rb.storage[: len(rb)]
+    return {float(o): (float(a), float(v)) for o, a, v in zip(
+        stored["observation"][:, 0], stored["advantage"][:, 0], stored["value_target"][:, 0])}
+
+
+@pytest.mark.parametrize("steps", [5, 8, 13])
+def test_a_path_longer_than_the_ring_keeps_its_newest_steps_in_one_store(steps):
+    # Was: one store() of more steps than the ring holds raised (advising strict=False, which
+    # this buffer does not take); one step at a time kept the newest steps, as documented.
+    whole, one_by_one = PathGAEReplayBuffer(5, 4, gamma=0.9, lam=0.8), PathGAEReplayBuffer(5, 4, gamma=0.9, lam=0.8)
+    path = _random_path(steps)
+    whole.store(path)
+    for t in range(steps):
+        one_by_one.store(path[t])
+    whole.finish_path(0.5)
+    one_by_one.finish_path(0.5)
+    assert _finished_by_step(whole) == _finished_by_step(one_by_one)
+    assert sorted(_finished_by_step(whole)) == [float(t) for t in range(steps - 5, steps)]
+    # The next path overwrites the oldest steps first in both.
+    for rb in (whole, one_by_one):
+        rb.store(_random_path(2))
+        rb.finish_path(0.0)
+    assert sorted(whole.storage[:5]["observation"][:, 0].tolist()) == \
+        sorted(one_by_one.storage[:5]["observation"][:, 0].tolist())

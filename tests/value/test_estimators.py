@@ -87,6 +87,25 @@ def test_gae_same_outputs_as_torchrl(kwargs):
         torch.testing.assert_close(ours[key], theirs[key], rtol=1e-5, atol=1e-5)
 
 
+def test_a_right_padding_mask_is_refused_not_ignored():
+    # TorchRL after 0.14.1 lets set_keys(valid=...) mark right-padding; GAE inherited the key but
+    # ignored it, so padded steps got advantages and were normalised over (silently wrong).
+    td = rollout()
+    td["valid"] = torch.ones(td.shape, dtype=torch.bool)
+    td["valid"][..., -2:] = False
+    gae = GAE(gamma=0.97, lmbda=0.9, value_network=value_net())
+    try:
+        gae.set_keys(valid="valid")
+    except (KeyError, ValueError):  # TorchRL 0.14.1 has no such key: nothing to ignore
+        assert not hasattr(gae.tensor_keys, "valid")
+        return
+    before = td.clone()
+    with pytest.raises(ValueError, match=r"GAE does not support right-padding masks \(set_keys\(valid='valid'\)\); "
+                                         r"drop the padded steps first"):
+        gae(td)
+    assert (td == before).all()
+
+
 def test_gae_precomputed_values_and_nested_keys():
     td = rollout()
     net = value_net()

@@ -195,8 +195,11 @@ class VeloraReplayBuffer(TensorDictReplayBuffer):
 
     # -- reading -------------------------------------------------------------------------
     def sample(self, batch_size: int | None = None, return_info: bool = False,
-               include_info: bool | None = None) -> Any:
+               include_info: bool | None = None, *, wait: bool = False, timeout: float | None = None,
+               cancel_event: Any = None) -> Any:
         """``batch_size`` transitions drawn uniformly with replacement (a TensorDict with ``index``).
+        ``wait``, ``timeout`` and ``cancel_event`` go to TorchRL's ``sample`` (releases after
+        0.14.1); velora's refusal below comes first.
 
         Raises:
             ValueError: fewer than ``batch_size`` transitions are stored (as velora).
@@ -207,7 +210,8 @@ class VeloraReplayBuffer(TensorDictReplayBuffer):
                 f"sample: only {len(self)} transitions stored, batch_size={wanted}; add more "
                 f"(or warm the buffer) before sampling."
             )
-        return super().sample(batch_size, return_info=return_info, include_info=include_info)
+        return super().sample(batch_size, return_info=return_info, include_info=include_info, wait=wait,
+                              timeout=timeout, cancel_event=cancel_event)
 
     # -- files ---------------------------------------------------------------------------
     def save(self, dirpath: str | Path, prefix: str = "buffer_") -> None:

@@ -146,7 +146,9 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
                     f"no room for {steps} step(s) in envs {ids.tolist()} after {timeout} s; "
                     "dequeue or clear data, or write without blocking."
                 )
-            with _compat.replay_lock(self):
+            # The readiness condition before the replay lock: the write below may be TorchRL's
+            # extend, which notifies it, and wait_until_sampleable takes the two in that order.
+            with _compat.readiness_condition(self), _compat.replay_lock(self):
                 # Another producer may have taken the room between the wait and the lock.
                 with _compat.write_lock(self):
                     room = writer.has_room(ids, steps)
@@ -168,18 +170,24 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
         # TorchRL's extend without the transform, transpose and consumption
         # branches that cannot apply here; same locks, same calls, same result.
         # The replay lock spans the write and its priorities (another thread must not write
-        # the same rows in between); update_priority takes the process lock itself.
-        with _compat.replay_lock(self):
-            with _compat.write_lock(self):
-                index = self.writer.write(data, env_ids)
-                self.sampler.extend(index)
-            # The rings store exactly the leaves they are written (the storage checks), so a
-            # priority entry can only be a stored leaf: a dict lookup spares TensorDict.get's
-            # costly miss on every step write.
-            if (update_priority is None or update_priority) and self.storage.stores_leaf(self.priority_key):
-                priority = data.get(self.priority_key, None)
-                if priority is not None:
-                    self.update_priority(index, priority)
+        # the same rows in between); update_priority takes the process lock itself. The
+        # readiness condition is taken first, in wait_until_sampleable's order.
+        try:
+            with _compat.readiness_condition(self), _compat.replay_lock(self):
+                with _compat.write_lock(self):
+                    index = self.writer.write(data, env_ids)
+                    self.sampler.extend(index)
+                # The rings store exactly the leaves they are written (the storage checks), so a
+                # priority entry can only be a stored leaf: a dict lookup spares TensorDict.get's
+                # costly miss on every step write.
+                if (update_priority is None or update_priority) and self.storage.stores_leaf(self.priority_key):
+                    priority = data.get(self.priority_key, None)
+                    if priority is not None:
+                        self.update_priority(index, priority)
+        finally:
+            # TorchRL's extend wakes the waiters (wait_until_sampleable, sample(wait=True))
+            # after each write; nothing else would, as it is skipped here.
+            _compat.notify_state_change(self)
         return index
 
     def sample(
@@ -187,13 +195,19 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
         batch_size: int | None = None,
         return_info: bool = False,
         include_info: bool | None = None,
+        *,
+        wait: bool = False,
+        timeout: float | None = None,
+        cancel_event: Any = None,
     ) -> Any:
         """Samples like ``TensorDictReplayBuffer.sample``: ``[B, batch_length]`` windows with
         ``index`` (per step ``(env, position)``) and the sampler's info, broadcast over time
-        (added after the transform, and left out with ``include_info=False``, as TorchRL does)."""
+        (added after the transform, and left out with ``include_info=False``, as TorchRL does).
+        ``wait``, ``timeout`` and ``cancel_event`` as in ``TensorDictReplayBuffer.sample``."""
+        waits = _compat.sample_wait_arguments(wait=wait, timeout=timeout, cancel_event=cancel_event)
         size = self._plain_batch_size(batch_size, include_info, lambda: not self.writer.tracks_generations)
-        if size is None:
-            return super().sample(batch_size, return_info=return_info, include_info=include_info)
+        if size is None or waits:  # TorchRL's sample waits, then calls _sample
+            return super().sample(batch_size, return_info=return_info, include_info=include_info, **waits)
         storage = self.storage
         with _compat.replay_lock(self), _compat.write_lock(self):
             index, info = self.sampler.sample(storage, size)
@@ -208,6 +222,8 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
                 data = storage.gather_chain(env, position, index[2], extra)
             else:
                 data = storage.gather(env, position, extra)
+        data = _compat.set_sample_names(self.sampler, data)
+        _compat.count_sample(self, index)  # as TorchRL's sample counts after _sample
         return (data, info) if return_info else data
 
     def _set_index_in_td(self, tensordict: TensorDictBase, index: torch.Tensor | None) -> None:

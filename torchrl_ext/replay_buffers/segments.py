@@ -119,12 +119,14 @@ class PathGAEReplayBuffer(TensorDictReplayBuffer):
                 f"step[{self.reward_key!r}] has shape {list(reward_shape)} but step[{self.value_key!r}] "
                 f"has shape {list(value_shape)}; store one reward per value, e.g. both [n, 1]."
             )
-        batch = batch.clone(False)
+        steps, size = batch.shape[0], self.storage.max_size
+        # A path longer than the ring keeps its newest steps, as storing them one by one does.
+        batch = batch[steps - size:] if steps > size else batch.clone(False)
         for key in _DERIVED:  # filled by finish_path
             batch.set(key, torch.zeros_like(batch.get(self.value_key)))
         index = self.extend(batch)
         self._finished[index] = False
-        self._path_length += batch.shape[0]
+        self._path_length += steps
 
     @torch.no_grad()  # targets, as OnPolicyReplayBuffer.compute_returns: no graph through V
     def finish_path(self, last_val: float | torch.Tensor = 0.0) -> None:

@@ -204,7 +204,9 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
         self._check_first_write(tensordicts)
         if self._lean_extend_applies(tensordicts):
             return self._lean_extend(tensordicts, update_priority)
-        with _compat.replay_lock(self), self._writer_restored_on_error():
+        # The readiness condition first: TorchRL's extend notifies it with the replay lock held
+        # here, and its wait_until_sampleable takes the two in that order.
+        with _compat.readiness_condition(self), _compat.replay_lock(self), self._writer_restored_on_error():
             return super().extend(tensordicts, update_priority=update_priority)
 
     def _check_first_write(self, data: Any) -> None:
@@ -268,7 +270,8 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
         """TorchRL's ``add``; a write the storage refuses leaves the writer's cursor unmoved,
         and a priority entry the sampler would refuse is refused before the item is stored."""
         self._check_priority_entry(data, None, single=True)
-        with _compat.replay_lock(self), self._writer_restored_on_error():
+        # The readiness condition before the replay lock, as in extend.
+        with _compat.readiness_condition(self), _compat.replay_lock(self), self._writer_restored_on_error():
             return super().add(data)
 
     @contextmanager
@@ -303,18 +306,26 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
         batch_size: int | None = None,
         return_info: bool = False,
         include_info: bool | None = None,
+        *,
+        wait: bool = False,
+        timeout: float | None = None,
+        cancel_event: Any = None,
     ) -> Any:
         """Samples ``batch_size`` items with ``index`` and ``priority_weight`` set.
 
         Same contract as ``TensorDictReplayBuffer.sample`` (a numpy or 0-d tensor integer
         ``batch_size`` is taken as its int); a negative or non-int ``batch_size`` is a
-        ``ValueError`` (TorchRL fails inside torch).
+        ``ValueError`` (TorchRL fails inside torch). ``wait``, ``timeout`` and ``cancel_event``
+        are TorchRL's (releases after 0.14.1); on a TorchRL without them, a value other than
+        the default is a ``TypeError``.
         """
+        waits = _compat.sample_wait_arguments(wait=wait, timeout=timeout, cancel_event=cancel_event)
         batch_size = as_index(batch_size)  # TorchRL's fallback below then gets the int too
         size = self._plain_batch_size(batch_size, include_info, self._lean_path)
-        if size is None:
-            return super().sample(batch_size, return_info=return_info, include_info=include_info)
+        if size is None or waits:  # TorchRL's sample waits, then calls the lean _sample
+            return super().sample(batch_size, return_info=return_info, include_info=include_info, **waits)
         data, info = self._lean_sample(size, with_info=True)  # _lean_path() held just above
+        _compat.count_sample(self, info["index"])  # as TorchRL's sample counts after _sample
         return (data, info) if return_info else data
 
     def _plain_batch_size(self, batch_size: Any, include_info: bool | None, lean: Callable[[], bool]) -> int | None:
@@ -353,7 +364,7 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
             # Samplers may hand back a 1-tuple of coordinates for a 1-D storage.
             rows = index[0] if isinstance(index, tuple) and len(index) == 1 else index
             data = _gather_sample(storage, index, rows, info if with_info else {})
-        data = _compat.collate(self, data)
+        data = _compat.set_sample_names(self.sampler, _compat.collate(self, data))
         if not with_info and self._has_transform():  # with_info: sample() found no transform
             with data.unlock_():
                 data = self.transform(data)

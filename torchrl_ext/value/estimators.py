@@ -139,6 +139,14 @@ class _SignalsMixin:
     def forward(self, tensordict: TensorDictBase, *, params: TensorDictBase | None = None,
                 target_params: TensorDictBase | None = None, time_dim: int | None = None) -> TensorDictBase:
         """Writes ``advantage`` and ``value_target`` into ``tensordict`` and returns it."""
+        padding_key = getattr(self.tensor_keys, "valid", None)
+        if padding_key is not None:  # TorchRL after 0.14.1: set_keys(valid=...)
+            # Ignoring it would silently give padded steps advantages and normalise over them.
+            raise ValueError(
+                f"{type(self).__name__} does not support right-padding masks (set_keys(valid="
+                f"{padding_key!r})); drop the padded steps first, or use TorchRL's estimator."
+            )
+        _compat.validate_recurrent_inputs(self, tensordict, time_dim)
         advantage, value_target, valid = self._advantage(tensordict, params, target_params, time_dim)
         if getattr(self, "average_gae", False):  # GAE's option
             advantage = self._normalize_advantage(advantage, valid, groups=_compat.group_ids(self, tensordict))
