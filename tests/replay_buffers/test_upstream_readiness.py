@@ -36,6 +36,23 @@ def _steps(num_envs: int = 2) -> TensorDict:
     return TensorDict({"obs": torch.ones(num_envs, 1)}, [num_envs])
 
 
+def _wait_in_a_thread(wait, write) -> dict:
+    """Starts ``wait()`` in a thread, calls ``write()`` while it waits; its result and seconds."""
+    out = {}
+
+    def consume() -> None:
+        start = time.monotonic()
+        out["result"] = wait()
+        out["after"] = time.monotonic() - start
+
+    consumer = threading.Thread(target=consume, daemon=True)
+    consumer.start()
+    time.sleep(0.2)
+    write()
+    consumer.join(10)
+    return out
+
+
 def _paused(method, entered: threading.Event, release: threading.Event):
     """``method`` that signals ``entered`` and waits for ``release`` first (the buffer's locks held)."""
 
@@ -113,20 +130,9 @@ def test_a_fast_write_wakes_a_waiting_consumer(name):
         write(rb)
         assert len(rb) >= 4
         return
-    woke = {}
-
-    def consume() -> None:
-        start = time.monotonic()
-        woke["ready"] = rb.wait_until_sampleable(min_items=4, timeout=4.0)
-        woke["after"] = time.monotonic() - start
-
-    consumer = threading.Thread(target=consume, daemon=True)
-    consumer.start()
-    time.sleep(0.2)
-    write(rb)
-    consumer.join(10)
+    woke = _wait_in_a_thread(lambda: rb.wait_until_sampleable(min_items=4, timeout=4.0), lambda: write(rb))
     # Without a notice the waiter only rechecks at its timeout (4 s).
-    assert woke["ready"] is True and woke["after"] < 2.0, woke
+    assert woke["result"] is True and woke["after"] < 2.0, woke
 
 
 # ---------------------------------------------------------------- 3. sample's waiting keywords
@@ -179,19 +185,8 @@ def test_sample_wait_blocks_until_a_write_and_honours_timeout_and_cancel(name):
     cancel.set()
     with pytest.raises(RuntimeError, match="cancelled"):
         rb.sample(wait=True, cancel_event=cancel)
-    got = {}
-
-    def consume() -> None:
-        start = time.monotonic()
-        got["batch"] = rb.sample(wait=True, timeout=4.0)
-        got["after"] = time.monotonic() - start
-
-    consumer = threading.Thread(target=consume, daemon=True)
-    consumer.start()
-    time.sleep(0.2)
-    _fill(rb)
-    consumer.join(10)
-    assert got["batch"].shape[0] == 4 and got["after"] < 2.0, got
+    got = _wait_in_a_thread(lambda: rb.sample(wait=True, timeout=4.0), lambda: _fill(rb))
+    assert got["result"].shape[0] == 4 and got["after"] < 2.0, got
 
 
 # ---------------------------------------------------------------- 4. sample counters
