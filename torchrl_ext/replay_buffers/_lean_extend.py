@@ -55,43 +55,40 @@ class LeanExtend:
         caller's batch is not modified (the ``"index"`` entry is stored with the rows), and a
         write the storage refuses moves the writer back (``FastTensorStorage.set``).
         """
+        writer, storage = self.writer, self.storage
+        n, capacity = data.shape[0], storage.max_size
         # The replay lock spans the write and its priorities (another thread must not write
         # the same rows in between); update_priority takes the process lock itself. The
-        # readiness condition is taken first, in wait_until_sampleable's order.
+        # readiness condition is taken first, in wait_until_sampleable's order. (Inline, as in
+        # EnvRingReplayBuffer._write: a shared generator context manager costs more per
+        # write than the write's own locking.)
         try:
             with _compat.readiness_condition(self), _compat.replay_lock(self):
-                index = self._lean_write(data, update_priority)
+                with _compat.write_lock(self):
+                    start = _compat.writer_cursor(writer)
+                    index = ring_index(start, n, capacity, data.device)
+                    _compat.set_writer_cursor(writer, (start + n) % capacity, written=n)
+                    # TorchRL writes "index" into a shallow copy of the batch; the storage takes it
+                    # apart and stores it with the rows, so that no copy is made.
+                    stored_keys = storage.set_ring_rows(start, index, data, extra={"index": index})
+                    _compat.mark_updated(writer, index)
+                    self.sampler.extend(index)
+                # A batch found to hold exactly the stored keys has no priority entry unless one is
+                # stored: that spares TensorDict.get's miss (several us on a 1,000-row write).
+                if (update_priority is None or update_priority) and (
+                    stored_keys is None or unravel_key(self.priority_key) in stored_keys
+                ):
+                    try:
+                        priority = data.get(self.priority_key, None)
+                        if priority is not None:
+                            self.update_priority(index, priority)
+                    except Exception as err:  # TorchRL's wording and type for this failure
+                        raise RuntimeError(
+                            "Failed to update priority of extended data. You can try to set "
+                            "update_priority=False in the extend method and update the priority manually."
+                        ) from err
         finally:
             # TorchRL's extend wakes the waiters (wait_until_sampleable, sample(wait=True))
             # after each write; nothing else would, as it is skipped here.
             _compat.notify_state_change(self)
-        return index
-
-    def _lean_write(self, data: TensorDictBase, update_priority: bool | None) -> torch.Tensor:
-        """The body of :meth:`_lean_extend`, run with the readiness condition and replay lock held."""
-        writer, storage = self.writer, self.storage
-        n, capacity = data.shape[0], storage.max_size
-        with _compat.write_lock(self):
-            start = _compat.writer_cursor(writer)
-            index = ring_index(start, n, capacity, data.device)
-            _compat.set_writer_cursor(writer, (start + n) % capacity, written=n)
-            # TorchRL writes "index" into a shallow copy of the batch; the storage takes it
-            # apart and stores it with the rows, so that no copy is made.
-            stored_keys = storage.set_ring_rows(start, index, data, extra={"index": index})
-            _compat.mark_updated(writer, index)
-            self.sampler.extend(index)
-        # A batch found to hold exactly the stored keys has no priority entry unless one is
-        # stored: that spares TensorDict.get's miss (several us on a 1,000-row write).
-        if (update_priority is None or update_priority) and (
-            stored_keys is None or unravel_key(self.priority_key) in stored_keys
-        ):
-            try:
-                priority = data.get(self.priority_key, None)
-                if priority is not None:
-                    self.update_priority(index, priority)
-            except Exception as err:  # TorchRL's wording and type for this failure
-                raise RuntimeError(
-                    "Failed to update priority of extended data. You can try to set "
-                    "update_priority=False in the extend method and update the priority manually."
-                ) from err
         return index
