@@ -21,7 +21,9 @@ from torchrl.data.replay_buffers.samplers import SliceSampler
 
 import torchrl_ext
 from torchrl_ext import _compat
-from torchrl_ext.replay_buffers import EnvRingReplayBuffer, PrioritizedReplayBuffer, TensorDictReplayBuffer
+from torchrl_ext.replay_buffers import (
+    EnvRingReplayBuffer, OnPolicyReplayBuffer, PrioritizedReplayBuffer, TensorDictReplayBuffer, VTraceReplayBuffer,
+)
 from torchrl_ext.storages import FastTensorStorage
 
 HAS_READINESS = hasattr(TorchRLTensorDictReplayBuffer, "wait_until_sampleable")
@@ -133,6 +135,40 @@ def test_a_fast_write_wakes_a_waiting_consumer(name):
     woke = _wait_in_a_thread(lambda: rb.wait_until_sampleable(min_items=4, timeout=4.0), lambda: write(rb))
     # Without a notice the waiter only rechecks at its timeout (4 s).
     assert woke["result"] is True and woke["after"] < 2.0, woke
+
+
+def _on_policy_step() -> TensorDict:
+    ones = torch.ones(2, 1)
+    return TensorDict({"observation": ones, "state_value": ones,
+                       "next": {"observation": ones, "reward": ones, "done": ones.bool(),
+                                "terminated": ones.bool()}}, [2])
+
+
+def _shipped_rollout() -> TensorDict:
+    worker = OnPolicyReplayBuffer(4)
+    for _ in range(3):
+        worker.insert(_on_policy_step())
+    return worker.get_all_buffer_data()
+
+
+# The on-policy buffers write their storage without TorchRL's extend.
+ON_POLICY_WRITES = {
+    "insert": lambda rb: [rb.insert(_on_policy_step()) for _ in range(2)],
+    "insert_data_slice": lambda rb: rb.insert_data_slice(_shipped_rollout()),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ON_POLICY_WRITES))
+@pytest.mark.parametrize("cls", [OnPolicyReplayBuffer, VTraceReplayBuffer])
+def test_an_on_policy_write_wakes_a_waiting_consumer(cls, name):
+    rb, write = cls(4), ON_POLICY_WRITES[name]
+    if not HAS_READINESS:
+        assert _compat.notify_state_change(rb) is None  # nothing to wake
+        write(rb)
+        assert len(rb) >= 4
+        return
+    woke = _wait_in_a_thread(lambda: rb.wait_until_sampleable(min_items=4, timeout=4.0), lambda: write(rb))
+    assert woke["result"] is True and woke["after"] < 2.0, woke  # not at the 4 s timeout
 
 
 # ---------------------------------------------------------------- 3. sample's waiting keywords

@@ -182,9 +182,19 @@ class OnPolicyReplayBuffer(TensorDictReplayBuffer):
         num_mini_batch = num_mini_batch if mini_batch_size is None else None  # mini_batch_size wins
         return cls(num_mini_batch, mini_batch_size=mini_batch_size, shuffle=shuffle)
 
+    def _write(self, write: Callable[..., None], *args: Any) -> None:
+        """Runs a storage write under the buffer's locks, as TorchRL's ``extend`` does, and
+        wakes the waiters (``wait_until_sampleable``, ``sample(wait=True)``) after it: TorchRL
+        only wakes them from its own ``extend``/``add``, which these writes bypass."""
+        try:
+            with _compat.replay_lock(self), _compat.write_lock(self):
+                write(*args)
+        finally:
+            _compat.notify_state_change(self)
+
     def insert(self, step: TensorDictBase) -> None:
         """Writes one collector step ``[N]`` (pytorchrl's ``insert_transition``)."""
-        self.storage.insert(step)
+        self._write(self.storage.insert, step)
 
     insert_transition = insert
 
@@ -193,7 +203,7 @@ class OnPolicyReplayBuffer(TensorDictReplayBuffer):
 
     def after_update(self) -> None:
         """Moves the slot after the last step to slot 0 and restarts (pytorchrl's ``after_gradients``)."""
-        self.storage.after_update()
+        self._write(self.storage.after_update)
 
     def get_all_buffer_data(self, to_cpu: bool = False) -> TensorDictBase:
         """The filled steps and the slot after them, ``[L + 1, N]`` (inserted entries only)."""
@@ -203,7 +213,7 @@ class OnPolicyReplayBuffer(TensorDictReplayBuffer):
 
     def insert_data_slice(self, data: TensorDictBase) -> None:
         """Takes over a rollout from :meth:`get_all_buffer_data` (e.g. of a remote worker)."""
-        self.storage.write_rollout(data)
+        self._write(self.storage.write_rollout, data)
 
     def update_storage_parameter(self, name: str, value: Any) -> None:
         """Changes ``gamma``, ``gae_lambda``, ... between rollouts; unknown names raise."""
