@@ -382,7 +382,7 @@ def test_priority_tree_numpy_writes_keep_the_last_of_repeats_without_per_leaf_sc
     capacity-sized ticket array: after them the tree holds no per-leaf scratch."""
     tree = PrioritySegmentTree(1000, fanout=4, top_size=8)
     tree[torch.tensor([3, 7, 3, 9, 7, 3])] = torch.tensor([1.0, 2.0, 0.0, 4.0, 5.0, 6.0])
-    assert tree._tickets is None
+    assert ("tickets", torch.int32) not in tree._scratch_buffers
     assert tree.leaves[[3, 7, 9]].tolist() == [6.0, 5.0, 4.0]
     assert float(tree.summary()) == 15.0 and tree.nnz == 3 and tree.min_nonzero() == 4.0
     tree[torch.tensor([9, 9])] = torch.tensor([0.5, 0.0])  # the last write (a zero) wins

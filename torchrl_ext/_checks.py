@@ -28,6 +28,7 @@ __all__ = [
     "SHAPE_ERR",
     "CheckedSetting",
     "check_batch_size",
+    "check_choice",
     "check_device",
     "as_index",
     "check_finite",
@@ -41,6 +42,7 @@ __all__ = [
     "check_reals",
     "check_same_shape",
     "check_signals",
+    "check_state_keys",
     "is_int_tensor",
     "makes_kept_tensors",
     "read_only",
@@ -90,6 +92,23 @@ def check_int(name: str, value: Any, *, minimum: int, maximum: int | None = None
     if value >= 2**62:  # sizes beyond what tensors index (torch would raise OverflowError)
         raise ValueError(f"{name} must be below 2**62, got {name}={value!r}{_end(hint)}")
     return value
+
+
+def check_choice(name: str, value: Any, allowed: tuple[str, ...], *, one_of: bool = False) -> Any:
+    """``value`` must be one of ``allowed``; ``ValueError`` listing them (``"'a' or 'b'"``, or
+    ``"one of ('a', 'b')"`` with ``one_of``) otherwise."""
+    if value not in allowed:
+        what = f"one of {allowed}" if one_of else " or ".join(map(repr, allowed))
+        raise ValueError(f"{name} must be {what}, got {name}={value!r}.")
+    return value
+
+
+def check_state_keys(state: Any, keys: tuple[str, ...], owner_hint: str = "") -> None:
+    """``ValueError`` naming the ``keys`` (in their order) that ``state``, a state_dict, lacks;
+    ``owner_hint`` ends the message (e.g. whose ``state_dict()`` to pass)."""
+    missing = [key for key in keys if key not in state]
+    if missing:
+        raise ValueError(f"state_dict lacks {missing}: it is damaged or of another sampler{_end(owner_hint)}")
 
 
 def check_device(name: str, value: Any) -> torch.device:

@@ -6,13 +6,7 @@ the leaves, and node ``j`` of level ``k`` reduces the ``fanout`` nodes
 until one has at most ``top_size`` nodes; that top level is searched with one
 float64 prefix sum and ``searchsorted`` instead of being walked.
 
-Why this shape: every torch call costs microseconds of dispatch on CPU, so
-the number of kernels per operation matters more than the arithmetic. A
-binary tree over 1,000,000 leaves takes 20 dependent steps per update and per
-search; with the defaults (``fanout=32``) the same tree is the leaves plus one
-level of 31,250 sums, and an update or a search is a handful of batched
-kernels over ``[B, fanout]`` rows. Memory is ``capacity * (1 + 1/fanout + ...)``
-values.
+Why this shape: see ``docs/architecture.md``, "Prioritized replay".
 
 Contract (ALF's ``alf.experience_replayers.segment_tree``, quirks fixed):
 
@@ -111,7 +105,6 @@ class SegmentTree:
             for k in range(top + 1)
         ]
         self._scratch_buffers: dict[tuple[str, torch.dtype], torch.Tensor] = {}
-        self._tickets: torch.Tensor | None = None  # scratch of _last_write: a position per leaf
 
     # ------------------------------------------------------------------
     capacity = read_only("_capacity", "Number of leaves.")
@@ -134,12 +127,11 @@ class SegmentTree:
         )
 
     def nbytes(self) -> int:
-        """Bytes held by the tree: levels, last-write tickets and scratch buffers."""
+        """Bytes held by the tree: levels and scratch buffers (last-write tickets included)."""
         return sum(t.numel() * t.element_size() for t in self._tensors())
 
     def _tensors(self) -> list[torch.Tensor]:
-        last_write = [] if self._tickets is None else [self._tickets]
-        return [*self._levels, *last_write, *self._scratch_buffers.values()]
+        return [*self._levels, *self._scratch_buffers.values()]
 
     # ------------------------------------------------------------------
     def __getitem__(self, indices: IndexLike) -> torch.Tensor:
@@ -186,12 +178,10 @@ class SegmentTree:
         makes repeats carry identical values, so write order no longer matters
         and nothing has to be sorted or compacted.
         """
-        if self._tickets is None:
-            with torch.inference_mode(False):  # see _scratch
-                self._tickets = torch.empty(self._capacity, dtype=torch.int32, device=self._device)
+        tickets = self._scratch("tickets", (self._capacity,), torch.int32)  # a position per leaf
         positions = torch.arange(index.numel(), dtype=torch.int32, device=self._device)
-        self._tickets.scatter_reduce_(0, index, positions, "amax", include_self=False)
-        return self._tickets.index_select(0, index)
+        tickets.scatter_reduce_(0, index, positions, "amax", include_self=False)
+        return tickets.index_select(0, index)
 
     def _refresh_level(self, k: int, rows: torch.Tensor, parents: torch.Tensor | None) -> None:
         """Recomputes level ``k`` from ``rows`` of children (all rows when
@@ -309,7 +299,7 @@ class SegmentTree:
                 setattr(self, name, value.to(self._device))
             elif isinstance(value, list) and value and isinstance(value[0], torch.Tensor):
                 setattr(self, name, [level.to(self._device) for level in value])
-        self._scratch_buffers, self._tickets = {}, None
+        self._scratch_buffers = {}
         return self
 
     # ------------------------------------------------------------------

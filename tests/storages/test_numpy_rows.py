@@ -33,7 +33,7 @@ def test_matching_arrays_pairs_every_column_with_the_new_rows(nested):
     data = batch(3, 10.0, nested=nested)
     pairs = matching_arrays(data, columns, rows=3)
     by_array = {id(stored): new for stored, new in pairs}
-    for key, (stored, _, _) in columns.by_key.items():
+    for key, (stored, _, _) in columns.items():
         assert (by_array[id(stored)] == data.get(key).numpy()).all()
 
 
@@ -72,7 +72,7 @@ def test_matching_arrays_reads_a_flat_batch_as_the_listed_leaves_would():
     columns = stored_columns(nested=False)
     data = batch(3, 4.0, nested=False)
     direct = matching_arrays(data, columns, rows=3)
-    listed = [(columns.by_key[key][0], leaf.numpy()) for key, leaf in leaf_items(data)]
+    listed = [(columns[key][0], leaf.numpy()) for key, leaf in leaf_items(data)]
     assert [(id(a), b.tolist()) for a, b in direct] == [(id(a), b.tolist()) for a, b in listed]
     # a nested env-id key: refused unless it is the skipped one
     with_ids = data.set(("meta", "env_id"), torch.arange(3))
@@ -98,7 +98,7 @@ def test_column_cache_rebuilds_when_a_leaf_is_replaced_or_moved():
     first = cache.get([("x", leaf)], batch_dims=1)
     assert cache.get([("x", leaf)], batch_dims=1) is first
     other = torch.zeros(4, 2)
-    assert cache.get([("x", other)], batch_dims=1).by_key["x"][0].ctypes.data == other.data_ptr()
+    assert cache.get([("x", other)], batch_dims=1)["x"][0].ctypes.data == other.data_ptr()
     assert pickle.loads(pickle.dumps(cache))._columns is None
     assert cache.get([("x", torch.zeros(4, 2, dtype=torch.bfloat16))], batch_dims=1) is None
 

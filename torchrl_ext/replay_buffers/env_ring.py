@@ -146,8 +146,7 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
                     f"no room for {steps} step(s) in envs {ids.tolist()} after {timeout} s; "
                     "dequeue or clear data, or write without blocking."
                 )
-            # The readiness condition before the replay lock: the write below may be TorchRL's
-            # extend, which notifies it, and wait_until_sampleable takes the two in that order.
+            # The readiness condition before the replay lock, as in TensorDictReplayBuffer.extend.
             with _compat.readiness_condition(self), _compat.replay_lock(self):
                 # Another producer may have taken the room between the wait and the lock.
                 with _compat.write_lock(self):
@@ -168,10 +167,8 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
                 data = data.copy().set(self.writer.env_id_key, ids)
             return super().extend(data, update_priority=update_priority)
         # TorchRL's extend without the transform, transpose and consumption
-        # branches that cannot apply here; same locks, same calls, same result.
-        # The replay lock spans the write and its priorities (another thread must not write
-        # the same rows in between); update_priority takes the process lock itself. The
-        # readiness condition is taken first, in wait_until_sampleable's order.
+        # branches that cannot apply here; same locks (as in LeanExtend._lean_extend), same
+        # calls, same result.
         try:
             with _compat.readiness_condition(self), _compat.replay_lock(self):
                 with _compat.write_lock(self):
@@ -185,8 +182,7 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
                     if priority is not None:
                         self.update_priority(index, priority)
         finally:
-            # TorchRL's extend wakes the waiters (wait_until_sampleable, sample(wait=True))
-            # after each write; nothing else would, as it is skipped here.
+            # Wakes the waiters, as in LeanExtend._lean_extend.
             _compat.notify_state_change(self)
         return index
 
@@ -250,15 +246,8 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
                     f"update_tensordict_priority needs {key!r} in data (a sample of this buffer "
                     f"with data[{self.priority_key!r}] set), got keys {sorted(map(str, data.keys()))}."
                 )
-        priority = data.get(self.priority_key)
-        if priority.ndim > data.ndim:
-            if priority.shape[data.ndim:].numel() == 0:  # max over nothing: no step gets a priority
-                raise ValueError(
-                    f"data[{self.priority_key!r}] of shape {list(priority.shape)} holds no value per "
-                    f"step (a dim after the batch dims {list(data.shape)} has size 0); set one per step."
-                )
-            priority = priority.reshape(*data.shape, -1).amax(-1)
-        self.update_priority(data.get("index"), priority)
+        # The sampler reduces a [B, T] priority over time and refuses an empty one.
+        self.update_priority(data.get("index"), data.get(self.priority_key))
 
     def update_window_priority(self, env_ids: Any, positions: Any, priorities: Any) -> None:
         """Sets the priority of the windows starting at ``positions`` of ``env_ids``.

@@ -1,19 +1,8 @@
 """On-policy buffers with returns, advantages and minibatch epochs (pytorchrl's storages).
 
-:class:`OnPolicyReplayBuffer` is a :class:`TensorDictReplayBuffer` over a
-:class:`~torchrl_ext.storages.RolloutStorage` and an epoch minibatch sampler.
-:meth:`~OnPolicyReplayBuffer.compute_returns` reads keys, calls the functional
-core and writes the results back as derived rollout entries, so every
-minibatch carries them:
-
-* GAE (``gae_lambda``) or discounted returns (``gae_lambda=None``, i.e. lambda 1),
-  terminations masking the bootstrap and any episode end cutting the trace;
-* an optional intrinsic stream: own ``gamma_intrinsic``, no episode ends,
-  rewards scaled by the running std of a discounted intrinsic sum;
-* advantage normalisation over the filled steps (unbiased std + eps).
-
-:class:`VTraceReplayBuffer` swaps the estimator for V-trace with clip
-thresholds and a hook recomputing log-probs and values with the current actor.
+:meth:`OnPolicyReplayBuffer.compute_returns` (GAE or discounted returns, an optional
+intrinsic stream, advantage normalisation; V-trace in :class:`VTraceReplayBuffer`) writes
+its results back as derived rollout entries, so every minibatch carries them.
 """
 from __future__ import annotations
 
@@ -24,7 +13,7 @@ import torch
 from tensordict import TensorDictBase
 
 from torchrl_ext import _compat
-from torchrl_ext._checks import CheckedSetting, check_bool, check_finite, check_int, check_real, read_only
+from torchrl_ext._checks import CheckedSetting, check_bool, check_choice, check_finite, check_int, check_real, read_only
 from torchrl_ext._keys import has_leaf, nested_key, next_key
 from torchrl_ext.replay_buffers.tensordict import TensorDictReplayBuffer
 from torchrl_ext.samplers.minibatch import (
@@ -143,10 +132,7 @@ class OnPolicyReplayBuffer(TensorDictReplayBuffer):
         # Each setting checks its value (subclasses set their extra parameters first).
         self.gamma, self.gae_lambda, self.gamma_intrinsic = gamma, gae_lambda, gamma_intrinsic
         self.normalize_advantage, self.advantage_eps = normalize_advantage, advantage_eps
-        if intrinsic_filter not in ("forward", "backward"):
-            raise ValueError(
-                f"intrinsic_filter must be 'forward' or 'backward', got intrinsic_filter={intrinsic_filter!r}."
-            )
+        check_choice("intrinsic_filter", intrinsic_filter, ("forward", "backward"))
         self.intrinsic_normalizer = IntrinsicRewardNormalizer(
             self.gamma_intrinsic, mode=intrinsic_filter, device=device
         )

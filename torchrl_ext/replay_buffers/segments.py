@@ -1,12 +1,6 @@
 """A ring of steps whose advantages are computed one finished path at a time (l2r's PPOBuffer).
 
-:class:`PathGAEReplayBuffer` stores single steps in a ring. When a path (an
-episode, or the part of it cut off by an epoch end) is over,
-:meth:`~PathGAEReplayBuffer.finish_path` computes GAE-lambda advantages and
-bootstrapped rewards-to-go over the steps stored since the previous call,
-following the ring across its end. :meth:`~PathGAEReplayBuffer.sample_batch`
-draws distinct finished steps with advantages normalised over every finished
-step.
+A path is an episode, or the part of it an epoch end cut off; it may wrap across the ring's end.
 """
 from __future__ import annotations
 

@@ -1,19 +1,8 @@
 """Replay buffers: TorchRL's ``TensorDictReplayBuffer`` with lean hot paths.
 
 :class:`TensorDictReplayBuffer` and :class:`PrioritizedReplayBuffer` keep
-TorchRL's public API, samplers, writers, locks and checkpointing; they only
-take shorter roads on the calls a training loop makes thousands of times:
-
-* ``sample`` gathers each stored tensor with ``index_select`` instead of
-  TensorDict advanced indexing (faster on CPU for vector data) and
-  builds the result, sampler info included, in one TensorDict;
-* ``update_tensordict_priority`` (prioritized) hands the batch's ``index``
-  and priority straight to the sampler, which reduces multi-element
-  priorities itself.
-
-Anything the lean paths do not cover (multi-dimensional storages, sample
-units, generation tracking, non-tensor storages) falls back to TorchRL's own
-code, so behaviour never differs, only speed.
+TorchRL's public API, samplers, writers, locks and checkpointing; where their lean
+paths apply (the class docstrings, ``docs/architecture.md`` "Fast paths"), only faster.
 """
 from __future__ import annotations
 

@@ -3,17 +3,13 @@
 A chain from start ``p`` reads ``n_step`` steps forward, so a write at ``p``
 can change only the chains from ``p - n_step + 1 .. p`` (it may extend them or
 cut them at a new ``done``). The table holds, per flat storage row, where the
-chain from that row stops (``m``, int8) and its discounted reward sum (summed
-in float64, kept in the n-step reward's dtype: a float reward's own, torch's
-default float dtype for an integer or bool reward), so a sample looks each draw up once
-instead of reading ``n_step`` rewards and done flags per draw.
+chain from that row stops (``m``, int8) and its discounted reward sum (in the n-step
+reward's dtype), so a sample looks each draw up once instead of reading ``n_step``
+rewards and done flags per draw.
 
-The table trusts only what it saw: it records the storage's
-``_mutation_revision`` when it last caught up. A write reported to the sampler
-(``extend`` / ``add`` / ``mark_update``) one revision later is applied in
-place; any other change (a direct ``storage.set``, ``load_state_dict``, a
-reset, a new ``gamma`` or ``n_step``) leaves the table stale, and the sampler
-decides when to rebuild it (``NStepSampler._table``).
+A write reported one storage revision after the last catch-up is applied in place
+(:meth:`ChainTable.written`); any other change leaves the table stale until
+``NStepSampler._table`` rebuilds it.
 """
 from __future__ import annotations
 

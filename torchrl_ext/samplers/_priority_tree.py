@@ -107,25 +107,14 @@ class PrioritySegmentTree(SumSegmentTree):
     def draw_by_rejection(
         self, n: int, generator: torch.Generator | None = None
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """``n`` leaves drawn with probability ``value / total``, or ``None``.
-
-        Rejection sampling on the level above the leaves: a node proposed uniformly
-        is accepted with probability ``node sum / largest node sum``, and a leaf of
-        an accepted node is then drawn in proportion to its value. A leaf's chance
-        is its value over the total (to the rounding of the stored sums, as for a
-        walk), and the first ``n`` accepted proposals are ``n`` independent draws.
-        It costs a few numpy calls where a walk costs a cumsum of the top level and
-        a dozen small kernels per level below. Sums of ``fanout`` leaves vary far
-        less than the leaves do, so most proposals are accepted even for skewed
-        priorities.
+        """``n`` leaves drawn with probability ``value / total``, or ``None``, by rejection
+        sampling on the level above the leaves (docs/architecture.md, "Prioritized replay").
 
         Returns ``None`` (walk instead) off the CPU, for dtypes numpy has no twin
         of, when too few proposals would be accepted for rejection to beat a walk
         (a mostly empty buffer, say; see ``_min_acceptance``), or when a batch of
-        proposals falls short of ``n`` or lands on a zero leaf by rounding.
-        Throwing such a batch away keeps the draws exact: which proposals are
-        accepted decides only whether the batch is used, and given that, the
-        accepted ones are still independent draws.
+        proposals falls short of ``n`` or lands on a zero leaf by rounding
+        (throwing such a batch away keeps the draws exact).
 
         Returns:
             int64 leaf indices ``[n]`` and their values ``[n]``.
@@ -233,7 +222,7 @@ class PrioritySegmentTree(SumSegmentTree):
         """
         tensors = [*self._levels, *self._min_levels, *(self._max_levels or ())]
         columns = self._numpy_cache.get(list(enumerate(tensors)), batch_dims=1)
-        return None if columns is None else [array for array, _, _ in columns.by_key.values()]
+        return None if columns is None else [array for array, _, _ in columns.values()]
 
     def _write_arrays(self, views: list[np.ndarray], index: np.ndarray, value: np.ndarray) -> None:
         """:meth:`_write` of validated, non-empty ``index`` / ``value`` on the :meth:`_numpy_levels` views."""

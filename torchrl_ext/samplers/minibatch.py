@@ -26,7 +26,9 @@ import torch
 from torchrl.data.replay_buffers.samplers import Sampler
 
 from torchrl_ext import _compat
-from torchrl_ext._checks import CheckedSetting, check_bool, check_indices, check_int, makes_kept_tensors
+from torchrl_ext._checks import (
+    CheckedSetting, check_bool, check_indices, check_int, check_state_keys, makes_kept_tensors,
+)
 from torchrl_ext.io.state_files import StateFiles
 
 __all__ = [
@@ -208,12 +210,8 @@ class _EpochMinibatchSampler(StateFiles, Sampler):
 
     @makes_kept_tensors
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        missing = sorted({"next", "ran_out", "units", "splits"} - set(state_dict))
-        if missing:
-            raise ValueError(
-                f"state_dict lacks {missing}: it is damaged or of another sampler; pass a "
-                f"{type(self).__name__}'s own state_dict()."
-            )
+        check_state_keys(state_dict, ("next", "ran_out", "splits", "units"),
+                         f"pass a {type(self).__name__}'s own state_dict()")
         splits = state_dict["splits"]
         self._splits = [s.clone() for s in splits] if splits else None
         self._next, self._ran_out = int(state_dict["next"]), bool(state_dict["ran_out"])

@@ -5,8 +5,7 @@ forward up to ``n_step`` steps and stops at the first ``done`` step or at the
 env's newest step (whose episode is not known to be over yet). With ``m`` the
 index where it stops:
 
-* ``("next", reward) = sum_{k <= m} gamma**k r_{p+k}`` (accumulated in float64, returned
-  in the reward's dtype; integer or bool rewards give torch's default float dtype),
+* ``("next", reward) = sum_{k <= m} gamma**k r_{p+k}`` (its dtype: :class:`NStepSampler`'s Info),
 * every other ``("next", ...)`` entry (observation, ``done``, ``terminated``,
   ``truncated``, ``available_actions``) comes from step ``p + m``, root entries
   (observation, action, ``valid_transitions``, ``available_actions``) from ``p``,
@@ -29,13 +28,8 @@ bootstraps past termination; here the flags and the observation always come
 from the same step. The buffer keeps the one-step data: ``gamma`` and
 ``n_step`` can change without rewriting it.
 
-Single-agent and EP chains are tabulated per stored start
-(:class:`~torchrl_ext.samplers._chain_table.ChainTable`, 1 + reward bytes per
-stored step) and kept in step with the writes the buffer reports, so a sample
-costs ``O(batch)``: one lookup per draw instead of ``n_step`` reads (HARL draws
-a permutation of the whole buffer per call); :meth:`NStepSampler._table` says
-when a stale table is rebuilt. FP chains (``agent_group``) and storages in
-shared memory are walked at sample time, ``O(batch * n_step)``.
+Chains are looked up in a :mod:`~torchrl_ext.samplers._chain_table` (``O(batch)`` per sample) or
+walked (FP, shared memory: ``O(batch * n_step)``); see :meth:`NStepSampler._table`.
 """
 from __future__ import annotations
 
@@ -50,11 +44,6 @@ from torchrl_ext.samplers._streams import streams_of
 from torchrl_ext.samplers.trajectory import StatelessSampler
 
 __all__ = ["NStepSampler"]
-
-
-def _check_key(name: str, key: Any) -> Any:
-    """``key`` as a TensorDict key (a list becomes a tuple); ``TypeError`` naming ``name`` otherwise."""
-    return nested_key(key, name)
 
 
 def _check_group(name: str, group: Any) -> str | None:
@@ -132,8 +121,12 @@ class NStepSampler(StatelessSampler):
     gamma = CheckedSetting(
         check_real, "Discount in ``[0, 1]``; settable (takes effect at the next sample).", low=0.0, high=1.0
     )
-    reward_key = CheckedSetting(_check_key, "Key of the env-level rewards summed along a chain; settable.")
-    done_key = CheckedSetting(_check_key, "Key of the env-level done flags that stop a chain; settable.")
+    reward_key = CheckedSetting(
+        lambda name, key: nested_key(key, name), "Key of the env-level rewards summed along a chain; settable."
+    )
+    done_key = CheckedSetting(
+        lambda name, key: nested_key(key, name), "Key of the env-level done flags that stop a chain; settable."
+    )
     agent_group = CheckedSetting(
         _check_group, "Key of the agents' group whose agents get their own chains (FP), or ``None``; settable.",
     )

@@ -22,8 +22,8 @@ from torchrl.data.replay_buffers.storages import Storage
 
 from torchrl_ext import _compat
 from torchrl_ext._checks import (
-    CheckedSetting, bounds, check_batch_size, check_bool, check_device, check_int, check_priorities,
-    check_real, makes_kept_tensors, read_only,
+    CheckedSetting, bounds, check_batch_size, check_bool, check_choice, check_device, check_int, check_priorities,
+    check_real, check_state_keys, makes_kept_tensors, read_only,
 )
 from torchrl_ext.io.state_files import StateFiles, load_json
 from torchrl_ext.samplers._priority_tree import PrioritySegmentTree, reduce_per_item
@@ -144,9 +144,8 @@ class PrioritizedSampler(StateFiles, _TorchRLPrioritizedSampler):
     ) -> None:
         # TorchRL's __init__ is not called: it would build its C++ trees.
         check_int("max_capacity", max_capacity, minimum=1)
-        for name, value, allowed in (("reduction", reduction, REDUCTIONS), ("weights", weights, WEIGHT_CONVENTIONS)):
-            if value not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {name}={value!r}.")
+        check_choice("reduction", reduction, REDUCTIONS, one_of=True)
+        check_choice("weights", weights, WEIGHT_CONVENTIONS, one_of=True)
         self._priority_offset = check_real("eps", eps, low=0.0)
         self._initial_priority = check_real("initial_priority", initial_priority, low=0.0)
         if dtype in ("float32", "float64"):  # configs name dtypes as strings
@@ -494,10 +493,8 @@ class PrioritizedSampler(StateFiles, _TorchRLPrioritizedSampler):
                 "state_dict was not produced by a PrioritizedSampler (torchrl_ext's or TorchRL's); "
                 "pass the sampler's own state_dict()."
             )
-        missing = sorted({"_alpha", "_beta", "_eps", "_max_seen", "_initial_priority", "_weights",
-                          "_max_priority_within_buffer"} - state_dict.keys())
-        if missing:
-            raise ValueError(f"state_dict lacks {missing}: it is damaged or of another sampler.")
+        check_state_keys(state_dict, ("_alpha", "_beta", "_eps", "_initial_priority", "_max_priority_within_buffer",
+                                      "_max_seen", "_weights"))
         self._check_geometry(tree.get("capacity"))
         saved = (state_dict["_weights"], state_dict["_max_priority_within_buffer"])
         if saved != (self._weights, self._max_in_buffer):

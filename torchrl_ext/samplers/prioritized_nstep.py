@@ -13,7 +13,7 @@ import torch
 from torchrl.data.replay_buffers.storages import Storage, TensorStorage
 
 from torchrl_ext import _compat
-from torchrl_ext._checks import check_batch_size, makes_kept_tensors, read_only
+from torchrl_ext._checks import check_batch_size, check_state_keys, makes_kept_tensors, read_only
 from torchrl_ext.samplers._streams import storage_layout, streams_of
 from torchrl_ext.samplers.nstep import NStepSampler
 from torchrl_ext.samplers.prioritized import PrioritizedSampler
@@ -121,11 +121,8 @@ class PrioritizedNStepSampler(PrioritizedSampler):
 
     def __repr__(self) -> str:
         group = "" if self.agent_group is None else f", agent_group={self.agent_group!r}"
-        return (
-            f"{type(self).__name__}(max_capacity={self._capacity}, alpha={self._priority_exponent}, "
-            f"beta={self._weight_exponent}, eps={self._priority_offset}, n_step={self.n_step}, gamma={self.gamma}"
-            f"{group}, weights={self._weights!r}, device={self.device})"
-        )
+        head, tail = super().__repr__().split(", weights=", 1)  # the chain settings go before weights
+        return f"{head}, n_step={self.n_step}, gamma={self.gamma}{group}, weights={tail}"
 
     # The chain settings live in the NStepSampler this sampler delegates to.
     n_step = _chain_setting("n_step", "Maximum steps per transition; settable (from the next sample on).")
@@ -215,12 +212,7 @@ class PrioritizedNStepSampler(PrioritizedSampler):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         chains = None
         if "n_step" in state_dict or "gamma" in state_dict:  # a plain PrioritizedSampler's has neither
-            missing = sorted({"n_step", "gamma"} - state_dict.keys())
-            if missing:
-                raise ValueError(
-                    f"state_dict lacks {missing}: it is damaged or of another sampler; pass a "
-                    f"{type(self).__name__}'s own state_dict()."
-                )
+            check_state_keys(state_dict, ("gamma", "n_step"), f"pass a {type(self).__name__}'s own state_dict()")
             # Built (so checked) before the trees change.
             chains = self._chains_with(n_step=state_dict["n_step"], gamma=state_dict["gamma"])
         super().load_state_dict(state_dict)

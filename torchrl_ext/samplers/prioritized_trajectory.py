@@ -1,12 +1,8 @@
 """Prioritized windows from per-environment rings (ALF's prioritized ``get_batch``).
 
-One priority per window start, in a pure-torch sum tree over the ``E * L``
-slots (leaf ``env * max_length + slot``). Only *valid* starts (whole window
-stored, outside the ignored earliest steps) have a non-zero leaf, so every
-draw is a complete window. The sampler keeps the leaves in step with the
-storage lazily: before each sample or priority update it compares the
-storage's cursors with the ones it last saw and touches only the slots that
-changed (written, dequeued, or newly complete windows).
+One priority per window start (leaf ``env * max_length + slot`` of a sum tree); only
+*valid* starts (whole window stored, outside the ignored earliest steps) have a non-zero
+leaf. The leaves follow the storage lazily, before each sample or update (``_sync``).
 
 Differences from ALF, all deliberate:
 
@@ -30,7 +26,9 @@ import numpy as np
 import torch
 
 from torchrl_ext import _compat
-from torchrl_ext._checks import CheckedSetting, check_indices, check_priorities, check_real, makes_kept_tensors
+from torchrl_ext._checks import (
+    CheckedSetting, check_choice, check_indices, check_priorities, check_real, check_state_keys, makes_kept_tensors,
+)
 from torchrl_ext.io.state_files import StateFiles
 from torchrl_ext.samplers._priority_tree import PrioritySegmentTree
 from torchrl_ext.samplers.prioritized import priority_tensor
@@ -42,12 +40,6 @@ __all__ = ["PrioritizedTrajectorySampler"]
 
 _DTYPE = torch.float32  # of the priority tree
 _UNSET = -1.0  # stored priority of a slot whose current step was never prioritized
-
-
-def _check_weights(name: str, value: Any) -> str:
-    if value not in ("alf", "per"):
-        raise ValueError(f"{name} must be 'alf' or 'per', got {name}={value!r}.")
-    return value
 
 
 class PrioritizedTrajectorySampler(StateFiles, TrajectorySampler):
@@ -127,7 +119,9 @@ class PrioritizedTrajectorySampler(StateFiles, TrajectorySampler):
     beta = CheckedSetting(
         check_real, 'Importance-weight exponent in ``[0, 1]`` for ``weights="per"``.', low=0.0, high=1.0
     )
-    weights = CheckedSetting(_check_weights, 'Importance-weight convention, ``"alf"`` or ``"per"``.')
+    weights = CheckedSetting(
+        check_choice, 'Importance-weight convention, ``"alf"`` or ``"per"``.', allowed=("alf", "per")
+    )
 
     def _transformed(self, priorities: torch.Tensor, what: str, **changes: float) -> torch.Tensor:
         """``(priorities + eps) ** alpha`` (float64 ``priorities``, with ``changes`` to the
@@ -375,10 +369,8 @@ class PrioritizedTrajectorySampler(StateFiles, TrajectorySampler):
         that is damaged, of another sampler, or of rings of another number of envs or length."""
         state = state_dict if isinstance(state_dict, dict) else {}
         keys = ("initialized", "tree", "stored", "seen", "seen_geometry")
-        missing = [key for key in (keys[:1] if state.get("initialized") is False else keys) if key not in state]
-        if missing:
-            raise ValueError(f"state_dict lacks {missing}: it is damaged or of another sampler; pass "
-                             f"a {type(self).__name__}'s state_dict().")
+        check_state_keys(state, keys[:1] if state.get("initialized") is False else keys,
+                         f"pass a {type(self).__name__}'s state_dict()")
         if not state["initialized"]:
             self._empty()
             return

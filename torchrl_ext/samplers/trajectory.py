@@ -189,11 +189,9 @@ class TrajectorySampler(StatelessSampler):
         With replacement: ``floor(r * starts)``. Without, when ``starts >= m``: env
         ``e``'s ``j``-th of ``m`` windows lies in the integer stratum ``[j * starts
         // m, (j + 1) * starts // m)``, rotated by ``floor(u * starts)`` (mod
-        ``starts``) with one ``u`` per env, so its starts are distinct (ALF cuts
-        ``[0, 1)`` into real strata, and neighbouring strata can then share a
-        start) and each is drawn with probability ``m / starts`` (unrotated,
-        the starts of the narrower strata would be likelier). With fewer starts
-        than windows the strata are real-valued as in ALF.
+        ``starts``) with one ``u`` per env, so its starts are distinct (ALF's real
+        strata can share a start) and each is drawn with probability ``m / starts``.
+        With fewer starts than windows the strata are real-valued as in ALF.
         """
         k = eligible.size
         rounds, extra = divmod(n, k)
@@ -216,8 +214,7 @@ class TrajectorySampler(StatelessSampler):
         else:
             low = stratum * starts // windows
             width = (stratum + 1) * starts // windows - low
-            # Strata of unequal width favour the starts in the narrow ones; a rotation shared
-            # by the env's windows evens that out and, being a bijection, keeps them distinct.
+            # The rotation of the docstring: a bijection, even over strata of unequal width.
             spread = (low + (r * width).astype(np.int64) + (turn[slot] * starts).astype(np.int64)) % starts
             shared = np.minimum(((r + stratum) * starts / windows).astype(np.int64), starts - 1)
             offset = np.where(starts >= windows, spread, shared)

@@ -71,12 +71,6 @@ def _check_common_keys(expected: dict, got: dict) -> None:
             )
 
 
-def _raise_layout_mismatch(expected: dict, got: dict) -> None:
-    """Raises :class:`StorageLayoutError` for any difference between two layouts."""
-    _check_common_keys(expected, got)
-    _raise_key_mismatch(expected, got)
-
-
 def _raise_key_mismatch(expected: dict, got: dict, hint: str = "") -> None:
     missing = sorted(map(str, expected.keys() - got.keys()))
     extra = sorted(map(str, got.keys() - expected.keys()))

@@ -10,7 +10,6 @@ errors a bad batch deserves.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from itertools import chain
 from typing import Any
 
@@ -38,26 +37,21 @@ def numpy_view(values: torch.Tensor) -> np.ndarray | None:
 
 #: A stored column: (the stored leaf as a numpy array, the item shape, the numpy dtype).
 Column = tuple[np.ndarray, tuple[int, ...], np.dtype]
-
-
-@dataclass(slots=True, eq=False)  # compared and hashed by identity: a dict field does not hash
-class Columns:
-    """Stored columns by key: ``(stored leaf as a numpy array, item shape, numpy dtype)``."""
-
-    by_key: dict[Any, Column]
+#: Stored columns by key.
+Columns = dict[Any, Column]
 
 
 def numpy_columns(leaves: Any, batch_dims: int) -> Columns | None:
     """Columns of the stored ``(key, tensor)`` leaves whose first ``batch_dims`` dims index
     items, or ``None`` if numpy cannot view one of them."""
-    by_key = {}
+    columns = {}
     for key, leaf in leaves:
         # A leaf with autograd history is refused too: a read must keep the graph, as torch's gathers do.
         array = numpy_view(leaf) if isinstance(leaf, torch.Tensor) else None
         if array is None:
             return None
-        by_key[key] = (array, array.shape[batch_dims:], array.dtype)
-    return Columns(by_key)
+        columns[key] = (array, array.shape[batch_dims:], array.dtype)
+    return columns
 
 
 class ColumnCache:
@@ -71,7 +65,7 @@ class ColumnCache:
         >>> cache.get([("x", leaf)], batch_dims=1) is cache.get([("x", leaf)], batch_dims=1)
         True
         >>> _ = leaf.share_memory_()  # new memory under the same tensor
-        >>> cache.get([("x", leaf)], batch_dims=1).by_key["x"][0].ctypes.data == leaf.data_ptr()
+        >>> cache.get([("x", leaf)], batch_dims=1)["x"][0].ctypes.data == leaf.data_ptr()
         True
     """
 
@@ -142,7 +136,7 @@ def matching_arrays(
         for key, value in chain(items, extra.items()) if extra else items:
             if key == skip_key:
                 continue
-            column = columns.by_key.get(key)
+            column = columns.get(key)
             if column is None or not isinstance(value, torch.Tensor):
                 return None  # a key that is not stored, or a non-tensor leaf
             # numpy() refuses tensors off the CPU, with autograd history, or with lazy
@@ -153,4 +147,4 @@ def matching_arrays(
             pairs.append((column[0], array))
     except (RuntimeError, TypeError):
         return None
-    return pairs if len(pairs) == len(columns.by_key) else None
+    return pairs if len(pairs) == len(columns) else None

@@ -1,10 +1,4 @@
-"""What an :class:`~torchrl_ext.storages.EnvRingStorage` holds: the rings and their counters.
-
-One object owns the ``[E, L]`` leaves, their flat ``[E * L]`` row views, the per-env
-counters (numpy arrays with torch views on the same memory), and the caches derived from
-them. The storage composes it with the read functions (:mod:`._ring_reads`), which take a
-:class:`RingData` and nothing else.
-"""
+"""What an :class:`~torchrl_ext.storages.EnvRingStorage` holds and reads: :class:`RingData`."""
 from __future__ import annotations
 
 from typing import Any, NamedTuple
@@ -15,8 +9,8 @@ from tensordict import TensorDict, TensorDictBase
 
 from torchrl_ext._checks import makes_kept_tensors
 from torchrl_ext.storages._numpy_rows import Columns, leaf_items, numpy_columns
-from torchrl_ext.storages._gathers import NO_ITEM_SHAPES, ItemShapes, item_batch_shapes
-from torchrl_ext.storages._layouts import _layout, _raise_layout_mismatch, _refuse_non_tensors
+from torchrl_ext.storages._gathers import NO_ITEM_SHAPES, ItemShapes, assemble, item_batch_shapes, select_rows, take
+from torchrl_ext.storages._layouts import _check_common_keys, _layout, _raise_key_mismatch, _refuse_non_tensors
 
 __all__ = ["Leaves", "RingData"]
 
@@ -31,7 +25,8 @@ class Leaves(NamedTuple):
 
 
 class RingData:
-    """Leaves ``[E, L, ...]`` (``None`` before the first write) and counters ``[E]`` of the rings.
+    """Leaves ``[E, L, ...]`` (``None`` before the first write) and counters ``[E]`` of the
+    rings, with the caches derived from them and the reads by ``(env, position)``.
 
     ``time_major`` keeps slot ``s`` of every env as one contiguous block (the leaves are
     transposed views of ``[L, E, ...]`` memory); otherwise each env's ring is contiguous.
@@ -123,8 +118,9 @@ class RingData:
         if layout is None:  # a leaf that is not a tensor: named in the error
             _refuse_non_tensors(data, owner)
         fresh = self.allocated(data, env.ndim) if self.data is None else None
-        if fresh is None and layout != self.layout:
-            _raise_layout_mismatch(self.layout, layout)
+        if fresh is None and layout != self.layout:  # StorageLayoutError: a shape or dtype, else the keys
+            _check_common_keys(self.layout, layout)
+            _raise_key_mismatch(self.layout, layout)
         flat = self.flat_index(env, position).reshape(-1)
         _copy_rows(self.flat if fresh is None else fresh.flat, flat, data)
         if fresh is not None:  # the first write: the leaves exist once its rows are in them
@@ -156,6 +152,53 @@ class RingData:
                 [(key, leaf.transpose(0, 1)) for key, leaf in leaf_items(self.data)], batch_dims=2
             )
         return self.step_columns_cache
+
+    # ------------------------------------------------------------------
+    # Reads
+    def gather(
+        self, env: torch.Tensor, position: torch.Tensor, extra: dict[Any, torch.Tensor] | None,
+        skip: Any, pinned: bool, next_position: torch.Tensor | None = None,
+    ) -> TensorDictBase:
+        """The stored steps at ``(env, position)`` (both of shape ``S``) as a TensorDict of batch
+        size ``S``, plus ``extra`` entries (which replace stored ones), without the leaves in
+        ``skip``. With ``next_position``, the ``"next"`` entries are read at ``(env,
+        next_position)``: the transition from ``position`` to the step after ``next_position``."""
+        root = self.flat_index(env, position)
+        shape = root.shape
+        root = root.reshape(-1)
+        after = root if next_position is None else self.flat_index(env, next_position).reshape(-1)
+        columns = self.read_columns() if root.is_cpu else None
+        if columns is None:
+            sources, pick = self.flat, select_rows
+        else:  # numpy's take costs less than index_select on a sample's few hundred rows
+            sources = [(key, array) for key, (array, _, _) in columns.items()]
+            root, after, pick = root.numpy(), after.numpy(), take
+        entries = {}
+        for key, source in sources:
+            if key in skip or (extra and key in extra):
+                continue
+            value = pick(source, after if isinstance(key, tuple) and key[0] == "next" else root, pinned=pinned)
+            entries[key] = value if len(shape) == 1 else value.reshape(*shape, *source.shape[1:])
+        return assemble(entries, shape, self.device, extra, self.item_shapes)
+
+    def empty_result(self, shape: tuple[int, ...]) -> TensorDictBase:
+        """A TensorDict of batch size ``shape`` with the stored leaves' per-step shapes, unfilled."""
+        entries = {key: torch.empty(*shape, *leaf.shape[1:], dtype=leaf.dtype, device=self.device)
+                   for key, leaf in self.flat}
+        return assemble(entries, torch.Size(shape), self.device, None, self.item_shapes)
+
+    def draw_uniform(
+        self, batch_size: int, lookback: int, generator: torch.Generator | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``batch_size`` uniform draws over the stored steps, except each env's ``lookback``
+        oldest, as ``(env, position)``."""
+        total, ends, base = self.draw_tables(lookback)
+        if total == 0:
+            raise RuntimeError("Cannot sample from an empty storage.")
+        flat = torch.randint(total, (batch_size,), generator=generator).numpy()
+        env = np.searchsorted(ends, flat, side="right")
+        flat += base[env]
+        return torch.from_numpy(env), torch.from_numpy(flat)
 
     # ------------------------------------------------------------------
     # Counters

@@ -241,9 +241,7 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
         newest_at = (position if env.ndim == 1 else position[:, -1]).cpu().numpy() + 1
         newest = next_obs if env.ndim == 1 else next_obs[:, -1]
         if self._pending_stack is None or self._pending_loads != self._rings.loads:
-            with torch.inference_mode(False):  # updated in place later, maybe outside inference_mode
-                self._pending_stack = torch.zeros(self.num_envs, *newest.shape[1:], dtype=newest.dtype,
-                                                  device=self.device)
+            self._pending_stack = _kept_zeros(self.num_envs, *newest.shape[1:], dtype=newest.dtype, device=self.device)
             self._pending_at[:] = -1
             self._pending_loads = self._rings.loads
         if every_env:
@@ -255,10 +253,8 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
     def _store_next_frames(self, env, rows, table_rows, next_frames, done, every_env: bool) -> None:
         frame_shape = next_frames.shape[env.ndim:]
         if self._pending_next is None:
-            with torch.inference_mode(False):  # updated in place later, maybe outside inference_mode
-                self._pending_next = torch.zeros(self.num_envs, *frame_shape, dtype=next_frames.dtype,
-                                                 device=self.device)
-                self._terminal = torch.zeros(0, *frame_shape, dtype=next_frames.dtype, device=self.device)
+            self._pending_next = _kept_zeros(self.num_envs, *frame_shape, dtype=next_frames.dtype, device=self.device)
+            self._terminal = _kept_zeros(0, *frame_shape, dtype=next_frames.dtype, device=self.device)
         # Overwritten slots give their terminal rows back.
         terminal_row, table = self._terminal_row.numpy(), table_rows.numpy()
         old = terminal_row[table]
@@ -409,6 +405,11 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
         self._terminal_row.copy_(row)
         self._last_done.copy_(last_done)
         self._free_rows = free.tolist()
+
+
+@makes_kept_tensors  # updated in place later, maybe outside inference_mode
+def _kept_zeros(*shape: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.zeros(*shape, dtype=dtype, device=device)
 
 
 def _equal(expected: torch.Tensor, got: torch.Tensor) -> bool:

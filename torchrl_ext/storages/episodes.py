@@ -151,15 +151,8 @@ class EpisodicEnvRingStorage(EnvRingStorage):
                 self._record_step(env[:, t], position[:, t], discount[:, t].reshape(-1).cpu(), size)
 
     def write_step(self, data: TensorDictBase, skip_key: Any = None) -> int | None:
-        """One step of every env while all stand at one position (see
-        :meth:`EnvRingStorage.write_step`), through :meth:`write_at`: the episode index
-        needs its per-step bookkeeping, but the writer's general path need not run.
-
-        Returns:
-            The position written, or ``None`` (nothing written) when the envs stand at
-            different positions or nothing is stored yet. A bad batch raises what
-            :meth:`write_at` raises, before anything is written.
-        """
+        """:meth:`EnvRingStorage.write_step` through :meth:`write_at`, for the episode index's
+        bookkeeping: ``None`` only where the envs stand apart or nothing is stored yet."""
         position = None if self._rings.data is None else self._rings.common_position()
         if position is None:
             return None

@@ -14,18 +14,9 @@ checkpointing, and change only those two paths:
   ``index_select`` per stored tensor; other indices (ints, slices, negative
   indices, ...) go to TorchRL.
 
-Everything else goes to TorchRL's own ``set`` and ``get``, so what TorchRL's storage
-accepts is accepted and stored alike: a key that appears after the first write is added
-(rows written before read it as zeros), a write without a stored key leaves that key's
-rows as they were (zeros on rows never written, where TorchRL would expose uninitialised
-memory), a batch larger than the capacity keeps its last ``max_size`` rows, and
-heterogeneous lazy stacks and writes inside ``torch.compile`` take TorchRL's code.
-A shape or dtype change, which TorchRL refuses deep inside ``index_put``, is refused
-before anything is copied with a :class:`StorageLayoutError` naming the key and the fix.
-
-``strict=True`` also refuses what TorchRL accepts silently (a new or missing key, a batch
-larger than the capacity), for code that wants every write to match the first. Both checks
-hold for multi-dim storages too, whose writes then go to TorchRL.
+What else goes to TorchRL, the :class:`StorageLayoutError` of a shape or dtype change and
+what ``strict=True`` adds (both checks hold for multi-dim storages too): docs/architecture.md,
+"Fast storages".
 
 A drop-in: swap ``LazyTensorStorage`` for :class:`FastTensorStorage` (or
 ``LazyMemmapStorage`` for :class:`FastMemmapStorage`), keep everything else.
@@ -188,7 +179,7 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
         pairs = None if columns is None else matching_arrays(data, columns, data.shape[0], extra=extra)
         if pairs is not None:
             self._copy_ranges(pairs, ranges, cursor, data, True)
-            return columns.by_key
+            return columns
         if extra:
             data = set_info(data.clone(False), extra)
         leaves = None if self._torchrl_path() or has_lazy_stack(data) else self._checked_leaves(cursor, data)
@@ -234,7 +225,7 @@ class _SliceWritesIndexSelectReads(PinnedOutputs):
         columns = self._columns(leaves) if rows.is_cpu and not self._pin_outputs else None
         if columns is not None:
             index = rows.numpy()
-            entries = {key: take(array, index) for key, (array, _, _) in columns.by_key.items()}
+            entries = {key: take(array, index) for key, (array, _, _) in columns.items()}
             return assemble(entries, rows.shape, stored.device, extra, self._item_shapes)
         return gather_rows(stored, rows, extra=extra, leaves=leaves, pinned=self._pin_outputs,
                            item_shapes=self._item_shapes)

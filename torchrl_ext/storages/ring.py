@@ -5,11 +5,9 @@ carry all environments (TorchRL issue #3194). ALF's replay buffer instead
 gives each environment its own ring: env ``e`` keeps its last ``max_length``
 steps, and envs can hold different amounts of data at different positions.
 
-A *position* counts the steps written to one env and grows forever (int64);
-the storage *slot* of a position is ``position % max_length``. Env ``e``
-holds positions ``[current_pos[e] - current_size[e], current_pos[e] - 1]``.
-Steps are addressed by ``(env, position)``: unlike a slot, a position never
-names two different steps, so a stale index can be recognised.
+Steps are addressed by ``(env, position)`` (shape contract: :class:`EnvRingStorage`):
+unlike its slot, a position never names two different steps, so a stale index is recognised.
+Env ``e`` holds positions ``[current_pos[e] - current_size[e], current_pos[e] - 1]``.
 The storage only holds data and these two counters;
 :class:`~torchrl_ext.writers.EnvRingWriter` decides which positions a batch goes
 to and :class:`~torchrl_ext.samplers.TrajectorySampler` picks windows.
@@ -35,7 +33,6 @@ from torchrl_ext.io.state_files import (
     tensordict_from_state,
     tensordict_state,
 )
-from torchrl_ext.storages import _ring_reads
 from torchrl_ext.storages._numpy_rows import matching_arrays
 from torchrl_ext.storages._output_memory import PinnedOutputs
 from torchrl_ext.storages._ring_data import RingData
@@ -305,11 +302,7 @@ class EnvRingStorage(PinnedOutputs, Storage):
 
         Returns:
             The position written, or ``None``, with nothing written or moved, where this path
-            does not apply: the fast paths are off, the envs stand at different positions,
-            numpy cannot view the leaves (nothing stored yet, not on the CPU, bfloat16), the
-            batch differs in any way from what is stored (keys, per-step shapes, dtypes,
-            device, autograd), or a subclass's ``write_at`` does more than copy rows. The
-            caller then takes :meth:`write_at`, which raises the errors a bad batch deserves.
+            does not apply; the caller then takes :meth:`write_at`.
         """
         if not (fastpath_enabled() and _write_at_copies_rows(type(self))):
             return None
@@ -398,7 +391,7 @@ class EnvRingStorage(PinnedOutputs, Storage):
         plus ``extra`` entries of the same batch shape (a sampler's info), without the stored
         leaves in ``skip`` (ones a subclass rebuilds itself). Shape contract: ``env`` and
         ``position`` of one shape ``S`` give a TensorDict of batch size ``S``."""
-        return _ring_reads.gather(self._rings, env, position, extra, skip, self._pin_outputs)
+        return self._rings.gather(env, position, extra, skip, self._pin_outputs)
 
     def gather_chain(
         self, env: torch.Tensor, start: torch.Tensor, end: torch.Tensor,
@@ -409,7 +402,7 @@ class EnvRingStorage(PinnedOutputs, Storage):
         ``extra`` entries (the sampler's n-step reward, ...) replace stored ones."""
         extra = extra or {}
         if type(self).gather is EnvRingStorage.gather:
-            return _ring_reads.gather(self._rings, env, start, extra, (), self._pin_outputs, next_position=end)
+            return self._rings.gather(env, start, extra, (), self._pin_outputs, next_position=end)
         out = self.gather(env, start)  # subclasses rebuild entries on read
         if "next" in out.keys():
             out.set("next", self.gather(env, end).get("next"))
@@ -462,11 +455,11 @@ class EnvRingStorage(PinnedOutputs, Storage):
 
     def empty_result(self, shape: tuple[int, ...]) -> TensorDictBase:
         """An unfilled TensorDict of batch size ``shape`` laid out like the stored steps."""
-        return _ring_reads.empty_result(self._rings, shape)
+        return self._rings.empty_result(shape)
 
     def draw_uniform(self, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Uniform draws over the readable stored steps, as ``(env, position)``."""
-        return _ring_reads.draw_uniform(self._rings, batch_size, self.required_lookback, _compat.generator(self))
+        return self._rings.draw_uniform(batch_size, self.required_lookback, _compat.generator(self))
 
     _rand_given_ndim = draw_uniform  # TorchRL's RandomSampler hook: the same draws
 

@@ -7,15 +7,9 @@ holds the observation (and any other carried entry) after the last step: it
 bootstraps the returns and becomes slot 0 of the next rollout
 (:meth:`RolloutStorage.after_update`).
 
-It is written step by step with TorchRL step TensorDicts (``[N]`` with a
-``"next"`` sub-TensorDict, as collectors produce them): :meth:`insert` puts
-the step in slot ``t`` and copies the *carried* entries of its ``"next"``
-(such as ``"observation"``) into slot ``t + 1``.
-:meth:`insert_steps` writes a block of steps at once (a collector's ``[N, L]``
-batch), and so does ``rb.extend(batch)`` on torchrl_ext's
-``TensorDictReplayBuffer`` (through :class:`~torchrl_ext.writers.RolloutWriter`).
-Samplers see the ``T`` filled steps as a ``[T, N]`` storage, so the on-policy
-minibatch samplers work on it directly.
+Written with TorchRL step TensorDicts (:meth:`RolloutStorage.insert`, :meth:`insert_steps`,
+or ``rb.extend(batch)`` through :class:`~torchrl_ext.writers.RolloutWriter`); the on-policy
+minibatch samplers read the ``T`` filled steps as a ``[T, N]`` storage.
 """
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
 """Writer for :class:`~torchrl_ext.storages.EnvRingStorage`: each step goes to its env's ring.
 
-A batch names its environments in ``data[env_id_key]`` (any subset of the
-envs, each at most once). A batch ``[N]`` is one step per env; ``[N, T]`` is
-``T`` consecutive steps per env. The oldest steps of a full ring are
-overwritten. Blocking until there is room is done by
+The oldest steps of a full ring are overwritten. Blocking until there is room is done by
 :class:`~torchrl_ext.replay_buffers.EnvRingReplayBuffer`, which waits on
 this writer's condition *outside* the buffer lock, so a waiting producer
 never stalls samplers, ``dequeue`` or ``clear`` (ALF holds its lock while it

@@ -1,9 +1,6 @@
-"""Writer for :class:`~torchrl_ext.storages.RolloutStorage`: ``rb.extend(batch)`` appends steps.
-
-A ``ReplayBuffer`` over a rollout storage (``ndim=2``) hands its writer the
-extended batch time-major (TorchRL transposes a collector's ``[N, T]`` batch
-along ``dim_extend=1``), and this writer appends those steps at the rollout's
-current step, so the usual TorchRL loop works unchanged::
+"""Writer for :class:`~torchrl_ext.storages.RolloutStorage`: ``rb.extend(batch)`` appends steps
+at the rollout's current step (shape contract: :class:`RolloutWriter`), so the usual TorchRL
+loop works unchanged::
 
     rb.empty()          # a new rollout (keeps the allocated tensors)
     rb.extend(batch)    # [N, T] collector batch, or [T] from one env
