@@ -228,6 +228,23 @@ def test_vtrace_weighs_the_stored_action_against_a_float64_reference():
     assert torch.equal(outs[0]["advantage"], outs[1]["advantage"])
 
 
+def test_vtrace_declares_the_stored_action_it_reads():
+    """The actor's sample key is in ``in_keys``: the keyword call takes ``action=``, and a batch
+    cut to ``in_keys`` (TorchRL's ``VTrace`` works with it) keeps the action."""
+    td, actor, net = behaviour_batch(), actor_net(), value_net()
+    est = VTrace(gamma=0.97, actor_network=actor, value_network=net)
+    est.set_keys(sample_log_prob="action_log_prob")
+    assert est.in_keys[-1] == "action" and est.in_keys.count("action") == 1
+    expected = est(td.clone())
+    torch.testing.assert_close(est(td.select(*est.in_keys))["value_target"], expected["value_target"])
+    advantage, value_target = est(
+        observation=td["observation"], action=td["action"], action_log_prob=td["action_log_prob"],
+        next_observation=td["next", "observation"], next_reward=td["next", "reward"],
+        next_done=td["next", "done"], next_terminated=td["next", "terminated"])
+    torch.testing.assert_close(advantage, expected["advantage"])
+    torch.testing.assert_close(value_target, expected["value_target"])
+
+
 def test_vtrace_without_the_stored_action_is_a_clear_error():
     td = behaviour_batch()
     del td["action"]

@@ -410,6 +410,13 @@ class VTrace(_SignalsMixin, _TorchRLVTrace):
         super().__init__(gamma=gamma, actor_network=actor_network, value_network=value_network,
                          rho_thresh=rho_thresh, c_thresh=c_thresh, **kwargs)
 
+    @property
+    def in_keys(self) -> list:
+        """TorchRL's, plus the actor's sample keys: the stored actions are scored, so they are
+        read (and, in the keyword call, taken as ``action=...``)."""
+        keys = super().in_keys
+        return keys + [key for key in getattr(self.actor_network, "dist_sample_keys", None) or () if key not in keys]
+
     def _advantage(self, tensordict, params, target_params, time_dim):
         sig = self._read_signals(tensordict, params, target_params, time_dim)
         log_mu = tensordict.get(self.tensor_keys.sample_log_prob, None)
