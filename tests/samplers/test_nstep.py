@@ -9,9 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tensordict import TensorDict
 from tensordict.nn import TensorDictModule
+from torchrl.data import LazyTensorStorage
 from torchrl.objectives.value import TD0Estimator
 
-from torchrl_ext.replay_buffers import EnvRingReplayBuffer
+from torchrl_ext.replay_buffers import EnvRingReplayBuffer, TensorDictReplayBuffer
 from torchrl_ext.samplers import NStepSampler
 from torchrl_ext.storages import DedupEnvRingStorage
 
@@ -197,14 +198,16 @@ def test_bad_input():
 
 
 def test_rewards_with_autograd_history_are_sampled_through_torch():
-    # A stored reward that joined the graph puts the chain table's rewards in it too;
-    # numpy cannot view those, so the table's lookups must stay with torch's gathers.
-    rb = EnvRingReplayBuffer(num_envs=2, max_length=8, sampler=NStepSampler(3, gamma=0.5), batch_size=4)
-    for i in range(5):
-        reward = torch.ones(2, 1).requires_grad_(i == 2)
-        rb.extend(TensorDict({"obs": torch.full((2, 1), float(i)), "next": {
-            "obs": torch.full((2, 1), i + 1.0), "reward": reward,
-            "done": torch.zeros(2, 1, dtype=torch.bool)}}, [2]))
+    # A stored reward that joined the graph (TorchRL's storages keep it; the per-env rings
+    # store detached steps) puts the chain table's rewards in it too; numpy cannot view
+    # those, so the table's lookups must stay with torch's gathers.
+    rb = TensorDictReplayBuffer(storage=LazyTensorStorage(16, ndim=2), sampler=NStepSampler(3, gamma=0.5),
+                                batch_size=4)
+    for i in range(5):  # one step of 2 envs per write: [2 envs, 1 step]
+        reward = torch.ones(2, 1, 1).requires_grad_(i == 2)
+        rb.extend(TensorDict({"obs": torch.full((2, 1, 1), float(i)), "next": {
+            "obs": torch.full((2, 1, 1), i + 1.0), "reward": reward,
+            "done": torch.zeros(2, 1, 1, dtype=torch.bool)}}, [2, 1]))
     batch = rb.sample()
     assert rb.sampler._chain_table.reward.requires_grad and batch["next", "reward"].requires_grad
     # chains of up to 3 steps, 1 + 0.5 + 0.25 when all three exist

@@ -133,6 +133,27 @@ def test_new_windows_get_the_current_maximum():
     assert sampler._tree.leaves[:2].tolist() == [7.0, 7.0]
 
 
+@pytest.mark.parametrize("writes", ["two steps, a sample between", "two steps", "one [1, 2] block"])
+def test_new_windows_get_the_maximum_stored_when_the_sampler_next_follows_the_storage(writes):
+    # The documented rule: the writes between two samples count as one, so start 3 (complete
+    # while start 1 held 100) gets 100 only if a sample came before start 1 was overwritten.
+    rb, sampler = make(num_envs=1, max_length=3, batch_length=1)
+    for t in range(3):
+        write(rb, [0], t)
+    rb.sample(1)
+    sampler.update_window_priority([0], [1], [100.0])
+    if writes == "one [1, 2] block":
+        rb.extend(TensorDict({"x": torch.tensor([[3.0, 4.0]])}, [1, 2]), env_ids=[0])
+    else:
+        write(rb, [0], 3)
+        if writes == "two steps, a sample between":
+            rb.sample(1)
+        write(rb, [0], 4)  # overwrites start 1
+    rb.sample(1)
+    expected = [1.0, 100.0, 100.0] if writes == "two steps, a sample between" else [1.0, 1.0, 1.0]
+    assert [sampler._tree.leaves[p % 3].item() for p in (2, 3, 4)] == expected
+
+
 @pytest.mark.parametrize("before_sync", ["clear another env", "new batch_length", "nothing"])
 def test_a_new_step_never_takes_the_priority_of_the_step_it_overwrote(before_sync):
     # Was: when an env was cleared or the geometry changed before the next sync, the

@@ -247,12 +247,12 @@ def test_priorities_given_with_a_step_of_every_env_reach_the_sampler(priority_ke
 
 
 def test_steps_after_a_write_with_autograd_history_are_stored():
-    # The stored leaf joins the graph after that write; numpy cannot view it, so later
-    # every-env steps take the general write (they raised RuntimeError from numpy() before).
+    # Was: the stored leaf joined the graph after that write, and later every-env steps raised
+    # RuntimeError from numpy(). The rings now store steps detached (test_ring_autograd.py).
     rb = EnvRingReplayBuffer(num_envs=2, max_length=4)
     rb.extend(TensorDict({"obs": torch.zeros(2, 1)}, [2]))
     rb.extend(TensorDict({"obs": torch.ones(2, 1).requires_grad_()}, [2]), env_ids=torch.tensor([1, 0]))
-    assert rb.storage._rings.data["obs"].requires_grad
+    assert not rb.storage._rings.data["obs"].requires_grad
     index = rb.extend(TensorDict({"obs": torch.full((2, 1), 2.0)}, [2]))
     assert index.tolist() == [[0, 2], [1, 2]]
     assert rb.storage._rings.data["obs"][:, :3, 0].tolist() == [[0.0, 1.0, 2.0], [0.0, 1.0, 2.0]]

@@ -46,8 +46,12 @@ class PrioritizedTrajectorySampler(StateFiles, TrajectorySampler):
     """Windows drawn with probability proportional to their start's priority.
 
     New windows get ``max(largest current leaf, (initial_priority + eps) ** alpha)``
-    when they become complete. Priorities given to :meth:`update_window_priority`
-    are stored as ``(priority + eps) ** alpha``.
+    when the sampler next follows the storage (at the next sample or priority update):
+    the writes since then count as one, so the windows they overwrote no longer count.
+    ALF assigns it at each ``add_batch``; the two differ only where a window holding the
+    largest priority is overwritten between two samples (following every write costs
+    many times the write). Priorities given to :meth:`update_window_priority` are stored
+    as ``(priority + eps) ** alpha``.
 
     Args:
         batch_length: steps per window.

@@ -137,6 +137,7 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
             )
         return obs.select(dim, -1)
 
+    @torch.no_grad()  # see EnvRingStorage.write_at
     def write_at(
         self, env: torch.Tensor, position: torch.Tensor, data: TensorDictBase, *, set_cursor: bool
     ) -> None:

@@ -118,6 +118,7 @@ class EpisodicEnvRingStorage(EnvRingStorage):
         self._returns = torch.full(shape, self.default_return)
 
     # ------------------------------------------------------------------
+    @torch.no_grad()  # see EnvRingStorage.write_at
     def write_at(
         self, env: torch.Tensor, position: torch.Tensor, data: TensorDictBase, *, set_cursor: bool,
         first: torch.Tensor | None = None,

@@ -69,7 +69,9 @@ class EnvRingStorage(PinnedOutputs, Storage):
 
     The leaves are allocated from the first write (any nested keys), on
     ``device``. Later writes must carry the same keys, per-step shapes and
-    dtypes; a mismatch raises ``ValueError`` before anything is written.
+    dtypes; a mismatch raises ``ValueError`` before anything is written. Steps are
+    stored detached from autograd, as ALF's rings store them (TorchRL's storages keep
+    a written tensor's graph).
 
     ``time_major`` chooses the memory layout behind the ``[E, L, ...]`` leaves:
     time-major keeps slot ``s`` of every env as one contiguous block (the leaves are
@@ -271,6 +273,7 @@ class EnvRingStorage(PinnedOutputs, Storage):
         env, position = self._as_coordinates(cursor)
         self.write_at(env, position, data, set_cursor=set_cursor)
 
+    @torch.no_grad()  # stored steps leave the writer's autograd graph, as ALF's rings do
     def write_at(
         self, env: torch.Tensor, position: torch.Tensor, data: TensorDictBase, *, set_cursor: bool
     ) -> None:
