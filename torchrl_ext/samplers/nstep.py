@@ -46,6 +46,11 @@ from torchrl_ext.samplers.trajectory import StatelessSampler
 __all__ = ["NStepSampler"]
 
 
+def _check_key(name: str, key: Any) -> Any:
+    """``key`` as a TensorDict key (a list becomes a tuple); ``TypeError`` naming ``name`` otherwise."""
+    return nested_key(key, name)
+
+
 def _check_group(name: str, group: Any) -> str | None:
     """``group``, a non-empty str or ``None``; ``TypeError`` otherwise."""
     if group is not None and (not isinstance(group, str) or not group):
@@ -121,12 +126,8 @@ class NStepSampler(StatelessSampler):
     gamma = CheckedSetting(
         check_real, "Discount in ``[0, 1]``; settable (takes effect at the next sample).", low=0.0, high=1.0
     )
-    reward_key = CheckedSetting(
-        lambda name, key: nested_key(key, name), "Key of the env-level rewards summed along a chain; settable."
-    )
-    done_key = CheckedSetting(
-        lambda name, key: nested_key(key, name), "Key of the env-level done flags that stop a chain; settable."
-    )
+    reward_key = CheckedSetting(_check_key, "Key of the env-level rewards summed along a chain; settable.")
+    done_key = CheckedSetting(_check_key, "Key of the env-level done flags that stop a chain; settable.")
     agent_group = CheckedSetting(
         _check_group, "Key of the agents' group whose agents get their own chains (FP), or ``None``; settable.",
     )

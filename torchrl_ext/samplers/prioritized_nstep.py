@@ -121,8 +121,11 @@ class PrioritizedNStepSampler(PrioritizedSampler):
 
     def __repr__(self) -> str:
         group = "" if self.agent_group is None else f", agent_group={self.agent_group!r}"
-        head, tail = super().__repr__().split(", weights=", 1)  # the chain settings go before weights
-        return f"{head}, n_step={self.n_step}, gamma={self.gamma}{group}, weights={tail}"
+        return (
+            f"{type(self).__name__}(max_capacity={self._capacity}, alpha={self._priority_exponent}, "
+            f"beta={self._weight_exponent}, eps={self._priority_offset}, n_step={self.n_step}, gamma={self.gamma}"
+            f"{group}, weights={self._weights!r}, device={self.device})"
+        )
 
     # The chain settings live in the NStepSampler this sampler delegates to.
     n_step = _chain_setting("n_step", "Maximum steps per transition; settable (from the next sample on).")
