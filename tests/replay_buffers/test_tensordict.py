@@ -355,17 +355,37 @@ def test_an_epoch_without_replacement_has_torchrls_batches():
     assert batches[0] == batches[1] and len(batches[0]) == 4
 
 
-@pytest.mark.parametrize("steps", [1, 3])
-def test_extend_a_two_dim_storage_with_one_step_per_env(steps):
-    """TorchRL's buffer raises on [num_envs, 1] batches into an ndim=2 storage; ours stores them."""
-    rb = TensorDictReplayBuffer(storage=FastTensorStorage(12, ndim=2))
-    obs = torch.arange(2.0 * steps).reshape(2, steps, 1)
-    index = rb.extend(TensorDict({"obs": obs}, [2, steps]))
-    stored = rb.storage._storage["obs"]
-    assert index.shape == (2 * steps, 2)
-    # Coordinates are (time, env): item (env e, step t) sits at row t, column e.
-    for time, env in index.tolist():
-        assert stored[time, env, 0] == obs[env, time, 0]
+@pytest.mark.parametrize("storage_cls", [LazyTensorStorage, FastTensorStorage])
+@pytest.mark.parametrize(
+    ("storage_ndim", "shape", "dim_extend"),
+    [
+        (2, (2, 1), 1), (2, (2, 3), 1), (2, (4, 1), 0), (2, (1, 4), 0), (2, (4, 2), 0),
+        (2, (4, 1, 3), 0), (2, (4, 1, 3), 1), (2, (4, 2, 3), 0), (2, (4, 2, 3), 1),
+        (3, (4, 1, 1), 0), (3, (4, 2, 1), 1), (3, (4, 2, 3), 2), (3, (2, 1, 3), 2),
+    ],
+)
+def test_extend_a_multi_dim_storage_addresses_every_item(storage_cls, storage_ndim, shape, dim_extend):
+    """TorchRL's buffer stores the rows and then raises on batches whose item dims after the
+    first are all 1 ([T, 1], [num_envs, 1]) or that have more dims than the storage; ours
+    stores them, and both the returned index and the "index" entry address each item."""
+    items = shape[:storage_ndim]
+    data = TensorDict({"obs": torch.arange(float(torch.Size(shape).numel())).reshape(*shape, 1)}, shape)
+    rb = TensorDictReplayBuffer(storage=storage_cls(2 * torch.Size(items).numel(), ndim=storage_ndim),
+                                dim_extend=dim_extend)
+    index = rb.extend(data)
+    assert index.shape == (torch.Size(items).numel(), storage_ndim)
+    # The returned rows follow the items in storage order: the extended dim first.
+    expected = data.transpose(0, dim_extend).reshape(-1, *shape[storage_ndim:])
+    assert torch.equal(rb.storage.get(tuple(index.unbind(-1)))["obs"], expected["obs"])
+    # The entry repeats each item's coordinates over the batch's dims past the storage's.
+    probe = data.clone()
+    rb._set_index_in_td(probe, index)
+    entry = probe["index"]
+    assert entry.shape == (*shape, storage_ndim)
+    per_item = entry.reshape(*items, -1, storage_ndim)
+    assert (per_item == per_item[..., :1, :]).all()
+    stored = rb.storage.get(tuple(per_item[..., 0, :].reshape(-1, storage_ndim).unbind(-1)))
+    assert torch.equal(stored["obs"], data["obs"].reshape(-1, *shape[storage_ndim:], 1))
 
 
 @pytest.mark.parametrize("sampler_name", ["feed_forward", "naive_recurrent", "random"])

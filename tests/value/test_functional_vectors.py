@@ -195,7 +195,10 @@ def test_harl_crude_truncation_vs_bootstrap(case):
     """HARL ``use_proper_time_limits=1`` versus our truncation with a real bootstrap.
 
     With the natural mapping, a truncated step bootstraps from
-    ``next_state_value[t] = D(V[t+1])`` (done, not terminated). HARL instead sets that
+    ``next_state_value[t] = D(V[t+1])`` (done, not terminated): the next slot's value, as
+    ``RolloutStorage.fill_next`` sets it. After a real auto-reset that slot holds the reset
+    observation, so a user sets the true final observation's value there (the
+    ``harl_rollout_buffer`` docstring says so); the vectors give no other. HARL instead sets that
     step's advantage to 0 (the "crude truncation": its ``obs[t+1]`` is already the reset
     observation after a real truncation, so it does not try to bootstrap). Both
     recursions share the same trace coefficients ``c[t] = gamma * lambda * (1 - done[t])``

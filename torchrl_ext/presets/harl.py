@@ -48,6 +48,19 @@ def harl_rollout_buffer(
     is not stored), iterate one epoch with ``for batch in rb:``, then call
     ``rb.storage.after_update()``.
 
+    ``fill_next`` takes step ``t``'s next value from slot ``t + 1``, which after
+    an auto-reset holds the next episode's first state. With truncations
+    (``done & ~terminated``) GAE bootstraps from that value: set
+    ``("next", "state_value")`` of a truncated step to the critic's value of
+    its true final observation, or pass ``terminated = done`` (HARL with
+    ``use_proper_time_limits=False``).
+
+    Minibatch units are the storage's threads (whole steps for feed-forward),
+    each with all its agents. HARL's FP critic draws ``(thread, agent)`` units:
+    for its minibatches exactly, insert FP critic steps as ``[N, A]`` batches
+    (agents as threads) in a buffer of their own. HARL's actors draw one
+    permutation per agent; here the agents of a step share one.
+
     Args:
         episode_length: rollout length ``T`` (HARL's ``episode_length``).
 
@@ -58,7 +71,7 @@ def harl_rollout_buffer(
             ``episode_length``.
         use_naive_recurrent_policy: whole env sequences.
         shuffle, drop_last: see :class:`~torchrl_ext.samplers.FeedForwardMinibatchSampler`;
-            ``drop_last=True`` gives HARL's minibatches exactly.
+            ``drop_last=True`` gives HARL's minibatches exactly (for the same units, see above).
         carry_keys: see :class:`~torchrl_ext.storages.RolloutStorage`.
 
     ``data_chunk_length`` and ``num_mini_batch`` are checked also when unused

@@ -370,26 +370,27 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
     def _set_index_in_td(self, tensordict: TensorDictBase, index: Any) -> None:
         """Writes each extended item's storage coordinates under ``"index"``.
 
-        On an ``ndim >= 2`` storage the writer returns coordinates in storage
-        order (``dim_extend`` first). TorchRL reshapes them in the batch's own
-        order, which raises on a ``[num_envs, 1]`` batch (one step per env);
-        here they are reshaped in storage order and transposed back.
+        On an ``ndim >= 2`` storage the writer returns one row of coordinates per
+        item, in storage order (``dim_extend`` first). TorchRL reshapes them in
+        the batch's own order, which raises when the batch's item dims after the
+        first are all 1 (``[num_envs, 1]``, ``[T, 1]``) and when the batch has
+        more dims than the storage; here they are reshaped in storage order,
+        transposed back and repeated over the batch's dims past the storage's.
         """
-        dim = self.dim_extend
-        if (
-            isinstance(index, torch.Tensor)
-            and index.ndim == 2
-            and self.storage.ndim > 1
-            and index.shape[0] == tensordict.numel()
-            # [T] steps of one env in a [T, N = 1] rollout: one (time, env) row per step, as is
-            and (tensordict.ndim == 1 or 0 < dim < tensordict.ndim)
-        ):
-            if tensordict.ndim > 1:
-                shape = list(tensordict.shape)
-                shape[0], shape[dim] = shape[dim], shape[0]
-                index = index.reshape(*shape, index.shape[-1]).transpose(0, dim)
-            tensordict.set("index", index)
-            return
+        ndim = self.storage.ndim
+        if isinstance(index, torch.Tensor) and index.ndim == 2 and ndim > 1:
+            if tensordict.ndim < ndim and index.shape[0] == tensordict.numel():
+                tensordict.set("index", index)  # [T] steps of one env in a [T, N = 1] rollout: as is
+                return
+            items = list(tensordict.shape[:ndim])
+            if tensordict.ndim >= ndim and index.shape[0] == np.prod(items, dtype=np.int64):
+                dim = self.dim_extend
+                items[0], items[dim] = items[dim], items[0]
+                index = index.reshape(*items, index.shape[-1]).transpose(0, dim)
+                extra = tensordict.ndim - ndim  # item dims, e.g. agents: their items share a coordinate
+                index = index.reshape(*index.shape[:-1], *([1] * extra), index.shape[-1])
+                tensordict.set("index", index.expand(*tensordict.shape, index.shape[-1]))
+                return
         super()._set_index_in_td(tensordict, index)
 
     # ------------------------------------------------------------------
