@@ -12,6 +12,7 @@ import torch
 
 import torchrl_ext.demos.files as files_module
 from torchrl_ext.demos import (
+    DemoDirPoller,
     DemoStore,
     load_demo,
     load_demo_dir,
@@ -91,8 +92,21 @@ def test_frame_skip_mismatch_and_bad_frame_skip(tmp_path: Path) -> None:
                      Reward=np.zeros(1), FrameSkip=np.array([1, 2]))
     with pytest.raises(ValueError, match=r"key 'FrameSkip' must be one integer"):
         load_demo(bad)
-    with pytest.raises(ValueError, match=r"frame_skip must be an int >= 1, got frame_skip=0"):
-        save_demo(tmp_path / "x.npz", _demo(), frame_skip=0)
+    with pytest.raises(ValueError, match=r"frame_skip must be an int >= 0, got frame_skip=-1"):
+        save_demo(tmp_path / "x.npz", _demo(), frame_skip=-1)
+
+
+def test_frame_skip_zero_is_pytorchrls_default(tmp_path: Path) -> None:
+    """pytorchrl's envs default to frame_skip=0 and write it into their demo files."""
+    path = _write_npz(tmp_path / "pytorchrl.npz", Observation=np.zeros((2, 1)), Action=np.zeros(2),
+                      Reward=np.array([0.0, 1.0]), FrameSkip=np.array(0))
+    assert load_demo(path, frame_skip=0)["frame_skip"] == 0
+    with pytest.raises(ValueError, match=r"'FrameSkip' is 0 but frame_skip=1"):
+        load_demo(path, frame_skip=1)
+    saved = save_demo(tmp_path / "ours.npz", _demo(), frame_skip=0)
+    assert int(np.load(saved)["FrameSkip"]) == 0
+    store = DemoStore(capacity=2)
+    assert len(DemoDirPoller(store, tmp_path, frame_skip=0).poll()) == 2
 
 
 def test_unreadable_files(tmp_path: Path) -> None:
@@ -139,10 +153,13 @@ def test_save_top_demos_ranks_and_removes_stale_files(tmp_path: Path) -> None:
     assert float(load_demo(tmp_path / "out" / "reward_demo_1.npz")["reward"].sum()) == 7.0
 
 
-def test_save_top_demos_ties_keep_store_order(tmp_path: Path) -> None:
-    store = _store_with_agent_demos([2.0, 2.0], lengths=[2, 3])
+def test_save_top_demos_ties_rank_the_newest_first(tmp_path: Path) -> None:
+    """pytorchrl ranks by np.flip(np.argsort(totals)): among equal totals, the newest first."""
+    totals = [2.0, 1.0, 2.0, 2.0]
+    store = _store_with_agent_demos(totals, lengths=[2, 3, 4, 5])
     written = save_top_demos(store, tmp_path, frame_skip=1)
-    assert [load_demo(p)["action"].shape[0] for p in written] == [2, 3]
+    expected = [[2, 3, 4, 5][k] for k in np.flip(np.argsort(totals))[: store.num_demos_to_save]]
+    assert [load_demo(p)["action"].shape[0] for p in written] == expected == [5, 4, 2, 3][: len(expected)]
 
 
 # --------------------------------------------------------------------------- Minari

@@ -243,3 +243,83 @@ def test_a_refused_step_changes_nothing_and_can_be_retried(sources) -> None:
     mixer.process(good)
     assert mixer._k == ([1, 1] if sources[0] != "env" else [0, 1])
     assert store.running_length(0) == (1 if sources[0] == "env" else 0)
+
+
+def test_every_episode_start_is_marked_is_init_for_recurrent_policies() -> None:
+    """pytorchrl zeroes the recurrent state at every switch; TorchRL's LSTMModule does so
+    where ``is_init`` is true, so the mixer sets it on exactly the rows that start an episode."""
+    from torchrl.modules import LSTMModule
+
+    torch.manual_seed(0)
+    lstm = LSTMModule(input_size=3, hidden_size=4, in_key="observation", out_key="feature")
+    store = DemoStore(rho=0.5, phi=0.0, capacity=4, generator=torch.Generator().manual_seed(1))
+    demo = make_demo(7.0, length=2)
+    store.add_initial_demos([demo])
+    env = FakeEnv(length=3)
+    mixer = DemoMixer(store, N)
+
+    def reset_fn(mask):
+        return env.reset(mask).set("is_init", mask.unsqueeze(-1).clone())
+
+    td = mixer.reset(reset_fn(torch.ones(N, dtype=torch.bool)))
+    starts = 0
+    for _ in range(30):
+        td = lstm(td)
+        # A step whose input starts an episode computes from the zero state, whatever came before.
+        fresh = lstm(td.select("observation").set("is_init", torch.ones(N, 1, dtype=torch.bool)))
+        starting = td["is_init"].squeeze(-1)
+        torch.testing.assert_close(td["feature"][starting], fresh["feature"][starting])
+        starts += int(starting.sum())
+        step = env.step(policy(td))
+        step["next"].set("is_init", torch.zeros(N, 1, dtype=torch.bool))  # as InitTracker steps
+        step = mixer.process(step)
+        ended = step["next", "done"].squeeze(-1).clone()
+        td = mixer.next_observation(step, reset_fn)
+        assert torch.equal(td["is_init"].squeeze(-1), ended)
+    assert starts > 2 * N  # episodes of both kinds started during the run
+
+
+def test_frame_stacks_replay_and_track_single_frames() -> None:
+    """pytorchrl's demos hold one frame per step: a replay starts with the first frame in every
+    slot and shifts the next one in; real episodes are tracked by their last frame."""
+    store = DemoStore(rho=1.0, phi=0.0, capacity=4)
+    frames = torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])  # 3 steps of 2-channel frames
+    store.add_initial_demos([{"observation": frames, "action": torch.zeros(3, 2),
+                              "reward": torch.tensor([0.0, 0.0, 1.0])}])
+    mixer = DemoMixer(store, 1, frame_stack=3)
+    flag = torch.zeros(1, 1, dtype=torch.bool)
+    td = mixer.reset(TensorDict({"observation": torch.zeros(1, 6)}, [1]))
+    seen = []
+    for _ in range(3):
+        seen.append(td["observation"][0].tolist())
+        td = policy(td)
+        td.set("next", TensorDict({"observation": torch.zeros(1, 6), "reward": torch.zeros(1, 1),
+                                   "done": flag.clone(), "terminated": flag.clone()}, [1]))
+        step = mixer.process(td)
+        td = mixer.next_observation(step, lambda mask: TensorDict({"observation": torch.zeros(1, 6)}, [1]))
+    assert seen == [[1, 2, 1, 2, 1, 2], [1, 2, 1, 2, 3, 4], [1, 2, 3, 4, 5, 6]]
+
+    # Real episodes: a 2-step episode of stacked observations is kept as its last frames.
+    store = DemoStore(rho=0.0, phi=0.0, capacity=4)
+    mixer = DemoMixer(store, 1, frame_stack=2)
+    td = mixer.reset(TensorDict({"observation": torch.tensor([[0.0, 0.0, 1.0, 1.0]])}, [1]))
+    for t, nxt in enumerate(([1.0, 1.0, 2.0, 2.0], [2.0, 2.0, 3.0, 3.0])):
+        done = torch.full((1, 1), t == 1)
+        td = policy(td)
+        td.set("next", TensorDict({"observation": torch.tensor([nxt]), "reward": done.float(),
+                                   "done": done, "terminated": done.clone()}, [1]))
+        td = mixer.next_observation(mixer.process(td), lambda mask: TensorDict(
+            {"observation": torch.zeros(1, 4)}, [1]))
+    assert len(store.reward_demos) == 1
+    assert store.reward_demos[0]["observation"].tolist() == [[1.0, 1.0], [2.0, 2.0]]
+
+
+def test_frame_stack_is_checked_against_the_observations() -> None:
+    store = DemoStore(rho=1.0, phi=0.0, capacity=2)
+    store.add_initial_demos([make_demo(7.0)])
+    with pytest.raises(ValueError, match=r"frame_stack must be an int >= 1, got frame_stack=0"):
+        DemoMixer(store, 1, frame_stack=0)
+    with pytest.raises(ValueError, match=r"frame_stack=2 must divide the observations' first dim"):
+        DemoMixer(store, 1, frame_stack=2).reset(TensorDict({"observation": torch.zeros(1, 3)}, [1]))
+    with pytest.raises(ValueError, match=r"env's frames are \(2,\).*frame_stack set to"):
+        DemoMixer(store, 1, frame_stack=3).reset(TensorDict({"observation": torch.zeros(1, 6)}, [1]))

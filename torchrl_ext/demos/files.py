@@ -37,7 +37,7 @@ _RANKED = re.compile(r"reward_demo_(\d+)\.npz")
 def _check_frame_skip(frame_skip: Any) -> int:
     if isinstance(frame_skip, np.integer):  # as read from a demo file
         frame_skip = int(frame_skip)
-    return check_int("frame_skip", frame_skip, minimum=1)
+    return check_int("frame_skip", frame_skip, minimum=0)  # 0: pytorchrl's default, no skip
 
 
 def save_demo(path: str | Path, demo: Any, frame_skip: int) -> Path:
@@ -197,8 +197,8 @@ class DemoDirPoller:
 def save_top_demos(store: DemoStore, directory: str | Path, frame_skip: int) -> list[Path]:
     """Saves the best ``store.num_demos_to_save`` agent reward demos as ``reward_demo_{rank}.npz``.
 
-    Non-human reward demos are ranked by total reward, highest first (ties keep the store's
-    order), from rank 1. Files ``reward_demo_{k}.npz`` with ``k`` beyond the saved ranks, left
+    Non-human reward demos are ranked by total reward, highest first (among ties the newest
+    first, as pytorchrl's reversed ``argsort``), from rank 1. Files ``reward_demo_{k}.npz`` with ``k`` beyond the saved ranks, left
     by an earlier save, are removed. Value demos are never saved.
 
     Returns:
@@ -207,7 +207,7 @@ def save_top_demos(store: DemoStore, directory: str | Path, frame_skip: int) -> 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     agent = [demo for demo in store.reward_demos if not demo["human"]]
-    ranked = sorted(agent, key=lambda demo: -demo["total_reward"])[: store.num_demos_to_save]
+    ranked = sorted(reversed(agent), key=lambda demo: -demo["total_reward"])[: store.num_demos_to_save]
     written = [
         save_demo(directory / f"reward_demo_{rank}.npz", demo, frame_skip)
         for rank, demo in enumerate(ranked, start=1)

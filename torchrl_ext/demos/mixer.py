@@ -48,7 +48,13 @@ class DemoMixer:
     * :meth:`next_observation` builds the next root: :func:`torchrl.envs.utils.step_mdp` of the
       step, done flags cleared, and for every env whose episode (real or demo) ended a new
       source: a demo puts its ``observation[0]`` there, the env puts a fresh real observation
-      from ``reset_fn(mask)``.
+      from ``reset_fn(mask)``. Where the root holds ``is_init`` (TorchRL's ``InitTracker``),
+      it is true exactly on those rows, so a recurrent policy starts every episode, demo or
+      real, from its initial state (as pytorchrl's zeroed hidden state).
+    * With ``frame_stack=k`` the observations are ``k`` frames stacked along their first dim
+      (TorchRL's ``CatFrames`` on images or vectors) and demos hold single frames, as
+      pytorchrl's: a replay starts with its first frame in every slot and shifts the next
+      frame in at each step, and real episodes are tracked (and saved) by their last frame.
     * The real env of a row replaying a demo keeps stepping with the policy's action; those
       transitions are neither stored nor tracked (pytorchrl tracks them), and ``reset_fn``
       restarts it when it ends and when the row goes back to the env, so an env episode always
@@ -63,6 +69,8 @@ class DemoMixer:
             (``log_prob_key`` defaults to TorchRL 0.14's ``"action_log_prob"``).
         reward_key, done_key, terminated_key, truncated_key: entries under ``"next"``
             (``truncated_key`` is optional in the steps).
+        is_init_key: root entry marking an episode's first step, set where present.
+        frame_stack: frames per observation (pytorchrl's ``frame_stack``), ``k >= 1``.
 
     Shape contract:
         Steps are TensorDicts ``[N]``: ``observation [N, *obs]``, ``action [N, *act]`` (the same
@@ -110,6 +118,8 @@ class DemoMixer:
         done_key: Any = "done",
         terminated_key: Any = "terminated",
         truncated_key: Any = "truncated",
+        is_init_key: Any = "is_init",
+        frame_stack: int = 1,
     ) -> None:
         if not isinstance(store, DemoStore):
             raise TypeError(f"`store` must be a DemoStore, got {type(store).__name__}.")
@@ -124,6 +134,8 @@ class DemoMixer:
         self.done_key = next_key(nested_key(done_key, "done_key"))
         self.terminated_key = next_key(nested_key(terminated_key, "terminated_key"))
         self.truncated_key = next_key(nested_key(truncated_key, "truncated_key"))
+        self.is_init_key = nested_key(is_init_key, "is_init_key")
+        self.frame_stack = check_int("frame_stack", frame_stack, minimum=1)
         self._init_state()
 
     def _init_state(self) -> None:
@@ -158,9 +170,29 @@ class DemoMixer:
                 "arguments if your modules write elsewhere)."
             )
 
+    # ------------------------------------------------------------------ frames
+    def _frame_shape(self, obs: Tensor) -> tuple[int, ...]:
+        """The shape of one frame of the ``[N, *obs]`` observations."""
+        if self.frame_stack == 1:
+            return tuple(obs.shape[1:])
+        if obs.ndim < 2 or obs.shape[1] % self.frame_stack:
+            raise ValueError(
+                f"frame_stack={self.frame_stack} must divide the observations' first dim, got "
+                f"{self.observation_key!r} of shape {tuple(obs.shape[1:])} per env; pass the "
+                "env's number of stacked frames."
+            )
+        return (obs.shape[1] // self.frame_stack, *obs.shape[2:])
+
+    def _last_frame(self, obs: Tensor) -> Tensor:
+        """The newest frame of each ``[*, k * C, ...]`` stacked observation (``[*, C, ...]``)."""
+        if self.frame_stack == 1:
+            return obs
+        return obs[:, -(obs.shape[1] // self.frame_stack):]
+
     # ------------------------------------------------------------------ demos
     def _start(self, env: int, obs: Tensor) -> bool:
         """Draws the source of ``env``'s next episode; writes a demo's first observation."""
+        frame_shape = self._frame_shape(obs)
         kind = self.store.sample_source()
         self.sources[env] = kind
         self._k[env], self._max_value[env] = 0, -math.inf
@@ -169,12 +201,14 @@ class DemoMixer:
         if demo is None:
             return False
         first = demo["observation"][0]
-        if first.shape != obs.shape[1:]:
+        if first.shape != frame_shape:
             raise ValueError(
                 f"demo {demo['id']!r} has observations of shape {tuple(first.shape)} but the "
-                f"env's are {tuple(obs.shape[1:])}; load demos recorded in this env."
+                f"env's frames are {frame_shape}; load demos recorded in this env (one frame "
+                "per step, with frame_stack set to the env's stacked frames)."
             )
-        obs[env] = first.to(obs.device, obs.dtype)
+        # Every frame slot holds the first frame, as pytorchrl starts a replay.
+        obs[env] = first.to(obs.device, obs.dtype).repeat(self.frame_stack, *([1] * (first.ndim - 1)))
         return True
 
     def reset(self, td: TensorDictBase) -> TensorDictBase:
@@ -215,8 +249,8 @@ class DemoMixer:
         if real_rows:
             rows = torch.tensor(real_rows)
             self.outcomes = self.store.track(
-                rows, obs[rows], step.get(self.action_key)[rows], reward[rows], value[rows],
-                done[rows],
+                rows, self._last_frame(obs[rows]), step.get(self.action_key)[rows], reward[rows],
+                value[rows], done[rows],
             )
             flat_reward = reward.reshape(self.num_envs, -1)[:, 0]
             for i in real_rows:
@@ -232,9 +266,10 @@ class DemoMixer:
         """Refuses a step whose demo rows are not the observations handed out, or whose actions
         cannot take the demos' (``ValueError``)."""
         obs, action = step.get(self.observation_key), step.get(self.action_key)
+        frames = self._last_frame(obs)
         for i in rows:
             demo, k = self._demos[i], self._k[i]
-            if not torch.equal(obs[i], demo["observation"][k].to(obs.device, obs.dtype)):
+            if not torch.equal(frames[i], demo["observation"][k].to(obs.device, obs.dtype)):
                 raise ValueError(
                     f"env {i} is replaying demo {demo['id']!r} (step {k}) but the step's "
                     f"{self.observation_key!r} is not the demo's observation; feed the policy the "
@@ -250,7 +285,8 @@ class DemoMixer:
     def _replay(self, step: TensorDictBase, rows: list[int], value: Tensor) -> None:
         action, log_prob = step.get(self.action_key), step.get(self.log_prob_key)
         reward = step.get(self.reward_key)
-        next_obs = step.get(next_key(self.observation_key))
+        obs, next_obs = step.get(self.observation_key), step.get(next_key(self.observation_key))
+        channels = obs.shape[1] // self.frame_stack if self.frame_stack > 1 else 0
         flags = [step.get(self.done_key), step.get(self.terminated_key)]
         truncated = step.get(self.truncated_key, None)
         for i in rows:
@@ -260,7 +296,9 @@ class DemoMixer:
             log_prob[i] = 0.0
             reward[i] = demo["reward"][k].reshape(reward[i].shape).to(reward.device, reward.dtype)
             last = k + 1 >= length
-            next_obs[i] = demo["observation"][min(k + 1, length - 1)].to(next_obs.device, next_obs.dtype)
+            frame = demo["observation"][min(k + 1, length - 1)].to(next_obs.device, next_obs.dtype)
+            # The oldest frame drops out and the demo's next frame comes in, as pytorchrl shifts.
+            next_obs[i] = torch.cat([obs[i][channels:].to(next_obs.dtype), frame]) if channels else frame
             for flag in flags:
                 flag[i] = last
             if truncated is not None:
@@ -315,6 +353,10 @@ class DemoMixer:
             obs[rows] = fresh_obs[rows].to(obs.dtype)
             # A real episode that the reset restarted must not carry its old tracked steps.
             self.store.discard_running(to_env)
+        if has_leaf(td, self.is_init_key):  # a recurrent policy restarts where an episode starts
+            is_init = td.get(self.is_init_key)
+            td.set(self.is_init_key, self._ended.to(is_init.device).reshape(
+                self.num_envs, *[1] * (is_init.ndim - 1)).expand_as(is_init).clone())
         self._real_done = torch.zeros(self.num_envs, dtype=torch.bool)
         self._ended = torch.zeros(self.num_envs, dtype=torch.bool)
         for key in (self.done_key, self.terminated_key, self.truncated_key):
