@@ -357,35 +357,51 @@ def test_an_epoch_without_replacement_has_torchrls_batches():
 
 @pytest.mark.parametrize("storage_cls", [LazyTensorStorage, FastTensorStorage])
 @pytest.mark.parametrize(
-    ("storage_ndim", "shape", "dim_extend"),
-    [
-        (2, (2, 1), 1), (2, (2, 3), 1), (2, (4, 1), 0), (2, (1, 4), 0), (2, (4, 2), 0),
-        (2, (4, 1, 3), 0), (2, (4, 1, 3), 1), (2, (4, 2, 3), 0), (2, (4, 2, 3), 1),
-        (3, (4, 1, 1), 0), (3, (4, 2, 1), 1), (3, (4, 2, 3), 2), (3, (2, 1, 3), 2),
-    ],
+    ("shape", "dim_extend"),
+    [((2, 1), 1), ((2, 3), 1), ((4, 1), 0), ((1, 4), 0), ((4, 2), 0), ((4, 1, 1), 0), ((4, 2, 1), 1),
+     ((4, 2, 3), 2), ((2, 1, 3), 2)],
 )
-def test_extend_a_multi_dim_storage_addresses_every_item(storage_cls, storage_ndim, shape, dim_extend):
-    """TorchRL's buffer stores the rows and then raises on batches whose item dims after the
-    first are all 1 ([T, 1], [num_envs, 1]) or that have more dims than the storage; ours
-    stores them, and both the returned index and the "index" entry address each item."""
-    items = shape[:storage_ndim]
+def test_extend_a_multi_dim_storage_addresses_every_item(storage_cls, shape, dim_extend):
+    """TorchRL's buffer stores the rows and then raises on batches whose dims after the first
+    are all 1 ([T, 1] rollouts, [num_envs, 1]); ours stores them, and both the returned index
+    and the "index" entry address each item."""
+    ndim = len(shape)
     data = TensorDict({"obs": torch.arange(float(torch.Size(shape).numel())).reshape(*shape, 1)}, shape)
-    rb = TensorDictReplayBuffer(storage=storage_cls(2 * torch.Size(items).numel(), ndim=storage_ndim),
-                                dim_extend=dim_extend)
+    rb = TensorDictReplayBuffer(storage=storage_cls(2 * data.numel(), ndim=ndim), dim_extend=dim_extend)
     index = rb.extend(data)
-    assert index.shape == (torch.Size(items).numel(), storage_ndim)
+    assert index.shape == (data.numel(), ndim)
     # The returned rows follow the items in storage order: the extended dim first.
-    expected = data.transpose(0, dim_extend).reshape(-1, *shape[storage_ndim:])
+    expected = data.transpose(0, dim_extend).reshape(-1)
     assert torch.equal(rb.storage.get(tuple(index.unbind(-1)))["obs"], expected["obs"])
-    # The entry repeats each item's coordinates over the batch's dims past the storage's.
     probe = data.clone()
-    rb._set_index_in_td(probe, index)
-    entry = probe["index"]
-    assert entry.shape == (*shape, storage_ndim)
-    per_item = entry.reshape(*items, -1, storage_ndim)
-    assert (per_item == per_item[..., :1, :]).all()
-    stored = rb.storage.get(tuple(per_item[..., 0, :].reshape(-1, storage_ndim).unbind(-1)))
-    assert torch.equal(stored["obs"], data["obs"].reshape(-1, *shape[storage_ndim:], 1))
+    rb._set_index_in_td(probe, index)  # what extend labels the batch with
+    assert probe["index"].shape == (*shape, ndim)
+    stored = rb.storage.get(tuple(probe["index"].reshape(-1, ndim).unbind(-1)))
+    assert torch.equal(stored["obs"], data["obs"].reshape(-1, 1))
+
+
+@pytest.mark.parametrize("storage_cls", [LazyTensorStorage, FastTensorStorage])
+@pytest.mark.parametrize("dim_extend", [0, 1])
+@pytest.mark.parametrize(("shape", "message"), [
+    ((4,), r"data has batch size \[4\] but the storage has ndim=2.*add the missing dims"),
+    ((4, 2, 3), r"data has batch size \[4, 2, 3\] but the storage has ndim=2.*sub-TensorDict"),
+])
+def test_extend_refuses_batches_of_other_dims_than_the_storage(storage_cls, dim_extend, shape, message):
+    """TorchRL stores such batches and then fails on their index, or allocates a storage that
+    refuses every later [T, N] write; ours refuses them first, on a fresh or a filled storage."""
+    rb = TensorDictReplayBuffer(storage=storage_cls(16, ndim=2), dim_extend=dim_extend)
+    bad = TensorDict({"obs": torch.zeros(*shape, 1)}, shape)
+    with pytest.raises(ValueError, match=message):
+        rb.extend(bad)
+    assert len(rb) == 0 and rb.write_count == 0
+    good = TensorDict({"obs": torch.arange(8.0).reshape(4, 2, 1)}, [4, 2])
+    rb.extend(good)
+    before, written = rb.storage[:].clone(), rb.write_count
+    with pytest.raises(ValueError, match=message):
+        rb.extend(bad)
+    assert len(rb) == 8 and rb.write_count == written
+    assert (rb.storage[:] == before).all()
+    assert rb.sample(3)["obs"].shape == (3, 1)
 
 
 @pytest.mark.parametrize("sampler_name", ["feed_forward", "naive_recurrent", "random"])

@@ -759,3 +759,30 @@ def test_a_bad_agent_priority_is_refused_whatever_the_reduction(reduction, bad, 
         else:
             rb.update_tensordict_priority(TensorDict({"index": index, "td_error": agents}, [2]))
     assert torch.equal(sampler.tree.leaves, leaves)
+
+
+@pytest.mark.parametrize("build", ["sampler", "buffer"])
+def test_two_dim_storage_cells_past_the_trees_are_refused_before_the_first_write(build):
+    """TorchRL rounds an ndim=2 storage's max_size up to whole env columns (5 -> 3 rows x 2 envs):
+    trees sized to max_size would leave a cell without a priority, found on the third write
+    after it was stored; the first write is refused instead, naming the capacity needed."""
+    from torchrl_ext.replay_buffers import PrioritizedReplayBuffer, TensorDictReplayBuffer
+
+    def make(capacity):
+        if build == "buffer":
+            return PrioritizedReplayBuffer(alpha=1.0, beta=0.5, storage=FastTensorStorage(capacity, ndim=2),
+                                           batch_size=2, dim_extend=0)
+        return TensorDictReplayBuffer(storage=FastTensorStorage(5, ndim=2), batch_size=2, dim_extend=0,
+                                      sampler=PrioritizedSampler(capacity, alpha=1.0, beta=0.5))
+
+    step = TensorDict({"obs": torch.tensor([[0.0, 1.0]])}, [1, 2])
+    rb = make(5)
+    with pytest.raises(ValueError, match=r"max_capacity=5 is smaller than the storage's 6 cells \(3 rows x 2 envs\)"):
+        rb.extend(step)
+    assert len(rb) == 0 and rb.write_count == 0
+    rb = make(6)
+    for t in range(4):
+        rb.extend(step + 2.0 * t)
+    assert len(rb) == 6
+    sample = rb.sample()
+    assert torch.equal(rb.storage.get(tuple(sample["index"].unbind(-1)))["obs"], sample["obs"])

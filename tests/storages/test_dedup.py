@@ -437,3 +437,17 @@ def test_flags_must_be_bools(name, bad):
     # bool("False") is True: a coerced flag would turn on what the caller turned off.
     with pytest.raises(TypeError, match=rf"{name} must be True or False, got {name}={re.escape(repr(bad))}\."):
         DedupEnvRingStorage(2, 4, **{name: bad})
+
+
+def test_done_with_several_values_per_step_is_refused_by_name():
+    from torchrl_ext.storages import DedupEnvRingStorage
+
+    rb = EnvRingReplayBuffer(storage=DedupEnvRingStorage(2, 4))
+    step = TensorDict({"observation": torch.zeros(2, 1),
+                       "next": {"observation": torch.ones(2, 1), "done": torch.zeros(2, 2, dtype=torch.bool)}}, [2])
+    with pytest.raises(ValueError, match=r"\('next', 'done'\) must hold one value per step, of shape \[2\] or \[2, 1\], got \[2, 2\]"):
+        rb.extend(step)
+    assert len(rb) == 0
+    step["next", "done"] = torch.zeros(2, 1, dtype=torch.bool)
+    rb.extend(step)
+    assert len(rb) == 2

@@ -190,6 +190,7 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
             # Nothing to write. TorchRL fails on a first write of no rows: its lazy
             # allocation reads row 0, and its writer then reads the unset storage shape.
             return torch.zeros((0, self.storage.ndim) if self.storage.ndim > 1 else (0,), dtype=torch.long)
+        self._check_batch_dims(tensordicts)
         self._check_first_write(tensordicts)
         if self._lean_extend_applies(tensordicts):
             return self._lean_extend(tensordicts, update_priority)
@@ -197,6 +198,22 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
         # here, and its wait_until_sampleable takes the two in that order.
         with _compat.readiness_condition(self), _compat.replay_lock(self), self._writer_restored_on_error():
             return super().extend(tensordicts, update_priority=update_priority)
+
+    def _check_batch_dims(self, data: Any) -> None:
+        """Refuses, before anything is stored, a batch whose dims differ from an ``ndim >= 2``
+        tensor storage's: TorchRL stores its rows and then fails on their index (more dims), or
+        allocates a storage of another layout (fewer)."""
+        storage = self.storage
+        if not isinstance(storage, TensorStorage) or storage.ndim < 2 or not isinstance(data, TensorDictBase) \
+                or data.batch_dims == storage.ndim or self._has_transform():
+            return
+        fix = ("add the missing dims (e.g. data.unsqueeze(1) for one env)" if data.batch_dims < storage.ndim
+               else "keep per-agent entries in a sub-TensorDict (e.g. 'agents' of batch [T, N, A] under a "
+                    "[T, N] root), or build the storage with ndim=data.batch_dims")
+        raise ValueError(
+            f"data has batch size {list(data.batch_size)} but the storage has ndim={storage.ndim}, so "
+            f"a batch needs exactly {storage.ndim} dims (dim_extend={self.dim_extend} is extended); {fix}."
+        )
 
     def _check_first_write(self, data: Any) -> None:
         """Lets the sampler refuse the shape a 2-D storage's first write would allocate before
@@ -372,25 +389,23 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
 
         On an ``ndim >= 2`` storage the writer returns one row of coordinates per
         item, in storage order (``dim_extend`` first). TorchRL reshapes them in
-        the batch's own order, which raises when the batch's item dims after the
-        first are all 1 (``[num_envs, 1]``, ``[T, 1]``) and when the batch has
-        more dims than the storage; here they are reshaped in storage order,
-        transposed back and repeated over the batch's dims past the storage's.
+        the batch's own order, which raises when the batch's dims after the
+        first are all 1 (``[num_envs, 1]``, a ``[T, 1]`` rollout); here they are
+        reshaped in storage order and transposed back.
         """
-        ndim = self.storage.ndim
-        if isinstance(index, torch.Tensor) and index.ndim == 2 and ndim > 1:
-            if tensordict.ndim < ndim and index.shape[0] == tensordict.numel():
-                tensordict.set("index", index)  # [T] steps of one env in a [T, N = 1] rollout: as is
-                return
-            items = list(tensordict.shape[:ndim])
-            if tensordict.ndim >= ndim and index.shape[0] == np.prod(items, dtype=np.int64):
+        if (
+            isinstance(index, torch.Tensor) and index.ndim == 2 and self.storage.ndim > 1
+            and index.shape[0] == tensordict.numel()
+            # [T] steps of one env in a [T, N = 1] rollout: one (time, env) row per step, as is
+            and tensordict.ndim in (1, self.storage.ndim)
+        ):
+            if tensordict.ndim > 1:
                 dim = self.dim_extend
-                items[0], items[dim] = items[dim], items[0]
-                index = index.reshape(*items, index.shape[-1]).transpose(0, dim)
-                extra = tensordict.ndim - ndim  # item dims, e.g. agents: their items share a coordinate
-                index = index.reshape(*index.shape[:-1], *([1] * extra), index.shape[-1])
-                tensordict.set("index", index.expand(*tensordict.shape, index.shape[-1]))
-                return
+                shape = list(tensordict.shape)
+                shape[0], shape[dim] = shape[dim], shape[0]
+                index = index.reshape(*shape, index.shape[-1]).transpose(0, dim)
+            tensordict.set("index", index)
+            return
         super()._set_index_in_td(tensordict, index)
 
     # ------------------------------------------------------------------

@@ -297,6 +297,27 @@ class PrioritizedSampler(StateFiles, _TorchRLPrioritizedSampler):
             index = torch.unravel_index(index, storage.shape)
         return index, {"priority_weight": weight}
 
+    def _check_capacity(self, storage: Storage, num_envs: int | None = None) -> None:
+        """Refuses a storage of more cells than the trees hold: as allocated, or before its first
+        write, as a first write of ``num_envs`` envs would allocate it (the buffer asks then).
+        Storages of ``ndim=2`` only: TorchRL rounds their ``max_size`` up to whole env columns."""
+        if getattr(storage, "ndim", 1) != 2 or not hasattr(storage, "initialized"):
+            return
+        stored = _compat.stored_data(storage)
+        if storage.initialized and stored is not None:
+            rows, num_envs = int(stored.shape[0]), int(stored.shape[1])
+        elif num_envs:
+            rows = -(-storage.max_size // num_envs)  # TorchRL rounds the rows up to whole env columns
+        else:
+            return
+        cells = rows * num_envs
+        if cells > self._capacity:
+            raise ValueError(
+                f"max_capacity={self._capacity} is smaller than the storage's {cells} cells "
+                f"({rows} rows x {num_envs} envs): build the sampler with max_capacity={cells} "
+                f"(or give the storage a max_size that is a multiple of num_envs={num_envs})."
+            )
+
     # ------------------------------------------------------------------
     # Priorities
     def extend(self, index: torch.Tensor | tuple) -> None:

@@ -12,7 +12,6 @@ from typing import Any
 import torch
 from torchrl.data.replay_buffers.storages import Storage, TensorStorage
 
-from torchrl_ext import _compat
 from torchrl_ext._checks import check_batch_size, check_state_keys, makes_kept_tensors, read_only
 from torchrl_ext.samplers._streams import storage_layout, streams_of
 from torchrl_ext.samplers.nstep import NStepSampler
@@ -187,24 +186,6 @@ class PrioritizedNStepSampler(PrioritizedSampler):
             f"FastMemmapStorage(max_size, ndim=2), LazyTensorStorage(max_size, ndim=2)), got "
             f"{storage_layout(storage)}; for per-env rings (EnvRingStorage) use NStepSampler."
         )
-
-    def _check_capacity(self, storage: TensorStorage, num_envs: int | None = None) -> None:
-        """Refuses a storage of more cells than the trees hold: as allocated, or before its first
-        write, as a first write of ``num_envs`` envs would allocate it (the buffer asks then)."""
-        stored = _compat.stored_data(storage)
-        if storage.initialized and stored is not None:
-            rows, num_envs = int(stored.shape[0]), int(stored.shape[1])
-        elif num_envs:
-            rows = -(-storage.max_size // num_envs)  # TorchRL rounds the rows up to whole env columns
-        else:
-            return
-        cells = rows * num_envs
-        if cells > self._capacity:
-            raise ValueError(
-                f"max_capacity={self._capacity} is smaller than the storage's {cells} cells "
-                f"({rows} rows x {num_envs} envs): build the sampler with max_capacity={cells} "
-                f"(or give the storage a max_size that is a multiple of num_envs={num_envs})."
-            )
 
     # ------------------------------------------------------------------
     # Checkpointing: the trees as the parent saves them, plus the chain settings.

@@ -153,7 +153,7 @@ class DedupEnvRingStorage(EpisodicEnvRingStorage):
             )
         frames = self._frames(obs, batch_dims)
         next_frames = self._frames(next_obs, batch_dims)
-        done = self._field(data, self.done_key).reshape(env.shape).cpu().bool()
+        done = self._step_values(data, self.done_key).reshape(env.shape).cpu().bool()
         rows = (env if env.ndim == 1 else env[:, 0]).cpu()  # each written env once
         # A step begins an episode when the previous step of its env was done.
         first = self._last_done[rows]

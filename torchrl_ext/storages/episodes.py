@@ -127,9 +127,9 @@ class EpisodicEnvRingStorage(EnvRingStorage):
         steps begin an episode) is read from ``data`` unless a subclass already has it."""
         if first is None:
             first = self._first_flags(data, env)
-        discount = self._field(data, self.discount_key) if self.record_episodic_return else None
+        discount = self._step_values(data, self.discount_key) if self.record_episodic_return else None
         if discount is not None:
-            self._field(data, self.reward_key)  # the returns read it: refused before any write
+            self._step_values(data, self.reward_key)  # the returns read it: refused before any write
         if discount is not None and discount.numel():
             low, high = bounds(discount)
             if not (0 <= low and high <= 1):  # NaN fails both
@@ -198,7 +198,7 @@ class EpisodicEnvRingStorage(EnvRingStorage):
 
     def _first_flags(self, data: TensorDictBase, env: torch.Tensor) -> torch.Tensor:
         """Bool ``[N]`` / ``[N, T]``: which written steps begin an episode."""
-        first = self._field(data, self.step_type_key)
+        first = self._step_values(data, self.step_type_key)
         if first.dtype is not torch.bool:
             if first.is_floating_point() or first.is_complex():
                 raise TypeError(f"{self.step_type_key!r} must hold ints (ALF's StepType) or bools, "
@@ -219,6 +219,19 @@ class EpisodicEnvRingStorage(EnvRingStorage):
             raise ValueError(
                 f"{type(self).__name__} needs {key!r} in every written batch (episode "
                 "bookkeeping); add it, or pass the key that holds it to the constructor."
+            )
+        return value
+
+    def _step_values(self, data: TensorDictBase, key: Any) -> torch.Tensor:
+        """``key``'s entry, refused unless it holds one value per written step, as ALF keeps
+        (``[N]`` / ``[N, T]``, or with a trailing 1): more would be stored and then break the
+        episode bookkeeping."""
+        value = self._field(data, key)
+        steps = tuple(data.batch_size)
+        if tuple(value.shape) not in (steps, (*steps, 1)):
+            raise ValueError(
+                f"{key!r} must hold one value per step, of shape {list(steps)} or {[*steps, 1]}, "
+                f"got {list(value.shape)}; nothing was written."
             )
         return value
 
