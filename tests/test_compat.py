@@ -263,6 +263,32 @@ def test_replay_lock_and_write_lock_are_the_buffers_locks():
     assert hasattr(_compat.write_lock(shared), "acquire")
 
 
+
+def test_snapshot_locks_holds_the_prefetch_replay_and_process_locks_unless_it_prefetches():
+    shared = ReplayBuffer(storage=LazyTensorStorage(4), shared=True)
+    with _compat.snapshot_locks(shared):
+        assert _held_by_another_thread(shared._futures_lock) and _held_by_another_thread(shared._replay_lock)
+        assert _held_by_another_thread(_compat.write_lock(shared))
+    assert not _held_by_another_thread(shared._replay_lock)
+    assert not _held_by_another_thread(_compat.write_lock(shared))
+    with _compat.snapshot_locks(ReplayBuffer(storage=LazyTensorStorage(4))) as held:  # unshared
+        assert held is None
+    prefetching = ReplayBuffer(storage=LazyTensorStorage(4), prefetch=2, batch_size=2)
+    with _compat.snapshot_locks(prefetching):  # TorchRL waits for its queue before locking
+        assert not _held_by_another_thread(prefetching._replay_lock)
+
+
+def test_attach_shared_init_is_torchrls_wait_for_init_and_a_no_op_otherwise():
+    storage = LazyTensorStorage(4, shared_init=True)
+    assert callable(storage._wait_for_init)
+    _compat.attach_shared_init(storage)  # nothing written by anyone yet: no wait
+    assert not storage.initialized
+    plain = LazyTensorStorage(4)
+    plain.set(torch.arange(2), torch.zeros(2))
+    _compat.attach_shared_init(plain)
+    assert plain.initialized and len(plain) == 2
+    # Attaching a storage another process allocated: tests/distributed/test_multiprocess.py.
+
 def test_empty_takes_locks_says_whether_torchrls_empty_holds_the_process_lock():
     # Independently of the probe: look from another thread while TorchRL's empty runs.
     rb = ReplayBuffer(storage=LazyTensorStorage(4), shared=True)
@@ -543,7 +569,7 @@ WRAPPED = {
     "_new_unsafe", "_dim_extend", "_cursor", "_next_value", "_last_cursor_index_value",
     "_readiness_condition", "_notify_replay_state_change", "_increment_counter",
     "_sample_call_count_value", "_sampled_item_count_value", "_set_sample_names",
-    "_validate_recurrent_inputs",
+    "_validate_recurrent_inputs", "_futures_lock", "_wait_for_init",
 }
 
 

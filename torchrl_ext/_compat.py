@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from tensordict import TensorDict, TensorDictBase
@@ -141,6 +141,32 @@ def write_lock(buffer: Any) -> Any:
     """The lock a shared TorchRL buffer holds around writes (``_write_lock``; a null context
     unless the buffer is shared)."""
     return buffer._write_lock
+
+
+@contextlib.contextmanager
+def snapshot_locks(buffer: Any) -> Iterator[None]:
+    """Holds a buffer's prefetch and replay locks, and a shared buffer's process lock, in
+    TorchRL's order, so that a ``state_dict``/``dumps`` inside sees no write in between, of
+    another thread or process. TorchRL's own ``state_dict``/``dumps`` take the first two
+    (reentrant) again inside.
+
+    With a prefetch queue nothing is held here: TorchRL waits for the queued samples, which
+    take the replay lock, and only then takes it. Shared buffers have none
+    (:func:`torchrl_ext.distributed.share_buffer` refuses it).
+    """
+    if buffer._prefetch_cap:
+        yield
+        return
+    with buffer._futures_lock, buffer._replay_lock, buffer._write_lock:
+        yield
+
+
+def attach_shared_init(storage: Any) -> None:
+    """Attaches a ``shared_init=True`` tensor storage that another process allocated, as
+    TorchRL's ``get`` does first (``_wait_for_init``); until then it reads as not initialized
+    in this process, though ``len`` counts the shared rows. A no-op for any other storage."""
+    if getattr(storage, "shared_init", False) and not storage.initialized and len(storage):
+        storage._wait_for_init()
 
 
 @functools.cache

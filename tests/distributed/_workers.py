@@ -55,3 +55,13 @@ def process_writer(rb: Any, env_ids: list[int], first_tag: int, steps: int, chun
     """Body of a ``torch.multiprocessing`` writer process."""
     torch.set_num_threads(1)
     write_envs(rb, env_ids, first_tag, steps, chunk)
+
+
+def write_grid(rb: Any, rows: int, num_envs: int = 2) -> None:
+    """Extends an ``ndim=2`` buffer with ``rows`` steps of ``num_envs`` envs, one ``[num_envs, 1]``
+    batch a call; step ``t`` of every env has observation ``t`` and reward 1."""
+    for t in range(rows):
+        obs = torch.full((num_envs, 1, 1), float(t), dtype=torch.float64)
+        rb.extend(TensorDict({"obs": obs, "next": {"obs": obs + 1, "reward": torch.ones(num_envs, 1, 1),
+                                                   "done": torch.zeros(num_envs, 1, 1, dtype=torch.bool)}},
+                             [num_envs, 1]))

@@ -106,3 +106,46 @@ def test_a_shared_ring_keeps_its_cursors_in_shared_memory() -> None:
     # The numpy views the writer updates are the shared tensors.
     assert storage.current_pos.tolist() == [1, 1] and len(rb) == 2
     assert rb.read(torch.tensor([0]), torch.tensor([0]))["tag"].tolist() == [6]
+
+
+def test_nstep_sampler_reads_a_shared_init_storage_another_process_allocated() -> None:
+    """A shared_init storage a spawned process allocated reads as not initialized in the parent
+    until attached (TorchRL's get does it): the n-step sampler attaches it too."""
+    from tests.distributed._workers import write_grid
+    from torchrl_ext.replay_buffers import TensorDictReplayBuffer
+    from torchrl_ext.samplers import NStepSampler
+
+    rb = TensorDictReplayBuffer(storage=FastTensorStorage(16, ndim=2, shared_init=True),
+                                sampler=NStepSampler(3, 0.5), batch_size=4)
+    share_buffer(rb)
+    proc = mp.get_context("spawn").Process(target=write_grid, args=(rb, 6))
+    proc.start()
+    proc.join(timeout=120)
+    assert proc.exitcode == 0 and len(rb) == 12
+    batch = rb.sample()
+    # Start t of either env: rewards of up to 3 steps, cut at the newest stored step (5).
+    steps = (6 - batch["obs"].reshape(-1)).clamp(max=3)
+    expected = (1 - 0.5 ** steps) / (1 - 0.5)
+    assert torch.allclose(batch["next", "reward"].reshape(-1).double(), expected)
+
+
+def test_state_dict_and_dumps_of_a_shared_buffer_wait_for_the_process_lock(tmp_path) -> None:
+    """Writes of other processes hold the shared process lock: a snapshot taken without it
+    mixed their rows. state_dict and dumps wait for it."""
+    import threading
+
+    from torchrl_ext import _compat
+
+    from torchrl_ext.replay_buffers import TensorDictReplayBuffer
+
+    rb = TensorDictReplayBuffer(storage=FastTensorStorage(8))
+    rb.extend(tagged_steps(torch.arange(4)))
+    share_buffer(rb)
+    for snapshot in (rb.state_dict, lambda: rb.dumps(tmp_path / "ckpt")):
+        done = threading.Event()
+        with _compat.write_lock(rb):  # as a writer in another process holds it
+            worker = threading.Thread(target=lambda: (snapshot(), done.set()), daemon=True)
+            worker.start()
+            assert not done.wait(0.3), "the snapshot did not wait for the process lock"
+        assert done.wait(30)
+        worker.join(30)

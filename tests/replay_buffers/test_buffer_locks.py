@@ -157,3 +157,23 @@ def test_blocking_extend_keeps_one_deadline_when_the_room_is_taken_again():
     assert time.monotonic() - start < 2.0
     assert asked[0] == pytest.approx(0.2, abs=0.05) and asked[-1] == 0.0
     assert all(later <= earlier for earlier, later in zip(asked, asked[1:]))
+
+
+@pytest.mark.parametrize("timeout", [None, 30.0])
+def test_a_stop_undone_by_revive_before_the_writer_looks_still_returns_none(timeout):
+    """stop() then revive() (a paused collector resumed) while a blocking write waits: the wait
+    ends because of the stop, so the write returns None; it raised "TimeoutError after None s"."""
+    rb = _ring_buffer()
+    rb.extend(TensorDict({"obs": torch.zeros(2)}, [2]))  # full: 4 steps per env
+    real_wait = rb.writer.wait_for_room
+
+    def wait_for_room(env_ids, steps, remaining):
+        rb.writer.stop()
+        refused = real_wait(env_ids, steps, remaining)
+        rb.writer.revive()  # before extend reads writer.stopped
+        return refused
+
+    rb.writer.wait_for_room = wait_for_room
+    before = rb.storage.current_pos.tolist()
+    assert rb.extend(TensorDict({"obs": torch.ones(2)}, [2]), blocking=True, timeout=timeout) is None
+    assert rb.storage.current_pos.tolist() == before

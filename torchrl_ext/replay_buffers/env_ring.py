@@ -140,7 +140,8 @@ class EnvRingReplayBuffer(TensorDictReplayBuffer):
         while True:
             remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
             if not writer.wait_for_room(ids, steps, remaining):
-                if writer.stopped:
+                # Refused before the deadline only by stop(), which a revive() may already have undone.
+                if writer.stopped or deadline is None or time.monotonic() < deadline:
                     return None
                 raise TimeoutError(
                     f"no room for {steps} step(s) in envs {ids.tolist()} after {timeout} s; "

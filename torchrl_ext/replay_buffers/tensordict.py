@@ -428,9 +428,11 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
             _compat.set_last_written(self.storage, int(cursor))
 
     def state_dict(self) -> dict[str, Any]:
-        """TorchRL's ``state_dict`` plus :meth:`_extra_state` under ``"_torchrl_ext"``."""
-        state = super().state_dict()
-        state["_torchrl_ext"] = self._extra_state()
+        """TorchRL's ``state_dict`` plus :meth:`_extra_state` under ``"_torchrl_ext"``, taken
+        with no write in between (of another thread, or process for a shared buffer)."""
+        with _compat.snapshot_locks(self):
+            state = super().state_dict()
+            state["_torchrl_ext"] = self._extra_state()
         return state
 
     @makes_kept_tensors
@@ -451,9 +453,11 @@ class TensorDictReplayBuffer(LeanExtend, _TorchRLTensorDictReplayBuffer):
         The files are written to a hidden sibling folder and renamed over
         ``path`` (:func:`torchrl_ext.io.atomic_dir.atomic_save_dir`), so a
         crash during the save leaves the previous checkpoint or the new one,
-        never a mix; :meth:`loads` applies the recovery rule.
+        never a mix; :meth:`loads` applies the recovery rule. No write, of another
+        thread or process for a shared buffer, lands during the save.
         """
-        atomic_save_dir(path, super().dumps)
+        with _compat.snapshot_locks(self):
+            atomic_save_dir(path, super().dumps)
 
     def _dump_prefetch_state(self, path: Path, prefetch_state: dict[str, Any]) -> None:
         # TorchRL's dumps calls this last, with the replay lock held: the extra

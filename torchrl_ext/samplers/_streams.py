@@ -205,6 +205,7 @@ def streams_of(sampler: Any, storage: Any) -> RingStreams | GridStreams:
     if isinstance(storage, EnvRingStorage):
         return RingStreams(storage)
     if isinstance(storage, TensorStorage) and storage.ndim == 2:
+        _compat.attach_shared_init(storage)  # allocated by another process: attached at first use
         stored = _compat.stored_data(storage)
         if not isinstance(stored, TensorDictBase) or not storage.initialized:
             raise RuntimeError("Cannot sample from an empty storage.")
