@@ -198,8 +198,9 @@ def save_top_demos(store: DemoStore, directory: str | Path, frame_skip: int) -> 
     """Saves the best ``store.num_demos_to_save`` agent reward demos as ``reward_demo_{rank}.npz``.
 
     Non-human reward demos are ranked by total reward, highest first (among ties the newest
-    first, as pytorchrl's reversed ``argsort``), from rank 1. Files ``reward_demo_{k}.npz`` with ``k`` beyond the saved ranks, left
-    by an earlier save, are removed. Value demos are never saved.
+    first, as pytorchrl's reversed ``argsort``), from rank 1. Files ``reward_demo_{k}.npz``
+    with ``k`` beyond the saved ranks, left by an earlier save, are removed. Value demos are
+    never saved.
 
     Returns:
         The files written, by rank.

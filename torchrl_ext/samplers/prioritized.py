@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 from torchrl.data import PrioritizedSampler as _TorchRLPrioritizedSampler
-from torchrl.data.replay_buffers.storages import Storage
+from torchrl.data.replay_buffers.storages import Storage, TensorStorage
 
 from torchrl_ext import _compat
 from torchrl_ext._checks import (
@@ -297,11 +297,11 @@ class PrioritizedSampler(StateFiles, _TorchRLPrioritizedSampler):
             index = torch.unravel_index(index, storage.shape)
         return index, {"priority_weight": weight}
 
-    def _check_capacity(self, storage: Storage, num_envs: int | None = None) -> None:
+    def _check_capacity(self, storage: TensorStorage, num_envs: int | None = None) -> None:
         """Refuses a storage of more cells than the trees hold: as allocated, or before its first
         write, as a first write of ``num_envs`` envs would allocate it (the buffer asks then).
         Storages of ``ndim=2`` only: TorchRL rounds their ``max_size`` up to whole env columns."""
-        if getattr(storage, "ndim", 1) != 2 or not hasattr(storage, "initialized"):
+        if not isinstance(storage, TensorStorage) or storage.ndim != 2:
             return
         stored = _compat.stored_data(storage)
         if storage.initialized and stored is not None:
