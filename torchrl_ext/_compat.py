@@ -154,10 +154,10 @@ def snapshot_locks(buffer: Any) -> Iterator[None]:
     take the replay lock, and only then takes it. Shared buffers have none
     (:func:`torchrl_ext.distributed.share_buffer` refuses it).
     """
-    if buffer._prefetch_cap:
+    if prefetch_size(buffer):
         yield
         return
-    with buffer._futures_lock, buffer._replay_lock, buffer._write_lock:
+    with buffer._futures_lock, replay_lock(buffer), write_lock(buffer):
         yield
 
 

@@ -337,31 +337,26 @@ def test_record_episodic_return_must_be_a_bool(bad):
         EpisodicEnvRingStorage(2, 4, record_episodic_return=bad)
 
 
-def _alf_steps(step_type, discount, reward, n=2):
-    return TensorDict({"step_type": step_type, "discount": discount, "reward": reward,
-                       "obs": torch.arange(float(n))}, [n])
-
-
-@pytest.mark.parametrize(("bad_key", "first_write"), [
-    ("reward", True), ("reward", False), ("discount", True), ("discount", False),
-    ("step_type", True), ("step_type", False),
-])
+@pytest.mark.parametrize("first_write", [True, False])
+@pytest.mark.parametrize("bad_key", ["reward", "discount", "step_type"])
 def test_episode_fields_with_several_values_per_step_are_refused_first(bad_key, first_write):
     """ALF keeps one step type, discount and return per step: a [N, 2] entry was stored and then
     broke the episode bookkeeping (or left rings no valid write fit)."""
-    rb = EnvRingReplayBuffer(storage=EpisodicEnvRingStorage(2, 4, record_episodic_return=True))
-    good = {"step_type": torch.zeros(2, dtype=torch.long), "discount": torch.ones(2), "reward": torch.ones(2)}
+    storage = EpisodicEnvRingStorage(2, 4, record_episodic_return=True)
+    rb = EnvRingReplayBuffer(storage=storage)
     if not first_write:
-        rb.extend(_alf_steps(**good))
-    before = None if first_write else rb.storage.read(torch.tensor([0, 1]), torch.tensor([0, 0])).clone()
-    bad = dict(good)
-    bad[bad_key] = good[bad_key].unsqueeze(-1).expand(2, 2).clone()
+        rb.extend(batch([0, 1], [0, 0], [1.0, 1.0], [1.0, 1.0]))
+    before = None if first_write else _episode_state(storage)
+    bad = batch([0, 1], [0, 0], [1.0, 1.0], [1.0, 1.0])
+    bad[bad_key] = bad[bad_key].unsqueeze(-1).expand(2, 2).clone()
     with pytest.raises(ValueError, match=rf"'{bad_key}' must hold one value per step, of shape \[2\] or \[2, 1\], got \[2, 2\]"):
-        rb.extend(_alf_steps(**bad))
-    assert len(rb) == (0 if first_write else 2)
-    if before is not None:
-        assert (rb.storage.read(torch.tensor([0, 1]), torch.tensor([0, 0])) == before).all()
+        rb.extend(bad)
+    if first_write:
+        assert not storage.initialized and len(rb) == 0
+    else:
+        for got, expected in zip(_episode_state(storage), before):
+            assert torch.equal(got, expected)
     # The storage takes valid steps as if nothing had happened: a 2-step episode, then its returns.
-    rb.extend(_alf_steps(**good))
-    rb.extend(_alf_steps(torch.full((2,), 2), torch.zeros(2), torch.ones(2)))
+    rb.extend(batch([0, 1], [0, 0], [1.0, 1.0], [1.0, 1.0]))
+    rb.extend(batch([0, 1], [2, 2], [0.0, 0.0], [1.0, 1.0]))
     assert len(rb) == (4 if first_write else 6)
